@@ -1,0 +1,279 @@
+"""The Transformer: configuration, presets from the paper, encoder, decoder, model."""
+
+import dataclasses
+from typing import Any
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from transformer_jax import attention
+from transformer_jax.layers import (
+    DecoderLayer, Embed, EncoderLayer, PositionalEncoding, layer_norm,
+)
+
+POSITIONAL_KINDS = ("sinusoidal", "learned")
+NORM_KINDS = ("post", "pre")
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+  """Architecture of the model; validated on construction.
+
+  d_k and d_v default to d_model / num_heads. `norm="post"` is the paper's
+  `LayerNorm(x + Dropout(Sublayer(x)))`; "pre" adds a final LayerNorm to each
+  stack. `dtype` is the computation dtype; parameters are always float32.
+  `max_len` bounds positions (the size of the positional table).
+  """
+
+  vocab_size: int
+  num_layers: int = 6
+  d_model: int = 512
+  d_ff: int = 2048
+  num_heads: int = 8
+  d_k: int | None = None
+  d_v: int | None = None
+  dropout_rate: float = 0.1
+  max_len: int = 512
+  positional: str = "sinusoidal"
+  norm: str = "post"
+  dtype: str = "float32"
+  attention_impl: str = "auto"
+
+  def __post_init__(self):
+    for name in ("vocab_size", "num_layers", "d_model", "d_ff", "num_heads", "max_len"):
+      _require_positive_int(name, getattr(self, name))
+    for name in ("d_k", "d_v"):
+      value = getattr(self, name)
+      if value is None:
+        if self.d_model % self.num_heads:
+          raise ValueError(
+              f"TransformerConfig.{name}: d_model={self.d_model} is not divisible by "
+              f"num_heads={self.num_heads}; set d_k and d_v explicitly or pick "
+              "num_heads dividing d_model"
+          )
+        object.__setattr__(self, name, self.d_model // self.num_heads)
+      else:
+        _require_positive_int(name, value)
+    if self.d_model % 2:
+      raise ValueError(
+          f"TransformerConfig.d_model must be even (sin/cos pairs); got {self.d_model}"
+      )
+    if isinstance(self.dropout_rate, bool) or not isinstance(self.dropout_rate, (int, float)) \
+        or not 0.0 <= self.dropout_rate < 1.0:
+      raise ValueError(
+          f"TransformerConfig.dropout_rate must be a number in [0, 1); got {self.dropout_rate!r}"
+      )
+    _require_choice("positional", self.positional, POSITIONAL_KINDS)
+    _require_choice("norm", self.norm, NORM_KINDS)
+    _require_choice("dtype", self.dtype, tuple(DTYPES))
+    _require_choice("attention_impl", self.attention_impl, attention.IMPLEMENTATIONS)
+
+  @property
+  def compute_dtype(self):
+    """The jnp dtype used for computation."""
+    return DTYPES[self.dtype]
+
+  @classmethod
+  def preset(cls, name: str, **overrides: Any) -> "TransformerConfig":
+    """The paper's `base`, `big`, or a Table 3 row (`A1`..`E`), with overrides.
+
+    vocab_size defaults to 37000 (the shared WMT EN-DE vocabulary). Rows D3
+    and D4 differ from base only in label smoothing, a training setting, so
+    their architecture is base's.
+    """
+    if name not in PRESETS:
+      raise ValueError(f"unknown preset {name!r}; allowed: {', '.join(PRESETS)}")
+    fields = {"vocab_size": 37000, **PRESETS[name], **overrides}
+    return cls(**fields)
+
+
+def _require_positive_int(name, value):
+  if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    raise ValueError(f"TransformerConfig.{name} must be a positive integer; got {value!r}")
+
+
+def _require_choice(name, value, allowed):
+  if value not in allowed:
+    raise ValueError(
+        f"TransformerConfig.{name}={value!r} is not one of: {', '.join(allowed)}"
+    )
+
+
+# Table 3 of the paper; unlisted fields are base's.
+PRESETS: dict[str, dict[str, Any]] = {
+    "base": {},
+    "A1": {"num_heads": 1, "d_k": 512, "d_v": 512},
+    "A2": {"num_heads": 4, "d_k": 128, "d_v": 128},
+    "A3": {"num_heads": 16, "d_k": 32, "d_v": 32},
+    "A4": {"num_heads": 32, "d_k": 16, "d_v": 16},
+    "B1": {"d_k": 16},
+    "B2": {"d_k": 32},
+    "C1": {"num_layers": 2},
+    "C2": {"num_layers": 4},
+    "C3": {"num_layers": 8},
+    "C4": {"d_model": 256, "d_k": 32, "d_v": 32},
+    "C5": {"d_model": 1024, "d_k": 128, "d_v": 128},
+    "C6": {"d_ff": 1024},
+    "C7": {"d_ff": 4096},
+    "D1": {"dropout_rate": 0.0},
+    "D2": {"dropout_rate": 0.2},
+    "D3": {},
+    "D4": {},
+    "E": {"positional": "learned"},
+    "big": {"d_model": 1024, "d_ff": 4096, "num_heads": 16, "dropout_rate": 0.3},
+}
+
+
+def count_params(config: TransformerConfig) -> int:
+  """Number of parameters, from the config alone (no initialization)."""
+  d, h = config.d_model, config.num_heads
+  attention_params = d * h * (2 * config.d_k + config.d_v) + h * config.d_v * d
+  feed_forward = 2 * d * config.d_ff + config.d_ff + d
+  norm = 2 * d
+  encoder_layer = attention_params + feed_forward + 2 * norm
+  decoder_layer = 2 * attention_params + feed_forward + 3 * norm
+  total = config.num_layers * (encoder_layer + decoder_layer) + config.vocab_size * d
+  if config.positional == "learned":
+    total += 2 * config.max_len * d
+  if config.norm == "pre":
+    total += 2 * norm
+  return total
+
+
+def shift_right(targets, segmentation=None):
+  """Decoder inputs: targets moved one step right, 0 (the start token) first.
+
+  With packed `segmentation`, every example's first position gets the start
+  token instead of the previous example's last token. `[batch, length]`.
+  """
+  shifted = jnp.pad(targets, ((0, 0), (1, 0)))[:, :-1]
+  if segmentation is None:
+    return shifted
+  previous = jnp.pad(segmentation, ((0, 0), (1, 0)))[:, :-1]
+  return jnp.where(segmentation == previous, shifted, 0)
+
+
+def _layer_kwargs(config: TransformerConfig) -> dict[str, Any]:
+  return dict(
+      num_heads=config.num_heads, d_k=config.d_k, d_v=config.d_v, d_ff=config.d_ff,
+      dropout_rate=config.dropout_rate, pre_norm=config.norm == "pre",
+      dtype=config.compute_dtype, attention_impl=config.attention_impl,
+  )
+
+
+def _check_tokens(name, tokens, max_len):
+  if tokens.ndim != 2:
+    raise ValueError(f"{name} must be [batch, length] token ids; got shape {tokens.shape}")
+  if not jnp.issubdtype(tokens.dtype, jnp.integer):
+    raise ValueError(f"{name} must hold integer token ids; got dtype {tokens.dtype}")
+  if tokens.shape[1] > max_len:
+    raise ValueError(
+        f"{name} has length {tokens.shape[1]} > TransformerConfig.max_len={max_len}"
+    )
+
+
+class Encoder(nn.Module):
+  """Embedding, positions, dropout, N encoder layers: ids `[b, s]` -> `[b, s, d_model]`."""
+
+  config: TransformerConfig
+  embed: Embed
+
+  @nn.compact
+  def __call__(self, inputs, segmentation=None, positions=None, *, deterministic=True):
+    cfg = self.config
+    x = self.embed(inputs)
+    x = PositionalEncoding(cfg.max_len, cfg.positional, name="positions")(x, positions)
+    x = nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
+    if segmentation is None:
+      mask = attention.padding_mask(inputs, inputs)
+    else:
+      mask = attention.segment_mask(segmentation, segmentation)
+    for i in range(cfg.num_layers):
+      x = EncoderLayer(**_layer_kwargs(cfg), name=f"layer_{i}")(
+          x, mask, deterministic=deterministic)
+    if cfg.norm == "pre":
+      x = layer_norm(cfg.compute_dtype, "final_norm")(x)
+    return x
+
+
+class Decoder(nn.Module):
+  """Shifted targets through N decoder layers to logits `[b, t, vocab]` (float32).
+
+  In `decode=True` mode `targets` is the previous output token `[b, 1]` and
+  `positions` its position `[b, 1]`; no shift is applied.
+  """
+
+  config: TransformerConfig
+  embed: Embed
+
+  @nn.compact
+  def __call__(self, encoded, inputs, targets, *, inputs_segmentation=None,
+               targets_segmentation=None, positions=None, deterministic=True,
+               decode=False):
+    cfg = self.config
+    if decode:
+      if positions is None:
+        raise ValueError("decode=True needs the position of the step being decoded, [b, 1]")
+      decoder_inputs = targets
+      self_mask = None  # The self-attention cache masks unseen positions.
+      key_real = (inputs != 0) if inputs_segmentation is None else (inputs_segmentation != 0)
+      cross_mask = key_real[:, None, None, :]
+    else:
+      decoder_inputs = shift_right(targets, targets_segmentation)
+      causal = attention.causal_mask(targets.shape[1])
+      if targets_segmentation is None:
+        self_mask = attention.combine_masks(causal, attention.padding_mask(targets, targets))
+        cross_mask = attention.padding_mask(targets, inputs)
+      else:
+        self_mask = attention.combine_masks(
+            causal, attention.segment_mask(targets_segmentation, targets_segmentation))
+        cross_mask = attention.segment_mask(targets_segmentation, inputs_segmentation)
+    y = self.embed(decoder_inputs)
+    y = PositionalEncoding(cfg.max_len, cfg.positional, name="positions")(y, positions)
+    y = nn.Dropout(cfg.dropout_rate)(y, deterministic=deterministic)
+    for i in range(cfg.num_layers):
+      y = DecoderLayer(**_layer_kwargs(cfg), name=f"layer_{i}")(
+          y, encoded, self_mask, cross_mask, deterministic=deterministic, decode=decode)
+    if cfg.norm == "pre":
+      y = layer_norm(cfg.compute_dtype, "final_norm")(y)
+    logits = self.embed.attend(y)
+    return nn.with_logical_constraint(logits, ("batch", "length", "vocab"))
+
+
+class Transformer(nn.Module):
+  """Encoder-decoder Transformer with one embedding shared by both stacks and the output.
+
+  Token id 0 is padding (and the decoder's start token). Packed batches pass
+  segment ids (1, 2, ... per example, 0 on padding) and per-example positions.
+  """
+
+  config: TransformerConfig
+
+  def setup(self):
+    cfg = self.config
+    self.embed = Embed(cfg.vocab_size, cfg.d_model, dtype=cfg.compute_dtype)
+    self.encoder = Encoder(cfg, self.embed)
+    self.decoder = Decoder(cfg, self.embed)
+
+  def encode(self, inputs, inputs_segmentation=None, inputs_position=None, *, train=False):
+    """Source ids `[b, s]` -> encoder output `[b, s, d_model]`."""
+    _check_tokens("inputs", inputs, self.config.max_len)
+    return self.encoder(inputs, inputs_segmentation, inputs_position, deterministic=not train)
+
+  def decode(self, encoded, inputs, targets, targets_segmentation=None,
+             targets_position=None, inputs_segmentation=None, *, train=False,
+             decode=False):
+    """Encoder output and targets `[b, t]` -> logits `[b, t, vocab]` (targets shifted inside)."""
+    _check_tokens("targets", targets, self.config.max_len)
+    return self.decoder(
+        encoded, inputs, targets, inputs_segmentation=inputs_segmentation,
+        targets_segmentation=targets_segmentation, positions=targets_position,
+        deterministic=not train, decode=decode)
+
+  def __call__(self, inputs, targets, inputs_segmentation=None, targets_segmentation=None,
+               inputs_position=None, targets_position=None, *, train=False):
+    """Teacher-forced forward pass: logits `[b, t, vocab]` for predicting `targets`."""
+    encoded = self.encode(inputs, inputs_segmentation, inputs_position, train=train)
+    return self.decode(encoded, inputs, targets, targets_segmentation, targets_position,
+                       inputs_segmentation, train=train)
