@@ -97,6 +97,8 @@ def test_every_table3_row_has_a_preset_with_its_values():
         (dict(norm="sandwich"), "norm"),
         (dict(dtype="int8"), "dtype"),
         (dict(attention_impl="flash"), "attention_impl"),
+        (dict(remat="some"), "remat"),
+        (dict(scan_layers="yes"), "scan_layers"),
     ],
 )
 def test_bad_config_values_raise_naming_the_field(overrides, field):
@@ -208,3 +210,69 @@ def test_bad_inputs_raise_clear_errors(tiny, inputs, targets, message):
   model, variables, _ = tiny
   with pytest.raises(ValueError, match=message):
     model.apply(variables, inputs, targets)
+
+
+def stack_layers(params, num_layers):
+  """The looped model's params in the scanned layout: layer_i subtrees stacked on axis 0."""
+  out = {}
+  for name, sub in params.items():
+    if isinstance(sub, dict) and "layer_0" in sub:
+      layers = [sub[f"layer_{i}"] for i in range(num_layers)]
+      rest = {k: v for k, v in sub.items() if not k.startswith("layer_")}
+      out[name] = {**rest, "layers": {"layer": jax.tree_util.tree_map(
+          lambda *xs: jnp.stack(xs), *layers)}}
+    else:
+      out[name] = sub
+  return out
+
+
+def incremental_logits(model, variables, inputs, targets):
+  """Logits from decoding one position at a time through the cache, teacher-forced."""
+  encoded = model.apply(variables, inputs, method=model.encode)
+  length = targets.shape[1]
+  step = jax.jit(lambda v, prev, pos: model.apply(
+      v, encoded, inputs, prev, targets_position=pos, decode=True, method=model.decode,
+      mutable=["cache"]))
+  _, state = step(variables, jnp.zeros_like(targets), jnp.zeros_like(targets))
+  prev = shift_right(targets)
+  out = []
+  for i in range(length):
+    logits, state = step({**variables, **state}, prev[:, i:i + 1], jnp.full((2, 1), i))
+    out.append(logits[:, 0])
+  return jnp.stack(out, axis=1)
+
+
+def test_scanned_layers_equal_looped_layers_in_training_and_decoding():
+  model, variables = make(num_layers=3)
+  scanned = Transformer(TransformerConfig(**{**TINY, "num_layers": 3, "scan_layers": True}))
+  params = stack_layers(nn.meta.unbox(variables["params"]), 3)
+  shapes = jax.eval_shape(scanned.init, jax.random.key(0), tokens(0, 1, 4), tokens(1, 1, 4))
+  assert jax.tree_util.tree_map(jnp.shape, params) == jax.tree_util.tree_map(
+      jnp.shape, nn.meta.unbox(shapes["params"]))
+  inputs, targets = tokens(16, 2, 6), tokens(17, 2, 5)
+  want = jax.jit(model.apply)(variables, inputs, targets)
+  got = jax.jit(scanned.apply)({"params": params}, inputs, targets)
+  np.testing.assert_allclose(got, want, atol=1e-5)
+  np.testing.assert_allclose(incremental_logits(scanned, {"params": params}, inputs, targets),
+                             want, atol=1e-5)
+
+
+@pytest.mark.parametrize("remat", ["dots", "full"])
+def test_remat_changes_neither_loss_nor_gradients(remat):
+  model, variables = make()
+  remat_model = Transformer(TransformerConfig(**{**TINY, "remat": remat}))
+  inputs, targets = tokens(18, 2, 6), tokens(19, 2, 5)
+
+  def loss_and_grads(m):
+    def loss(v):
+      logits = m.apply(v, inputs, targets, train=True, rngs={"dropout": jax.random.key(3)})
+      return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], -1))
+    return jax.jit(jax.value_and_grad(loss))(variables)
+
+  grad_of = lambda m: jax.grad(lambda v: m.apply(v, inputs, targets).sum())
+  assert "remat" in str(jax.make_jaxpr(grad_of(remat_model))(variables))
+  assert "remat" not in str(jax.make_jaxpr(grad_of(model))(variables))
+  (want_loss, want_grads), (got_loss, got_grads) = loss_and_grads(model), loss_and_grads(remat_model)
+  np.testing.assert_allclose(got_loss, want_loss, rtol=1e-6)
+  jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), got_grads,
+                         want_grads)
