@@ -7,6 +7,7 @@ also checked on `MarkovModel`, a stand-in whose next-token table makes
 EOS likelier with position and gives optima of every length.
 """
 
+import dataclasses
 import functools
 import itertools
 import re
@@ -19,6 +20,7 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from layouts import stack_layers
 from transformer_jax import decoding
 from transformer_jax.model import Transformer, TransformerConfig
 
@@ -401,3 +403,14 @@ def test_sharded_beam_search_keeps_every_sentence_on_its_device():
   collectives = re.findall(r"\b(all-gather|all-to-all|collective-permute|reduce-scatter|all-reduce)"
                            r"(?:-start)?\(", hlo)
   assert collectives == ["all-reduce"]
+
+
+def test_beam_search_over_scanned_layers_equals_looped_layers():
+  model, variables = tiny_model(eos_bias=2.0, seed=3, vocab=16)
+  scanned = Transformer(dataclasses.replace(model.config, scan_layers=True))
+  params = stack_layers(nn.meta.unbox(variables["params"]), model.config.num_layers)
+  want = decoding.beam_search(model, variables, SOURCES_16, beam_size=4, max_len=24, max_extra=12)
+  got = decoding.beam_search(scanned, {"params": params}, SOURCES_16, beam_size=4, max_len=24,
+                             max_extra=12)
+  np.testing.assert_array_equal(got.tokens, want.tokens)
+  np.testing.assert_allclose(got.scores, want.scores, rtol=1e-5)

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import numpy_reference as ref
+from layouts import stack_layers
 from transformer_jax.model import (
     PRESETS, Transformer, TransformerConfig, count_params, shift_right,
 )
@@ -210,20 +211,6 @@ def test_bad_inputs_raise_clear_errors(tiny, inputs, targets, message):
   model, variables, _ = tiny
   with pytest.raises(ValueError, match=message):
     model.apply(variables, inputs, targets)
-
-
-def stack_layers(params, num_layers):
-  """The looped model's params in the scanned layout: layer_i subtrees stacked on axis 0."""
-  out = {}
-  for name, sub in params.items():
-    if isinstance(sub, dict) and "layer_0" in sub:
-      layers = [sub[f"layer_{i}"] for i in range(num_layers)]
-      rest = {k: v for k, v in sub.items() if not k.startswith("layer_")}
-      out[name] = {**rest, "layers": {"layer": jax.tree_util.tree_map(
-          lambda *xs: jnp.stack(xs), *layers)}}
-    else:
-      out[name] = sub
-  return out
 
 
 def incremental_logits(model, variables, inputs, targets):

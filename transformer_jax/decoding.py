@@ -119,18 +119,21 @@ def top_extensions(alive_log_probs, log_probs, k: int):
   return top_log_probs, top // vocab, (top % vocab).astype(jnp.int32)
 
 
-def reorder_cache(cache, indices):
+def reorder_cache(cache, indices, *, batch_axis: int = 0):
   """Reorder the `[b * k, ...]` cache rows of every sentence by beam `indices` `[b, k]`.
 
-  Scalars (the cache index) and the cross-attention keys/values, which are the
-  same for all beams of a sentence, are left as they are.
+  The cache index and the cross-attention keys/values, which are the same for
+  all beams of a sentence, are left as they are. `batch_axis` is 1 when the
+  model scans its layers (cache entries then lead with a layers axis).
   """
   b, k = indices.shape
 
   def reorder(path, x):
-    if x.ndim == 0 or getattr(path[-1], "key", None) in STATIC_CACHE_NAMES:
+    if x.ndim == batch_axis or getattr(path[-1], "key", None) in STATIC_CACHE_NAMES:
       return x
-    return gather_beams(x.reshape((b, k) + x.shape[1:]), indices).reshape(x.shape)
+    rows = jnp.moveaxis(x, batch_axis, 0)
+    rows = gather_beams(rows.reshape((b, k) + rows.shape[1:]), indices).reshape(rows.shape)
+    return jnp.moveaxis(rows, 0, batch_axis)
 
   return jax.tree_util.tree_map_with_path(reorder, cache)
 
@@ -232,7 +235,7 @@ def beam_search(model, variables, inputs, *, beam_size: int = 4, alpha=0.6, max_
     top_log_probs, beams, tokens = top_extensions(
         alive_log_probs, log_probs.reshape(batch, k, -1), k)
     alive = gather_beams(alive, beams).at[:, :, step].set(tokens)
-    cache = reorder_cache(cache, beams)
+    cache = reorder_cache(cache, beams, batch_axis=int(model.config.scan_layers))
 
     finished = (tokens == eos_id) | (step + 1 >= limits[:, None])
     finished_scores = jnp.where(
