@@ -25,7 +25,7 @@ def text_config(tmp_path, lines_en, lines_de, **overrides):
 
 
 def test_text_files_become_an_arrayrecord_source_in_file_order(tmp_path):
-  en = ["Hello world.", "  spaces kept  ", "", "Grüße, ünïcode ✓"]
+  en = ["Hello world.", "  spaces kept  ", "", "Grüße, ünïcode ✓ \r inside"]
   de = ["Hallo Welt.", "Leerzeichen", "leer links", "Grüße"]
   c = text_config(tmp_path, en, de)
   source = sources.open_split(c, "train")

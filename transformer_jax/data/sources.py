@@ -57,6 +57,7 @@ class EmbeddedConfig(tfds.core.BuilderConfig):
   """Sizes and seed of one variant of the embedded corpus."""
 
   def __init__(self, *, sizes, seed, **kwargs):
+    # Bump the version whenever embedded.py changes what a seed generates.
     super().__init__(version=tfds.core.Version("1.0.0"), **kwargs)
     self.sizes = sizes
     self.seed = seed
@@ -123,9 +124,10 @@ class TransformerJaxParallelText(tfds.core.GeneratorBasedBuilder):
 
   def _generate_examples(self, paths):
     lang_a, lang_b = self.builder_config.languages
-    with open(paths[0], encoding="utf-8") as fa, open(paths[1], encoding="utf-8") as fb:
+    with open(paths[0], "rb") as fa, open(paths[1], "rb") as fb:  # lines end at \n only
       for i, (a, b) in enumerate(zip(fa, fb, strict=True)):
-        yield i, {lang_a: a.rstrip("\n"), lang_b: b.rstrip("\n")}
+        yield i, {lang_a: a.decode("utf-8").rstrip("\r\n"),
+                  lang_b: b.decode("utf-8").rstrip("\r\n")}
 
 
 def _text_builder(c):
