@@ -1,4 +1,4 @@
-"""The shared SentencePiece BPE vocabulary, trained on the (tiny) embedded corpus."""
+"""The shared SentencePiece BPE vocabulary on the (tiny) embedded corpus, and the pipeline with it."""
 
 import io
 import os
@@ -10,6 +10,8 @@ import sentencepiece as spm
 
 from transformer_jax import data
 from transformer_jax.data import embedded
+from transformer_jax.data import pipeline
+from transformer_jax.data import sources
 from transformer_jax.data import tokenizer as tokenizer_lib
 
 TINY = {"train": 2_000, "validation": 200, "test": 200}
@@ -91,3 +93,45 @@ def test_rejects_a_model_with_other_special_ids():
         vocab_size=12, model_type="bpe", logstream=quiet)
   with pytest.raises(ValueError, match=r"\(pad, eos, unk, bos\) ids \(-1, 2, 0, 1\)"):
     data.Tokenizer(buffer.getvalue())
+
+
+def test_length_table_is_counted_once_and_cached_beside_the_vocabulary(setup, monkeypatch):
+  c, _, tok = setup
+  source = sources.open_split(c, "train")
+  lengths = pipeline.pair_lengths(source, tok)
+  train = embedded.generate_corpus(1, TINY)["train"]
+  assert lengths.tolist() == [[len(tok.encode(s)) + 1, len(tok.encode(t)) + 1]
+                              for s, t in train]
+  assert os.listdir(os.path.join(os.path.dirname(tok.path), "lengths"))
+  monkeypatch.setattr(pipeline, "_CountChunk", None)  # would fail if counted again
+  np.testing.assert_array_equal(pipeline.pair_lengths(source, tok), lengths)
+
+
+@pytest.mark.parametrize("mode", ["tokens", "packed"])
+def test_end_to_end_batches_decode_to_the_corpus(setup, mode):
+  c, _, tok = setup
+  c = c.copy_and_resolve_references()
+  c.batch_mode, c.tokens_per_batch, c.batch_size, c.max_length = mode, 1024, 8, 128
+  train = embedded.generate_corpus(1, TINY)["train"]
+  it = iter(data.make_train_loader(c, tok, seed=0, shard_index=0, shard_count=1))
+  batch = next(it)
+  it.close()
+  pairs = set(train)
+  for row in range(batch["inputs"].shape[0]):
+    for k in range(1, batch["inputs_segmentation"][row].max() + 1):
+      src = batch["inputs"][row][batch["inputs_segmentation"][row] == k]
+      tgt = batch["targets"][row][batch["targets_segmentation"][row] == k]
+      assert src[-1] == tgt[-1] == data.EOS_ID
+      assert (tok.decode(src), tok.decode(tgt)) in pairs
+
+
+def test_eval_batches_in_both_directions(setup):
+  c, _, tok = setup
+  test = embedded.generate_corpus(1, TINY)["test"]
+  batches = data.make_eval_batches(c, tok, "test")
+  assert [s for _, sources_, _ in batches for s in sources_] == [p[0] for p in test]
+  reverse = c.copy_and_resolve_references()
+  reverse.source_lang, reverse.target_lang = "sy", "en"
+  batch, srcs, tgts = data.make_eval_batches(reverse, tok, "test")[0]
+  assert (srcs[0], tgts[0]) == (test[0][1], test[0][0])
+  assert tok.decode(batch["inputs"][0]) == test[0][1]
