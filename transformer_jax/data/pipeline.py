@@ -283,7 +283,9 @@ def make_train_loader(data_config, tokenizer, *, seed, shard_index, shard_count)
   `orbax.checkpoint.args.Composite`; the restored iterator yields exactly the
   batches the saved one would have. Sizes in the config are global: each of
   the `shard_count` hosts gets 1/shard_count of every batch's rows, and all
-  hosts get the same shapes at every step.
+  hosts get the same shapes at every step. Resume with the same
+  `data.num_workers`: it changes the order of batches. Workers are spawned
+  processes, so the main program must be an importable file, not stdin.
   """
   c = config_lib.validate_config(data_config)
   multiple = _rows_multiple(c, shard_index, shard_count)
