@@ -152,3 +152,12 @@ def test_bad_mask_shape_and_implementation_raise():
     attention.dot_product_attention(q, k, v, np.ones((2, 1, 5, 6), bool))
   with pytest.raises(ValueError, match="allowed"):
     attention.dot_product_attention(q, k, v, implementation="flash")
+
+
+def test_cached_attention_over_head_major_keys_and_values_matches_formula():
+  q, k, v = random_qkv(11, q_len=1, d_k=8, d_v=6)
+  mask = np.ones((2, 1, 1, 7), bool)
+  mask[0, ..., 4:] = False
+  got = attention.cached_attention(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask)
+  assert got.shape == (2, 1, 3, 6)
+  assert relative_error(got, numpy_reference.softmax_attention(q, k, v, mask)) < 1e-5

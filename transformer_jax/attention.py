@@ -49,22 +49,38 @@ def combine_masks(*masks):
   return combined
 
 
+def masked_softmax(logits, mask=None):
+  """Softmax over the last axis in float32; masked entries get exactly 0, rows with none allowed are 0."""
+  logits = logits.astype(jnp.float32)
+  if mask is None:
+    return jax.nn.softmax(logits, axis=-1)
+  mask = jnp.broadcast_to(mask, logits.shape)
+  weights = jax.nn.softmax(jnp.where(mask, logits, jnp.finfo(jnp.float32).min), axis=-1)
+  return jnp.where(mask, weights, 0.0)
+
+
 def attention_weights(query, key, mask=None):
   """softmax(Q K^T / sqrt(d_k)) in float32: `[batch, heads, q_len, k_len]`.
 
   Masked keys get exactly zero weight; a query row with no allowed key gets
   all zeros (never NaN).
   """
-  depth = query.shape[-1]
-  logits = jnp.einsum(
-      "bqhd,bkhd->bhqk", query, key, preferred_element_type=jnp.float32
-  ) / jnp.sqrt(jnp.float32(depth))
-  if mask is None:
-    return jax.nn.softmax(logits, axis=-1)
-  mask = jnp.broadcast_to(mask, logits.shape)
-  logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
-  weights = jax.nn.softmax(logits, axis=-1)
-  return jnp.where(mask, weights, 0.0)
+  logits = jnp.einsum("bqhd,bkhd->bhqk", query, key, preferred_element_type=jnp.float32)
+  return masked_softmax(logits / jnp.sqrt(jnp.float32(query.shape[-1])), mask)
+
+
+def cached_attention(query, key_cache, value_cache, mask=None):
+  """Attention of a few new queries over head-major cached keys/values (incremental decoding).
+
+  query `[batch, q_len, heads, d_k]`; key_cache `[batch, heads, k_len, d_k]`;
+  value_cache `[batch, heads, k_len, d_v]`; mask broadcastable to `[batch,
+  heads, q_len, k_len]`. Returns `[batch, q_len, heads, d_v]`. Keeping the
+  cache head-major spares a transpose of the whole cache at every step.
+  """
+  logits = jnp.einsum("bqhd,bhkd->bhqk", query, key_cache, preferred_element_type=jnp.float32)
+  weights = masked_softmax(logits / jnp.sqrt(jnp.float32(query.shape[-1])), mask)
+  out = jnp.einsum("bhqk,bhkd->bqhd", weights.astype(value_cache.dtype), value_cache)
+  return out.astype(query.dtype)
 
 
 def dot_product_attention(

@@ -32,11 +32,12 @@ class MultiHeadAttention(nn.Module):
   `[d_model, heads, d_k]`, W^V `[d_model, heads, d_v]`, W^O `[heads, d_v,
   d_model]`, with no biases, as in the paper.
 
-  Incremental decoding (`decode=True`) keeps a "cache" collection: for
-  self-attention the projected keys/values of the steps so far (the first
-  call, with the full target shape, only sizes the cache); with `static_kv`
-  (cross-attention over a fixed encoder output) the projected keys/values
-  are computed on the first call and reused at every later step.
+  Incremental decoding (`decode=True`) keeps a "cache" collection of
+  head-major `[batch, heads, length, d]` keys/values: for self-attention
+  those of the steps so far (the first call, with the full target shape,
+  only sizes the cache); with `static_kv` (cross-attention over a fixed
+  encoder output) they are projected on the first call and reused at every
+  later step.
   """
 
   num_heads: int = 8
@@ -62,21 +63,25 @@ class MultiHeadAttention(nn.Module):
         (h, self.d_v, d_out), ("heads", "kv", "embed"), self.param_dtype,
     )
 
-    def project(x, w):
-      y = jnp.einsum("bld,dhk->blhk", x.astype(self.dtype), w.astype(self.dtype))
-      return nn.with_logical_constraint(y, ("batch", "length", "heads", "kv"))
+    def project(x, w, layout="blhk"):
+      y = jnp.einsum(f"bld,dhk->{layout}", x.astype(self.dtype), w.astype(self.dtype))
+      return nn.with_logical_constraint(
+          y, ("batch", "length", "heads", "kv") if layout == "blhk" else ("batch", "heads", "length", "kv"))
 
     query = project(inputs_q, w_q)
-    if decode and self.static_kv:
-      key, value = self._static_kv_cache(lambda: (project(inputs_kv, w_k), project(inputs_kv, w_v)))
+    if decode:
+      # The cache is head-major, [batch, heads, length, d], as the attention wants it.
+      if self.static_kv:
+        key, value = self._static_kv_cache(
+            lambda: (project(inputs_kv, w_k, "bhlk"), project(inputs_kv, w_v, "bhlk")))
+      else:
+        key, value, mask = self._self_attention_cache(
+            project(inputs_kv, w_k, "bhlk"), project(inputs_kv, w_v, "bhlk"), mask)
+      out = attention.cached_attention(query, key, value, mask)
     else:
       key, value = project(inputs_kv, w_k), project(inputs_kv, w_v)
-      if decode:
-        key, value, mask = self._self_attention_cache(query, key, value, mask)
-
-    out = attention.dot_product_attention(
-        query, key, value, mask, implementation=self.attention_impl
-    )
+      out = attention.dot_product_attention(
+          query, key, value, mask, implementation=self.attention_impl)
     out = jnp.einsum("blhk,hkd->bld", out, w_o.astype(self.dtype))
     return nn.with_logical_constraint(out, ("batch", "length", "embed"))
 
@@ -89,22 +94,21 @@ class MultiHeadAttention(nn.Module):
     self.put_variable("cache", "static_value", value)
     return key, value
 
-  def _self_attention_cache(self, query, key, value, mask):
-    """Write this step's key/value into the cache; attend over the steps so far."""
+  def _self_attention_cache(self, key, value, mask):
+    """Write this step's key/value `[b, heads, 1, d]` into the cache; attend over the steps so far."""
     initialized = self.has_variable("cache", "cached_key")
     cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
     cached_value = self.variable("cache", "cached_value", jnp.zeros, value.shape, value.dtype)
     cache_index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
     if not initialized:
       return key, value, mask  # Sizing call: the full-length shape makes the cache.
-    batch, max_len = cached_key.value.shape[:2]
-    if query.shape[1] != 1:
+    if key.shape[2] != 1:
       raise ValueError(
-          f"incremental decoding takes one target position per call; got {query.shape[1]}"
-      )
+          f"incremental decoding takes one target position per call; got {key.shape[2]}")
+    max_len = cached_key.value.shape[2]
     index = cache_index.value
-    key = jax.lax.dynamic_update_slice(cached_key.value, key, (0, index, 0, 0))
-    value = jax.lax.dynamic_update_slice(cached_value.value, value, (0, index, 0, 0))
+    key = jax.lax.dynamic_update_slice(cached_key.value, key, (0, 0, index, 0))
+    value = jax.lax.dynamic_update_slice(cached_value.value, value, (0, 0, index, 0))
     cached_key.value, cached_value.value = key, value
     cache_index.value = index + 1
     seen = (jnp.arange(max_len) <= index)[None, None, None, :]
