@@ -1,0 +1,348 @@
+"""Grain input pipeline: token-count batches or packed rows, per-host shards, exact resume.
+
+A batch is a dict of numpy int32 arrays, all [rows, length]:
+  inputs, targets                          token ids, EOS appended, 0-padded
+  inputs_segmentation, targets_segmentation 1, 2, ... per pair in the row; 0 on padding
+  inputs_position, targets_position        position inside its own pair; 0 on padding
+Targets are not shifted (the model does it).
+
+The training stream, deterministic from the seed:
+  1. A length table: the token count (EOS included) of both sides of every
+     training pair, computed once and cached beside the vocabulary. Over-long
+     pairs are dropped or cut here, counted and logged.
+  2. `MapDataset.range(pairs).shuffle(seed).repeat()` (a new order every
+     epoch), cut into windows of `data.window` pairs. Each window becomes a plan
+     of global batches from the lengths alone: 'tokens' mode sorts the pairs
+     into length buckets, 'packed' mode packs them first-fit-decreasing into
+     rows; the batches are shuffled; every host keeps its rows of every batch.
+     As plans depend on lengths only, all hosts agree on each step's shape
+     while reading disjoint pairs.
+  3. A Grain flat-map yields one plan per step; the host then reads, tokenizes
+     and lays out its pairs. The iterator state is (window, batch in window).
+"""
+
+import dataclasses
+import hashlib
+import math
+import os
+import tempfile
+
+from absl import flags
+from absl import logging
+import grain
+import numpy as np
+
+from transformer_jax.data import config as config_lib
+from transformer_jax.data import sources
+from transformer_jax.data.tokenizer import EOS_ID
+
+KEYS = ("inputs", "targets", "inputs_segmentation", "targets_segmentation",
+        "inputs_position", "targets_position")
+_CHUNK = 4096  # pairs read and tokenized at a time when counting lengths
+
+
+def _next_length(length):
+  """The padded length after `length`: about 1.25 times it, a multiple of 8."""
+  return max(length + 8, -(-length * 5 // 32) * 8)
+
+
+def bucket_lengths(max_length):
+  """The padded lengths of 'tokens' mode up to `max_length`: 8, 16, 24, 32, 40, 56, 72, 96, ..."""
+  out, length = [], 8
+  while length < max_length:
+    out.append(length)
+    length = _next_length(length)
+  return tuple(out) + (max_length,)
+
+
+def padded_length(n):
+  """The smallest length of the unbounded series 8, 16, ..., 96, 120, ... that holds n tokens."""
+  length = 8
+  while length < n:
+    length = _next_length(length)
+  return length
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """One host's part of one batch: which pairs go in which row.
+
+  ids[i] (a pair index in the split) goes into row rows[i]; pairs sharing a row
+  are packed in the order given.
+  """
+  length: int
+  num_rows: int
+  ids: np.ndarray
+  rows: np.ndarray
+
+
+def layout(examples, rows, num_rows, length):
+  """The batch dict [num_rows, length] of (source ids, target ids) examples placed in `rows`."""
+  batch = {k: np.zeros((num_rows, length), np.int32) for k in KEYS}
+  cursor = {"inputs": np.zeros(num_rows, np.int64), "targets": np.zeros(num_rows, np.int64)}
+  segment = np.zeros(num_rows, np.int32)
+  for (src, tgt), row in zip(examples, rows):
+    segment[row] += 1
+    for key, ids in (("inputs", src), ("targets", tgt)):
+      start = cursor[key][row]
+      end = start + len(ids)
+      if end > length:
+        raise ValueError(f"{key} of row {row} needs {end} tokens, more than {length}: "
+                         "the length table does not match the tokenizer.")
+      batch[key][row, start:end] = ids
+      batch[key + "_segmentation"][row, start:end] = segment[row]
+      batch[key + "_position"][row, start:end] = np.arange(len(ids))
+      cursor[key][row] = end
+  return batch
+
+
+def tokenize_pairs(tokenizer, pairs, caps=None):
+  """[(source ids, target ids)] with EOS appended, cut to `caps` = (max source, max target)."""
+  out = []
+  for src, tgt in pairs:
+    s = tokenizer.encode(src) + [EOS_ID]
+    t = tokenizer.encode(tgt) + [EOS_ID]
+    out.append((s, t) if caps is None else (s[:caps[0]], t[:caps[1]]))
+  return out
+
+
+def _allow_grain_workers():
+  """Grain 0.2.18 reads its absl flags when starting workers; outside absl.app
+  (tests, notebooks) they are unparsed and that raises: use their defaults."""
+  if not flags.FLAGS.is_parsed():
+    flags.FLAGS.mark_as_parsed()
+
+
+class _CountChunk:
+  """Token counts [k, 2] (EOS included) of the pairs of one chunk of the split."""
+
+  def __init__(self, source, tokenizer):
+    self.source, self.tokenizer = source, tokenizer
+
+  def __call__(self, chunk):
+    ids = range(chunk * _CHUNK, min((chunk + 1) * _CHUNK, len(self.source)))
+    pairs = tokenize_pairs(self.tokenizer, self.source.pairs(ids))
+    return np.array([(len(s), len(t)) for s, t in pairs], np.int32).reshape(-1, 2)
+
+
+def pair_lengths(source, tokenizer, num_workers=0):
+  """[pairs, 2] token counts (EOS included) of a split; cached beside the vocabulary file."""
+  cache = None
+  if tokenizer.path:
+    key = hashlib.sha1(f"{source.fingerprint}|{tokenizer.digest}".encode()).hexdigest()
+    cache = os.path.join(os.path.dirname(os.path.abspath(tokenizer.path)), "lengths",
+                         key[:20] + ".npy")
+    if os.path.exists(cache):
+      lengths = np.load(cache)
+      if lengths.shape == (len(source), 2):
+        return lengths
+  logging.info("Counting the tokens of %d pairs (%s)", len(source), source.fingerprint)
+  chunks = grain.MapDataset.range(-(-len(source) // _CHUNK)).map(
+      _CountChunk(source, tokenizer)).to_iter_dataset()
+  if num_workers:
+    _allow_grain_workers()
+    chunks = chunks.mp_prefetch(grain.MultiprocessingOptions(num_workers=num_workers))
+  lengths = np.concatenate([np.zeros((0, 2), np.int32), *chunks])
+  if cache:
+    os.makedirs(os.path.dirname(cache), exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=os.path.dirname(cache), suffix=".npy",
+                                     delete=False) as f:
+      np.save(f, lengths)
+    os.replace(f.name, cache)
+  return lengths
+
+
+class _Planner:
+  """Window of pair positions -> this host's Plans of the window's global batches."""
+
+  def __init__(self, lengths, ids, seed, shard_index, shard_count):
+    self.lengths, self.ids, self.seed = lengths, ids, seed
+    self.shard_index, self.shard_count = shard_index, shard_count
+
+  def __call__(self, window_index, positions):
+    ids = self.ids[positions]
+    rng = np.random.default_rng([self.seed, window_index])
+    batches = self.global_batches(ids, self.lengths[ids], rng)
+    return [self.host_part(batches[i]) for i in rng.permutation(len(batches))]
+
+  def host_part(self, batch):
+    """The rows of `batch` = (length, num_rows, ids, rows) that belong to this host."""
+    length, num_rows, ids, rows = batch
+    local = num_rows // self.shard_count
+    lo = self.shard_index * local
+    mine = (rows >= lo) & (rows < lo + local)
+    return Plan(length, local, ids[mine], rows[mine] - lo)
+
+  def global_batches(self, ids, lengths, rng):
+    raise NotImplementedError
+
+
+class _TokenPlanner(_Planner):
+  """'tokens' mode: pairs sorted into length buckets, rows * length <= tokens_per_batch.
+
+  A bucket's leftover pairs (too few for a full batch) move up to the next
+  bucket, so only the last bucket of a window leaves a partial batch (padded
+  with empty rows).
+  """
+
+  def __init__(self, buckets, rows_per_bucket, **kwargs):
+    super().__init__(**kwargs)
+    self.buckets, self.rows_per_bucket = np.asarray(buckets), rows_per_bucket
+
+  def global_batches(self, ids, lengths, rng):
+    del rng
+    bucket = np.searchsorted(self.buckets, lengths.max(axis=1))
+    batches, carry = [], ids[:0]
+    for b, length in enumerate(self.buckets):
+      members = np.concatenate([carry, ids[bucket == b]])
+      rows = self.rows_per_bucket[b]
+      full = len(members) // rows * rows
+      for start in range(0, full, rows):
+        batches.append((int(length), rows, members[start:start + rows], np.arange(rows)))
+      carry = members[full:]
+    if len(carry):  # a partial batch of the last bucket, padded with empty rows
+      batches.append((int(self.buckets[-1]), self.rows_per_bucket[-1], carry,
+                      np.arange(len(carry))))
+    return batches
+
+
+class _PackPlanner(_Planner):
+  """'packed' mode: first-fit-decreasing into rows of `max_length` tokens per side."""
+
+  def __init__(self, max_length, batch_size, **kwargs):
+    super().__init__(**kwargs)
+    self.max_length, self.batch_size = max_length, batch_size
+
+  def global_batches(self, ids, lengths, rng):
+    order = np.argsort(-lengths.max(axis=1), kind="stable")
+    free = np.empty((len(ids), 2), np.int64)  # free tokens (source, target) per row
+    row_of = np.empty(len(ids), np.int64)
+    num_rows = 0
+    for i in order:
+      ok = (free[:num_rows, 0] >= lengths[i, 0]) & (free[:num_rows, 1] >= lengths[i, 1])
+      row = int(ok.argmax()) if num_rows and ok.any() else num_rows
+      if row == num_rows:
+        free[row] = self.max_length
+        num_rows += 1
+      free[row] -= lengths[i]
+      row_of[i] = row
+    # Shuffle the rows, then cut them into batches; pairs keep their packing order.
+    new_row = rng.permutation(num_rows)[row_of[order]]
+    ids = ids[order]
+    batches = []
+    for start in range(0, num_rows, self.batch_size):
+      mine = (new_row >= start) & (new_row < start + self.batch_size)
+      batches.append((self.max_length, self.batch_size, ids[mine], new_row[mine] - start))
+    return batches
+
+
+class _Unpack(grain.experimental.FlatMapTransform):
+  """A window's list of Plans -> one Plan per element."""
+  max_fan_out = 1 << 20
+
+  def flat_map(self, element):
+    return element
+
+
+class _Build:
+  """Plan -> batch dict: read this host's pairs, tokenize, lay out."""
+
+  def __init__(self, source, tokenizer, caps):
+    self.source, self.tokenizer, self.caps = source, tokenizer, caps
+
+  def __call__(self, plan):
+    examples = tokenize_pairs(self.tokenizer, self.source.pairs(plan.ids), self.caps)
+    return layout(examples, plan.rows, plan.num_rows, plan.length)
+
+
+def _rows_multiple(c, shard_index, shard_count):
+  if not (isinstance(shard_count, int) and shard_count >= 1
+          and isinstance(shard_index, int) and 0 <= shard_index < shard_count):
+    raise ValueError(f"shard_index={shard_index!r}, shard_count={shard_count!r}: "
+                     "need 0 <= shard_index < shard_count.")
+  return math.lcm(c.batch_multiple, shard_count)
+
+
+def make_train_loader(data_config, tokenizer, *, seed, shard_index, shard_count):
+  """The endless training stream of this host's batches, as a Grain IterDataset.
+
+  `iter(loader)` is a `grain.DatasetIterator`; checkpoint it with Orbax:
+  save `grain.checkpoint.CheckpointSave(iterator)` and restore
+  `grain.checkpoint.CheckpointRestore(iterator)` (of a fresh iterator of a
+  loader made with the same config, seed and shards) in an
+  `orbax.checkpoint.args.Composite`; the restored iterator yields exactly the
+  batches the saved one would have. Sizes in the config are global: each of
+  the `shard_count` hosts gets 1/shard_count of every batch's rows, and all
+  hosts get the same shapes at every step.
+  """
+  c = config_lib.validate_config(data_config)
+  multiple = _rows_multiple(c, shard_index, shard_count)
+  if not (isinstance(seed, (int, np.integer)) and 0 <= seed < 2**32):
+    raise ValueError(f"seed={seed!r}: need an integer in [0, 2**32).")
+  source = sources.open_split(c, c.train_split)
+  lengths = pair_lengths(source, tokenizer, c.num_workers)
+  caps = np.array([c.max_source_length, c.max_target_length])
+  overlong = (lengths > caps).any(axis=1)
+  logging.info("%s: %d of %d training pairs exceed %d source / %d target tokens: %s.",
+               c.name, overlong.sum(), len(lengths), *caps,
+               "dropped" if c.overlong == "drop" else "truncated")
+  ids = np.flatnonzero(~overlong) if c.overlong == "drop" else np.arange(len(lengths))
+  if not len(ids):
+    raise ValueError(f"No training pair of {c.name} fits data.max_source_length / "
+                     "data.max_target_length.")
+  lengths = np.minimum(lengths, caps)
+  common = dict(lengths=lengths, ids=ids, seed=int(seed), shard_index=shard_index,
+                shard_count=shard_count)
+  if c.batch_mode == "tokens":
+    buckets = bucket_lengths(int(caps.max()))
+    rows = [c.tokens_per_batch // length // multiple * multiple for length in buckets]
+    if not rows[-1]:
+      raise ValueError(
+          f"data.tokens_per_batch={c.tokens_per_batch} is too small: the longest "
+          f"bucket ({buckets[-1]} tokens) needs at least {buckets[-1] * multiple} "
+          f"for {multiple} rows (data.batch_multiple x shard count).")
+    planner = _TokenPlanner(buckets, rows, **common)
+  else:
+    if c.batch_size % multiple:
+      raise ValueError(f"data.batch_size={c.batch_size} must be a multiple of "
+                       f"{multiple} (data.batch_multiple x shard count).")
+    planner = _PackPlanner(c.max_length, c.batch_size, **common)
+  plans = (grain.MapDataset.range(len(ids)).shuffle(int(seed)).repeat()
+           .batch(c.window).map_with_index(planner)
+           .to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=2)))
+  batches = grain.experimental.FlatMapIterDataset(plans, _Unpack()).map(
+      _Build(source, tokenizer, tuple(int(x) for x in caps)))
+  if c.num_workers:
+    _allow_grain_workers()
+    return batches.mp_prefetch(grain.MultiprocessingOptions(num_workers=c.num_workers))
+  return grain.experimental.ThreadPrefetchIterDataset(batches, prefetch_buffer_size=4)
+
+
+def make_eval_batches(data_config, tokenizer, split, *, shard_index=0, shard_count=1):
+  """Every pair of `split` exactly once, in order, as [(batch, source texts, target texts)].
+
+  Nothing is dropped or cut. Batches have `data.eval_batch_size` global rows
+  (this host: 1/shard_count of them, its consecutive share of each batch) and a
+  length from the small series of `padded_length`, the same on every host.
+  Rows past the end of the split (in the last batch) are all padding
+  (segmentation 0); the text lists hold the real rows only, which come first.
+  """
+  c = config_lib.validate_config(data_config)
+  multiple = _rows_multiple(c, shard_index, shard_count)
+  if c.eval_batch_size % multiple:
+    raise ValueError(f"data.eval_batch_size={c.eval_batch_size} must be a multiple "
+                     f"of {multiple} (data.batch_multiple x shard count).")
+  source = sources.open_split(c, split)
+  pairs = [p for start in range(0, len(source), _CHUNK)
+           for p in source.pairs(range(start, min(start + _CHUNK, len(source))))]
+  examples = tokenize_pairs(tokenizer, pairs)
+  local = c.eval_batch_size // shard_count
+  out = []
+  for start in range(0, len(pairs), c.eval_batch_size):
+    stop = min(start + c.eval_batch_size, len(pairs))
+    length = padded_length(max(max(len(s), len(t)) for s, t in examples[start:stop]))
+    lo = min(start + shard_index * local, stop)
+    hi = min(lo + local, stop)
+    batch = layout(examples[lo:hi], np.arange(hi - lo), local, length)
+    out.append((batch, [p[0] for p in pairs[lo:hi]], [p[1] for p in pairs[lo:hi]]))
+  return out

@@ -1,0 +1,238 @@
+"""Parallel-text sources, all prepared as ArrayRecord and read through TFDS data sources.
+
+Three kinds, chosen by `data.name` (no TensorFlow anywhere):
+  * 'embedded' / 'embedded_tiny': the synthetic corpus of `embedded.py`, a TFDS
+    builder in this package, generated into the data dir on first use;
+  * 'wmt14_translate/de-en', 'wmt14_translate/fr-en', 'wmt17_translate/de-en':
+    TFDS's WMT builders (download, or TFDS's manual dir, then prepare once);
+  * 'text': the user's files `<prefix>.<lang>` (one sentence per line),
+    converted once into the same form.
+`open_split` returns a `ParallelSource`: random access to (source, target) strings.
+"""
+
+import dataclasses
+import hashlib
+import importlib
+import os
+import socket
+import urllib.parse
+
+from absl import logging
+import tensorflow_datasets as tfds
+
+from transformer_jax.data import embedded
+
+_WMT_MODULES = {
+    "wmt14_translate": "tensorflow_datasets.translate.wmt14",
+    "wmt17_translate": "tensorflow_datasets.translate.wmt17",
+}
+
+
+class DataUnavailableError(RuntimeError):
+  """A dataset is not prepared and cannot be made: the message says how to provide it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ParallelSource:
+  """Random access to the (source, target) sentence pairs of one split.
+
+  Picklable, so Grain worker processes can read from it.
+  """
+  records: object  # a TFDS ArrayRecord data source of {language: bytes} dicts
+  source_lang: str
+  target_lang: str
+  fingerprint: str  # identifies the split's contents and the direction
+
+  def __len__(self):
+    return len(self.records)
+
+  def pairs(self, ids):
+    """[(source text, target text)] for the example indices `ids`."""
+    records = self.records.__getitems__([int(i) for i in ids])
+    return [(r[self.source_lang].decode("utf-8"), r[self.target_lang].decode("utf-8"))
+            for r in records]
+
+
+class EmbeddedConfig(tfds.core.BuilderConfig):
+  """Sizes and seed of one variant of the embedded corpus."""
+
+  def __init__(self, *, sizes, seed, **kwargs):
+    super().__init__(version=tfds.core.Version("1.0.0"), **kwargs)
+    self.sizes = sizes
+    self.seed = seed
+
+
+class TransformerJaxEmbedded(tfds.core.GeneratorBasedBuilder):
+  """The embedded synthetic parallel corpus (see `embedded.py`), in generation order."""
+
+  BUILDER_CONFIGS = [
+      EmbeddedConfig(name="full", seed=0, description="100k/2k/2k pairs",
+                     sizes={"train": 100_000, "validation": 2_000, "test": 2_000}),
+      EmbeddedConfig(name="tiny", seed=1, description="2k/200/200 pairs, for tests",
+                     sizes={"train": 2_000, "validation": 200, "test": 200}),
+  ]
+
+  def _info(self):
+    return tfds.core.DatasetInfo(
+        builder=self,
+        description="Synthetic English-like to invented-language translation.",
+        features=tfds.features.Translation(
+            languages=(embedded.SOURCE_LANG, embedded.TARGET_LANG)),
+        supervised_keys=(embedded.SOURCE_LANG, embedded.TARGET_LANG),
+        disable_shuffling=True)  # keep the generated order
+
+  def _split_generators(self, dl_manager):
+    del dl_manager
+    corpus = embedded.generate_corpus(self.builder_config.seed,
+                                      self.builder_config.sizes)
+    return {split: self._generate_examples(pairs) for split, pairs in corpus.items()}
+
+  def _generate_examples(self, pairs):
+    for i, (src, tgt) in enumerate(pairs):
+      yield i, {embedded.SOURCE_LANG: src, embedded.TARGET_LANG: tgt}
+
+
+class ParallelTextConfig(tfds.core.BuilderConfig):
+  """The files of a 'text' dataset: {split: (file of lang_a, file of lang_b)}."""
+
+  def __init__(self, *, files, languages):
+    identity = repr((sorted(files.items()), languages,
+                     [(os.path.getsize(p), os.path.getmtime(p))
+                      for pair in files.values() for p in pair]))
+    super().__init__(name=hashlib.sha1(identity.encode()).hexdigest()[:16],
+                     version=tfds.core.Version("1.0.0"))
+    self.files = files
+    self.languages = languages
+
+
+class TransformerJaxParallelText(tfds.core.GeneratorBasedBuilder):
+  """Plain parallel text files (line i of one file translates line i of the other)."""
+
+
+  def _info(self):
+    return tfds.core.DatasetInfo(
+        builder=self,
+        description="Parallel text files: " + repr(self.builder_config.files),
+        features=tfds.features.Translation(languages=self.builder_config.languages),
+        disable_shuffling=True)  # keep the file order
+
+  def _split_generators(self, dl_manager):
+    del dl_manager
+    return {split: self._generate_examples(paths)
+            for split, paths in self.builder_config.files.items()}
+
+  def _generate_examples(self, paths):
+    lang_a, lang_b = self.builder_config.languages
+    with open(paths[0], encoding="utf-8") as fa, open(paths[1], encoding="utf-8") as fb:
+      for i, (a, b) in enumerate(zip(fa, fb, strict=True)):
+        yield i, {lang_a: a.rstrip("\n"), lang_b: b.rstrip("\n")}
+
+
+def _text_builder(c):
+  languages = tuple(sorted((c.source_lang, c.target_lang)))
+  files = {}
+  for split, prefix in (("train", c.text_train), ("validation", c.text_validation),
+                        ("test", c.text_test)):
+    if not prefix:
+      continue
+    paths = tuple(f"{os.path.abspath(prefix)}.{lang}" for lang in languages)
+    for p in paths:
+      if not os.path.isfile(p):
+        raise FileNotFoundError(
+            f"data.text_{split}={prefix!r}: no file {p} (expected <prefix>.<lang>).")
+    files[split] = paths
+  config = ParallelTextConfig(files=files, languages=languages)
+  return TransformerJaxParallelText(config=config, data_dir=c.data_dir or None,
+                                    file_format="array_record")
+
+
+def _check_line_counts(path_a, path_b):
+  with open(path_a, "rb") as fa, open(path_b, "rb") as fb:
+    counts = sum(1 for _ in fa), sum(1 for _ in fb)
+  if counts[0] != counts[1]:
+    raise ValueError(f"{path_a} has {counts[0]} lines but {path_b} has {counts[1]}: "
+                     "line i of one file must translate line i of the other.")
+
+
+def _wmt_downloads(builder):
+  """[(url, file name, size in bytes or None)] that preparing `builder` downloads."""
+  wmt = importlib.import_module("tensorflow_datasets.translate.wmt")
+  source = builder.builder_config.language_pair[0]
+  infos = builder.url_infos or {}
+  out = []
+  for names in builder.subsets.values():
+    for name in names:
+      for url in wmt.DATASET_MAP[name].get_url(source):
+        info = infos.get(url)
+        filename = info.filename if info and info.filename else url.rsplit("/", 1)[-1]
+        out.append((url, filename, int(info.size) if info else None))
+  return sorted(set(out))
+
+
+def _reachable(host, port):
+  """Whether a TCP connection to host:port opens within a few seconds."""
+  try:
+    socket.create_connection((host, port), timeout=5).close()
+    return True
+  except OSError:
+    return False
+
+
+def _prepare_wmt(builder, manual_dir):
+  """Downloads and prepares a WMT builder, or raises one clear DataUnavailableError."""
+  missing = [d for d in _wmt_downloads(builder)
+             if not os.path.exists(os.path.join(manual_dir, d[1]))]
+  hosts = sorted({(u.hostname, u.port or (443 if u.scheme == "https" else 80))
+                  for u in (urllib.parse.urlparse(url) for url, _, _ in missing)})
+  unreachable = [h for h, p in hosts if not _reachable(h, p)]
+  if unreachable:
+    total = sum(size or 0 for _, _, size in missing) / 1e9
+    files = "\n".join(f"  {name}  <-  {url}" for url, name, _ in missing)
+    raise DataUnavailableError(
+        f"{builder.info.full_name} is not prepared in {builder.data_dir_root} and "
+        f"cannot be downloaded: no network connection to {', '.join(unreachable)}. "
+        f"Either run once with network access (it downloads about {total:.1f} GB, "
+        f"then writes ArrayRecord files there), or download these files elsewhere "
+        f"and put them in {manual_dir} (set by data.manual_dir):\n{files}")
+  logging.info("Preparing %s (downloads %d files)", builder.info.full_name,
+               len(missing))
+  builder.download_and_prepare(
+      file_format="array_record",
+      download_config=tfds.download.DownloadConfig(manual_dir=manual_dir))
+
+
+def get_builder(c):
+  """The TFDS builder of `data.name`, with its data prepared (first use only)."""
+  data_dir = c.data_dir or None
+  if c.name.startswith("embedded"):
+    builder = TransformerJaxEmbedded(
+        config="tiny" if c.name == "embedded_tiny" else "full",
+        data_dir=data_dir, file_format="array_record")
+    builder.download_and_prepare(file_format="array_record")
+  elif c.name == "text":
+    builder = _text_builder(c)
+    if not builder.is_prepared():
+      for path_a, path_b in builder.builder_config.files.values():
+        _check_line_counts(path_a, path_b)
+      builder.download_and_prepare(file_format="array_record")
+  else:
+    # TFDS registers the WMT builders only when their module is imported.
+    importlib.import_module(_WMT_MODULES[c.name.split("/")[0]])
+    builder = tfds.builder(c.name, data_dir=data_dir, file_format="array_record")
+    if not builder.is_prepared():
+      manual_dir = c.manual_dir or os.path.join(builder.data_dir_root,
+                                                "downloads", "manual")
+      _prepare_wmt(builder, manual_dir)
+  return builder
+
+
+def open_split(c, split):
+  """The `split` of dataset `data.name` as a ParallelSource in the configured direction."""
+  builder = get_builder(c)
+  if split not in builder.info.splits:
+    raise ValueError(f"{builder.info.full_name} has no split {split!r}: it has "
+                     f"{' | '.join(builder.info.splits)}.")
+  records = builder.as_data_source(split=split)
+  fingerprint = (f"{builder.info.full_name}:{builder.data_dir}:{split}:"
+                 f"{len(records)}:{c.source_lang}->{c.target_lang}")
+  return ParallelSource(records, c.source_lang, c.target_lang, fingerprint)

@@ -1,0 +1,117 @@
+"""SentencePiece BPE with one vocabulary shared by source and target.
+
+Ids: PAD_ID = 0 (also the decoder's start token), EOS_ID = 1, UNK_ID = 2, no BOS.
+`encode` adds no EOS; the pipeline appends it.
+"""
+
+import hashlib
+import io
+import os
+import re
+import tempfile
+
+from absl import logging
+import numpy as np
+import sentencepiece as spm
+
+from transformer_jax.data import config as config_lib
+from transformer_jax.data import sources
+
+PAD_ID = 0
+EOS_ID = 1
+UNK_ID = 2
+
+
+class Tokenizer:
+  """A SentencePiece model: `encode(str) -> list[int]`, `decode(ids) -> str`.
+
+  Picklable (it carries the serialized model), so Grain workers can use it.
+  """
+
+  def __init__(self, model_proto, path=None):
+    self.model_proto = model_proto
+    self.path = path  # where the model file lives, if anywhere
+    self.digest = hashlib.sha1(model_proto).hexdigest()
+    self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
+    ids = (self._sp.pad_id(), self._sp.eos_id(), self._sp.unk_id(), self._sp.bos_id())
+    if ids != (PAD_ID, EOS_ID, UNK_ID, -1):
+      raise ValueError(f"SentencePiece model {path or ''} has (pad, eos, unk, bos) "
+                       f"ids {ids}; this project needs {(PAD_ID, EOS_ID, UNK_ID, -1)}.")
+
+  @property
+  def vocab_size(self):
+    return self._sp.get_piece_size()
+
+  def encode(self, text):
+    """Token ids of `text`, without EOS."""
+    return self._sp.encode(text)
+
+  def decode(self, ids):
+    """Text of `ids` (list or 1-D array), stopping at the first EOS, ignoring PAD."""
+    ids = [int(i) for i in np.asarray(ids).reshape(-1)]
+    if EOS_ID in ids:
+      ids = ids[:ids.index(EOS_ID)]
+    return self._sp.decode([i for i in ids if i != PAD_ID])
+
+  def __getstate__(self):
+    return {"model_proto": self.model_proto, "path": self.path}
+
+  def __setstate__(self, state):
+    self.__init__(state["model_proto"], state["path"])
+
+
+def train_model(sentences, vocab_size):
+  """Serialized SentencePiece BPE model trained on an iterable of strings."""
+  buffer = io.BytesIO()
+  with open(os.devnull, "w") as quiet:
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(sentences), model_writer=buffer, logstream=quiet,
+        vocab_size=vocab_size, model_type="bpe", character_coverage=1.0,
+        pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID, bos_id=-1,
+        input_sentence_size=0, shuffle_input_sentence=False,
+        num_threads=os.cpu_count() or 1)
+  return buffer.getvalue()
+
+
+def default_vocab_path(data_config, workdir):
+  """<workdir>/vocab/<dataset>-<languages>-<vocab size>.model (same for both directions)."""
+  c = data_config
+  name = re.sub(r"[^A-Za-z0-9_.]+", "_", c.name)
+  if c.name == "text":
+    prefix = os.path.abspath(c.text_train)
+    name += "_" + hashlib.sha1(prefix.encode()).hexdigest()[:8]
+  langs = "-".join(sorted((c.source_lang, c.target_lang)))
+  return os.path.join(workdir, "vocab", f"{name}-{langs}-{c.vocab_size}.model")
+
+
+def _training_sentences(data_config):
+  """Both sides of up to `tokenizer_sample_size` evenly spaced training pairs."""
+  source = sources.open_split(data_config, data_config.train_split)
+  n = min(len(source), data_config.tokenizer_sample_size)
+  ids = np.linspace(0, len(source) - 1, n).round().astype(np.int64)
+  for start in range(0, n, 4096):
+    for src, tgt in source.pairs(ids[start:start + 4096]):
+      yield src
+      yield tgt
+
+
+def get_tokenizer(data_config, workdir):
+  """Loads the vocabulary at `data.vocab_path`, training and saving it first if absent."""
+  c = config_lib.validate_config(data_config)
+  path = c.vocab_path or default_vocab_path(c, workdir)
+  if not os.path.exists(path):
+    logging.info("Training a %d-token SentencePiece BPE vocabulary on %d pairs of %s",
+                 c.vocab_size, c.tokenizer_sample_size, c.name)
+    proto = train_model(_training_sentences(c), c.vocab_size)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=os.path.dirname(os.path.abspath(path)),
+                                     delete=False) as f:
+      f.write(proto)
+    os.replace(f.name, path)  # atomic: concurrent hosts never read a partial file
+    logging.info("Saved the vocabulary to %s", path)
+  with open(path, "rb") as f:
+    tokenizer = Tokenizer(f.read(), path)
+  if tokenizer.vocab_size != c.vocab_size:
+    logging.warning("%s has %d tokens, data.vocab_size says %d: using the file.",
+                    path, tokenizer.vocab_size, c.vocab_size)
+  return tokenizer
