@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import jax
+from jax.experimental import multihost_utils
 import numpy as np
 import pytest
 
@@ -114,7 +115,12 @@ def _free_port() -> int:
 
 
 def test_two_processes_match_one_process(data_parallel_8, tmp_path):
-  """2 processes x 4 CPU devices (gloo collectives) against 1 process x 8 devices."""
+  """2 processes x 4 CPU devices (gloo collectives) against 1 process x 8 devices.
+
+  Data parallel: each process reads half of every batch. Tensor parallel
+  across the processes (devices interleaved so that each data-parallel row
+  pairs a device of each process): both read the whole batch.
+  """
   port = _free_port()
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=f"{REPO}{os.pathsep}"
              f"{os.environ.get('PYTHONPATH', '')}",
@@ -124,30 +130,38 @@ def test_two_processes_match_one_process(data_parallel_8, tmp_path):
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
       for i in range(2)]
   for worker in workers:
-    output, _ = worker.communicate(timeout=300)
+    output, _ = worker.communicate(timeout=600)
     assert worker.returncode == 0, output[-3000:]
   losses, params = data_parallel_8
-  for i in range(2):
-    result = np.load(tmp_path / f"process_{i}.npz")
-    np.testing.assert_allclose(result["losses"], losses, rtol=1e-5)
-    np.testing.assert_allclose(result["embedding"], params["embed"]["embedding"], atol=1e-5)
+  for layout, shards in (("dp", [(0, 2), (1, 2)]), ("tp_across", [(0, 1), (0, 1)])):
+    for i in range(2):
+      result = np.load(tmp_path / f"{layout}_{i}.npz")
+      assert tuple(result["data_shard"]) == shards[i]
+      np.testing.assert_allclose(result["losses"], losses, rtol=1e-5)
+      np.testing.assert_allclose(result["embedding"], params["embed"]["embedding"], atol=1e-5)
 
 
 def _worker(process_id: int, port: int, out_dir: str):
-  """One of two processes: train on its half of each batch's rows, save losses and the embedding."""
+  """One of two processes: train each layout on its block of every batch; save losses and the embedding."""
   jax.distributed.initialize(f"localhost:{port}", num_processes=2, process_id=process_id)
   assert jax.device_count() == 8 and jax.local_device_count() == 4
-  trainer = _trainer(tiny_model_config(), {"data": -1}, "dp")
-  state, losses = trainer.init(), []
-  for seed in range(STEPS):
-    batch = synthetic_batch(seed, rows=8)
-    local = {k: v[4 * process_id: 4 * (process_id + 1)] for k, v in batch.items()}
-    state, metrics = trainer.train_step(state, local)
-    metrics = {k: np.asarray(v.addressable_data(0)) for k, v in metrics.items()}
-    losses.append(float(metrics["loss"]) / float(metrics["tokens"]))
-  embedding = np.asarray(state.params["embed"]["embedding"].addressable_data(0))
-  np.savez(pathlib.Path(out_dir) / f"process_{process_id}.npz", losses=np.array(losses),
-           embedding=embedding)
+  interleaved = [d for pair in zip(jax.devices()[:4], jax.devices()[4:]) for d in pair]
+  layouts = {"dp": ({"data": -1}, "dp", None),
+             "tp_across": ({"data": 4, "tensor": 2}, "tp", interleaved)}
+  for name, (mesh_shape, rules, devices) in layouts.items():
+    trainer = _trainer(tiny_model_config(), mesh_shape, rules, devices)
+    index, count = trainer.data_shard
+    state, losses = trainer.init(), []
+    for seed in range(STEPS):
+      batch = synthetic_batch(seed, rows=8)
+      rows = 8 // count
+      state, metrics = trainer.train_step(
+          state, {k: v[index * rows:(index + 1) * rows] for k, v in batch.items()})
+      losses.append(float(metrics["loss"].addressable_data(0))
+                    / float(metrics["tokens"].addressable_data(0)))
+    embedding = multihost_utils.process_allgather(state.params["embed"]["embedding"], tiled=True)
+    np.savez(pathlib.Path(out_dir) / f"{name}_{process_id}.npz", losses=np.array(losses),
+             embedding=embedding, data_shard=np.array([index, count]))
   jax.distributed.shutdown()
 
 

@@ -74,16 +74,11 @@ def main(argv):
   logging.get_absl_handler().addFilter(_LibraryInfoFilter())
   initialize_distributed(_DISTRIBUTED.value)  # Before anything touches the devices.
   config = _CONFIG.value
-  training.validate_config(config)
   logging.info("config %s:\n%s", config_flags.get_config_filename(flags.FLAGS["config"]), config)
   if _MODE.value == "train":
     training.train(config, _WORKDIR.value)
 
 
-def run():
+if __name__ == "__main__":
   flags.mark_flags_as_required(["config", "workdir"])
   app.run(main)
-
-
-if __name__ == "__main__":
-  run()

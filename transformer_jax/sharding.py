@@ -46,6 +46,11 @@ RULE_PRESETS: dict[str, Rules] = {
 }
 
 
+def _axes(entry) -> tuple[str, ...]:
+  """Mesh axes of one PartitionSpec entry."""
+  return () if entry is None else ((entry,) if isinstance(entry, str) else tuple(entry))
+
+
 def resolve_mesh_shape(shape: Mapping[str, int], num_devices: int) -> tuple[int, int, int]:
   """Sizes of `('data', 'fsdp', 'tensor')` from a mapping where one size may be -1 (the rest).
 
@@ -134,8 +139,8 @@ def check_divisible(abstract_tree, shardings) -> None:
   """Raise ValueError if a sharded dimension is not a multiple of its number of shards."""
   leaves = jax.tree_util.tree_leaves_with_path(nn.unbox(abstract_tree))
   for (path, leaf), sharding in zip(leaves, jax.tree.leaves(shardings)):
-    for dim, (size, axes) in enumerate(zip(leaf.shape, sharding.spec)):
-      axes = () if axes is None else ((axes,) if isinstance(axes, str) else axes)
+    for dim, (size, entry) in enumerate(zip(leaf.shape, sharding.spec)):
+      axes = _axes(entry)
       shards = math.prod(sharding.mesh.shape[a] for a in axes)
       if size % shards:
         raise ValueError(
@@ -150,19 +155,35 @@ def batch_sharding(mesh: Mesh, rules: Rules) -> NamedSharding:
   return NamedSharding(mesh, PartitionSpec(*spec))
 
 
-def num_batch_shards(mesh: Mesh, rules: Rules) -> int:
-  """How many pieces the batch dimension is split into."""
-  axes = batch_sharding(mesh, rules).spec[0]
-  axes = () if axes is None else ((axes,) if isinstance(axes, str) else axes)
-  return math.prod(mesh.shape[a] for a in axes)
+def num_batch_shards(mesh_shape: Mapping[str, int], rules: Rules) -> int:
+  """How many pieces the batch dimension is split into on a mesh of sizes `mesh_shape`."""
+  return math.prod(mesh_shape[a] for a in _axes(nn.logical_to_mesh_axes(("batch",), rules)[0]))
+
+
+def data_shard(sharding: NamedSharding) -> tuple[int, int]:
+  """`(index, count)`: this process reads block `index` of `count` equal consecutive blocks of rows.
+
+  The block is the rows that this process's devices hold under the batch
+  `sharding`. Processes whose devices hold the same rows (replicas along a
+  mesh axis the batch is not split over) get the same index and must read
+  the same rows. One process: `(0, 1)`.
+  """
+  shards = math.prod(sharding.mesh.shape[a] for a in _axes(sharding.spec[0]))
+  rows = set()
+  for index in sharding.addressable_devices_indices_map((shards, 1)).values():
+    rows.update(range(*index[0].indices(shards)))
+  lo, block = min(rows), len(rows)
+  if rows != set(range(lo, lo + block)) or lo % block or shards % block:
+    raise ValueError(f"process {jax.process_index()} holds batch shards {sorted(rows)} of "
+                     f"{shards}: not one aligned block; order the mesh devices by process")
+  return lo // block, shards // block
 
 
 def global_batch(local_batch: Mapping[str, np.ndarray], sharding: NamedSharding) -> dict:
   """Global `jax.Array`s from this process's rows of every `[local_batch, length]` array.
 
-  Each process passes its own consecutive block of the global batch (process
-  i holds rows `i * local_batch ...`); with one process this is a sharded
-  `device_put`.
+  Each process passes the block of rows that `data_shard` names; with one
+  process this is a sharded `device_put`.
   """
   return {
       key: jax.make_array_from_process_local_data(sharding, np.asarray(value))

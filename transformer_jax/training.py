@@ -33,6 +33,7 @@ from transformer_jax.model import PRESETS, Transformer, TransformerConfig, count
 
 BATCH_KEYS = ("inputs", "targets", "inputs_segmentation", "targets_segmentation",
               "inputs_position", "targets_position")
+LOSS_SUMS = ("loss", "nll", "tokens", "source_tokens")  # What `loss_sums` returns.
 
 
 class TrainState(struct.PyTreeNode):
@@ -169,10 +170,12 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation, *
   scalars.
   """
   dropout_base = jax.random.fold_in(jax.random.key(seed), 1)
-  grad_fn = jax.grad(
-      lambda params, batch, key: (lambda s: (s["loss"], s))(
-          loss_sums(model, params, batch, label_smoothing=label_smoothing, dropout_key=key)),
-      has_aux=True)
+
+  def loss_and_sums(params, batch, key):
+    sums = loss_sums(model, params, batch, label_smoothing=label_smoothing, dropout_key=key)
+    return sums["loss"], sums
+
+  grad_fn = jax.grad(loss_and_sums, has_aux=True)
 
   def train_step(state: TrainState, batch):
     key = jax.random.fold_in(dropout_base, state.step)
@@ -190,7 +193,7 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation, *
         return jax.tree.map(jnp.add, carry, (grads, sums)), None
 
       zeros = (jax.tree.map(jnp.zeros_like, state.params),
-               {k: jnp.zeros((), jnp.float32) for k in ("loss", "nll", "tokens", "source_tokens")})
+               {k: jnp.zeros((), jnp.float32) for k in LOSS_SUMS})
       (grads, sums), _ = jax.lax.scan(accumulate, zeros, (jnp.arange(grad_accum_steps), micro))
     grads = jax.tree.map(lambda g: g / jnp.maximum(sums["tokens"], 1.0), grads)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
@@ -229,7 +232,8 @@ class Trainer:
         lambda leaf, s: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=s),
         nn.unbox(boxed), self.state_shardings)
     self.batch_sharding = sharding.batch_sharding(mesh, rules)
-    self.batch_shards = sharding.num_batch_shards(mesh, rules)
+    self.batch_shards = sharding.num_batch_shards(dict(mesh.shape), rules)
+    self.data_shard = sharding.data_shard(self.batch_sharding)
     replicated = NamedSharding(mesh, PartitionSpec())
     self._init = jax.jit(lambda key: nn.unbox(self._init_boxed(key)),
                          out_shardings=self.state_shardings)
@@ -264,7 +268,7 @@ class Trainer:
     missing = set(BATCH_KEYS) - set(local_batch)
     if missing:
       raise ValueError(f"batch lacks {sorted(missing)}; a batch has keys {', '.join(BATCH_KEYS)}")
-    rows = local_batch["targets"].shape[0] * jax.process_count()
+    rows = local_batch["targets"].shape[0] * self.data_shard[1]
     need = self.batch_shards * self.grad_accum_steps
     if rows % need:
       raise ValueError(
@@ -314,9 +318,9 @@ class TrainLogger:
 
   def __init__(self, workdir: str, *, total_steps: int, start_step: int, learning_rate_fn,
                peak_flops: float):
-    self.total_steps, self.start_step = total_steps, start_step
+    self.total_steps = total_steps
     self.learning_rate_fn, self.peak_flops = learning_rate_fn, peak_flops
-    self.step_seconds = None
+    self.last_train, self.last_eval, self.tokens = {}, {}, 0.0
     main = jax.process_index() == 0
     self.writer = (tensorboardX.SummaryWriter(os.path.join(workdir, "tensorboard"),
                                               purge_step=start_step) if main else None)
@@ -342,6 +346,7 @@ class TrainLogger:
     compilation, so speeds are not reported.
     """
     tokens = max(float(sums["tokens"]), 1.0)
+    self.tokens += float(sums["tokens"])
     scalars = {
         "loss": float(sums["loss"]) / tokens,
         "nll": float(sums["nll"]) / tokens,
@@ -355,16 +360,16 @@ class TrainLogger:
     if compiling:
       line += f" | compiled and ran step {step} in {seconds:.1f} s"
     else:
-      self.step_seconds = seconds / steps
       scalars.update({
           "tokens_per_s": float(sums["tokens"]) / seconds,
           "source_tokens_per_s": float(sums["source_tokens"]) / seconds,
-          "s_per_step": self.step_seconds,
+          "s_per_step": seconds / steps,
           "mfu": float(sums["flops"]) / (seconds * self.peak_flops),
       })
-      eta = datetime.timedelta(seconds=round((self.total_steps - step) * self.step_seconds))
-      line += (f" | {scalars['tokens_per_s']:,.0f} tok/s | {self.step_seconds:.3f} s/step | "
+      eta = datetime.timedelta(seconds=round((self.total_steps - step) * seconds / steps))
+      line += (f" | {scalars['tokens_per_s']:,.0f} tok/s | {scalars['s_per_step']:.3f} s/step | "
                f"MFU {100 * scalars['mfu']:.1f}% | ETA {eta}")
+    self.last_train = scalars
     self._line(line)
     self._write("train", step, scalars)
     if self.bar is not None:
@@ -379,6 +384,7 @@ class TrainLogger:
     self._line(f"eval ({split}) at step {step} | loss {scalars['loss']:.4f} | "
                f"ppl {scalars['perplexity']:.2f} | {int(tokens):,} target tokens")
     self._write(f"eval_{split}", step, scalars)
+    self.last_eval = {"split": split, **scalars}
     return scalars
 
   def _write(self, prefix: str, step: int, scalars: Mapping[str, float]):
@@ -387,11 +393,20 @@ class TrainLogger:
         self.writer.add_scalar(f"{prefix}/{name}", value, step)
       self.writer.flush()
 
-  def close(self, text: str):
-    """Log the final summary line and close the writer and the bar."""
+  def close(self, step: int, *, seconds: float, steps: int, checkpoints: str):
+    """Log the final summary line (`steps` steps of this run took `seconds`); close the writer and bar."""
     if self.bar is not None:
       self.bar.close()
-    logging.info("%s", text)
+    text = (f"done: step {step}/{self.total_steps}; this run {steps} steps in "
+            f"{datetime.timedelta(seconds=round(seconds))}, {self.tokens / seconds:,.0f} "
+            "target tok/s overall (compilation and evaluation included)")
+    if self.last_train:
+      text += (f"; last train loss {self.last_train['loss']:.4f}, "
+               f"ppl {self.last_train['perplexity']:.2f}")
+    if self.last_eval:
+      text += (f"; {self.last_eval['split']} loss {self.last_eval['loss']:.4f}, "
+               f"ppl {self.last_eval['perplexity']:.2f}")
+    logging.info("%s; checkpoints in %s", text, checkpoints)
     if self.writer is not None:
       self.writer.close()
 
@@ -435,21 +450,28 @@ def fit(trainer: Trainer, state: TrainState, train_iter, *, num_train_steps: int
   `train_iter` yields this process's numpy batches and has Grain's
   checkpointable state, saved with every checkpoint. Metrics stay on the
   device, summed, and are fetched only at log steps. The first step of the
-  run (which compiles) is reported on its own. A checkpoint is written every
+  run (which compiles) is reported on its own, and every new batch shape
+  (which compiles again) is announced. A checkpoint is written every
   `checkpoint_every_steps` steps, when `stop_requested(step)` (then the loop
   ends) and after the last step. `evaluate(state)`, if given, returns
-  `(split, sums)` and runs every `eval_every_steps` steps and at the end.
+  `(split, sums)`; it runs every `eval_every_steps` steps (0: never) and after
+  the last step, and its time is left out of the training speed.
   """
   step = int(jax.device_get(state.step))
   start_step, start = step, time.perf_counter()
   sums, interval_steps, interval_start = None, 0, None
+  shapes = set()
   while step < num_train_steps:
     try:
       batch = next(train_iter)
     except StopIteration:
       raise RuntimeError(f"the training data ran out at step {step}") from None
-    if interval_start is None:
+    shape = (batch["inputs"].shape, batch["targets"].shape)
+    if shape not in shapes:
       trainer.check_batch(batch)
+      shapes.add(shape)
+      logging.info("step %d: compiling the train step for batch shape %s (inputs) %s (targets)",
+                   step + 1, *shape)
     state, metrics = trainer.train_step(state, batch)
     step += 1
     sums = metrics if sums is None else _add_metrics(sums, metrics)
@@ -462,44 +484,31 @@ def fit(trainer: Trainer, state: TrainState, train_iter, *, num_train_steps: int
                    now - (start if interval_start is None else interval_start),
                    compiling=interval_start is None)
       sums, interval_steps, interval_start = None, 0, now
-    if evaluate is not None and eval_every_steps and step % eval_every_steps == 0 \
-        and step < num_train_steps:
-      logger.evaluation(step, *evaluate(state))
     stop = stop_requested(step)
-    if stop or step % checkpoint_every_steps == 0:
+    if stop or step % checkpoint_every_steps == 0 or step == num_train_steps:
       checkpointing.save(manager, step, state, train_iter)
+    if evaluate is not None and eval_every_steps and (
+        step % eval_every_steps == 0 or step == num_train_steps):
+      eval_start = time.perf_counter()
+      logger.evaluation(step, *evaluate(state))
+      interval_start += time.perf_counter() - eval_start
     if stop:
       logging.warning("stopped at step %d for preemption; checkpoint saved", step)
       break
-  else:
-    checkpointing.save(manager, step, state, train_iter)
-    if evaluate is not None:
-      logger.evaluation(step, *evaluate(state))
   manager.wait_until_finished()
-  seconds = time.perf_counter() - start
-  logger.close(f"done: step {step}/{num_train_steps}, {step - start_step} steps in "
-               f"{datetime.timedelta(seconds=round(seconds))} this run; checkpoints in "
-               f"{manager.directory} (latest {manager.latest_step()})")
+  logger.close(step, seconds=time.perf_counter() - start, steps=step - start_step,
+               checkpoints=f"{manager.directory} (latest {manager.latest_step()})")
   return state
-
-
-def pad_rows(batch: Mapping[str, np.ndarray], multiple: int) -> dict:
-  """Append all-padding rows (zeros) so every `[rows, length]` array has a multiple of `multiple` rows."""
-  rows = next(iter(batch.values())).shape[0]
-  extra = -rows % multiple
-  return {k: np.pad(v, ((0, extra), (0, 0))) for k, v in batch.items()}
 
 
 def evaluate(trainer: Trainer, params, batches) -> dict:
   """Loss sums (`loss_sums`) over `(batch, source_texts, target_texts)` items, fetched to the host.
 
-  Every process must see the same number of batches (each computes on the
-  global batch).
+  Every process passes its rows of the same global batches, in the same order.
   """
-  rows_per_process = max(trainer.batch_shards // jax.process_count(), 1)
   total = None
   for batch, _, _ in batches:
-    sums = trainer.eval_step(params, pad_rows(batch, rows_per_process))
+    sums = trainer.eval_step(params, batch)
     total = sums if total is None else _add_metrics(total, sums)
   if total is None:
     raise ValueError("the evaluation split has no batches")
@@ -526,9 +535,9 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> TrainState:
                     grad_accum_steps=config.grad_accum_steps, seed=config.seed)
   logging.info("model: %s, %s parameters; mesh %s; sharding rules %s", model_cfg,
                f"{count_params(model_cfg):,}", dict(mesh.shape), rules)
-  train_iter = data.make_train_loader(config.data, tokenizer, seed=config.seed,
-                                      shard_index=jax.process_index(),
-                                      shard_count=jax.process_count())
+  shard_index, shard_count = trainer.data_shard
+  train_iter = iter(data.make_train_loader(config.data, tokenizer, seed=config.seed,
+                                           shard_index=shard_index, shard_count=shard_count))
   manager = checkpointing.make_manager(
       os.path.join(workdir, "checkpoints"), max_to_keep=config.keep_checkpoints or None)
   if manager.latest_step() is None:
@@ -544,11 +553,14 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> TrainState:
                        start_step=int(state.step), learning_rate_fn=schedule,
                        peak_flops=peak * jax.device_count())
 
+  eval_batches = []  # Read and tokenized at the first evaluation.
+
   def run_eval(state):
-    batches = data.make_eval_batches(config.data, tokenizer, config.eval_split,
-                                     shard_index=jax.process_index(),
-                                     shard_count=jax.process_count())
-    return config.eval_split, evaluate(trainer, state.params, batches)
+    if not eval_batches:
+      eval_batches.extend(data.make_eval_batches(
+          config.data, tokenizer, config.data.eval_split, shard_index=shard_index,
+          shard_count=shard_count))
+    return config.data.eval_split, evaluate(trainer, state.params, eval_batches)
 
   with PreemptionWatch(manager) as preemption:
     state = fit(trainer, state, train_iter, num_train_steps=config.num_train_steps,
@@ -598,8 +610,7 @@ def default_config() -> ml_collections.ConfigDict:
   config.checkpoint_every_steps = 1000
   config.keep_checkpoints = 20  # 0 = keep all.
   config.log_every_steps = 100
-  config.eval_every_steps = 0  # 0 = only at the end.
-  config.eval_split = "validation"
+  config.eval_every_steps = 0  # And after the last step; 0 = never (split: config.data.eval_split).
   config.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})
   config.sharding_rules = "dp"
   config.peak_flops_per_device = 0.0  # 0 = measure a matmul at start-up.
@@ -620,8 +631,7 @@ _CHECKS = {
     "checkpoint_every_steps": (lambda v: _is_int(v) and v > 0, "a positive integer"),
     "keep_checkpoints": (lambda v: _is_int(v) and v >= 0, "an integer >= 0 (0 = keep all)"),
     "log_every_steps": (lambda v: _is_int(v) and v > 0, "a positive integer"),
-    "eval_every_steps": (lambda v: _is_int(v) and v >= 0, "an integer >= 0 (0 = at the end)"),
-    "eval_split": (lambda v: isinstance(v, str) and v, "a split name"),
+    "eval_every_steps": (lambda v: _is_int(v) and v >= 0, "an integer >= 0 (0 = never)"),
     "peak_flops_per_device": (lambda v: _is_number(v) and v >= 0,
                               "a number >= 0 (0 = measure)"),
 }
@@ -639,7 +649,8 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   """Raise ValueError naming the first unknown or invalid field (`config.xxx`) and what is allowed.
 
   Checks the training fields, `config.model` (against `TransformerConfig`),
-  `config.mesh` (against the devices present) and `config.sharding_rules`.
+  `config.data`, `config.mesh` (against the devices present),
+  `config.sharding_rules`, and that batches split evenly over the devices.
   Compiles nothing.
   """
   known = default_config()
@@ -653,8 +664,19 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     if not check(config[name]):
       raise ValueError(f"config.{name} must be {allowed}; got {config[name]!r}")
   build_model_config(config.model, vocab_size=8)
-  sharding.resolve_mesh_shape(dict(config.mesh), jax.device_count())
-  sharding.logical_rules(config.sharding_rules)
+  try:
+    data.validate_config(config.data)
+  except ValueError as error:
+    raise ValueError(f"config.{error}") from None
+  mesh_shape = sharding.resolve_mesh_shape(dict(config.mesh), jax.device_count())
+  shards = sharding.num_batch_shards(dict(zip(sharding.MESH_AXES, mesh_shape)),
+                                     sharding.logical_rules(config.sharding_rules))
+  if config.data.batch_multiple % (shards * config.grad_accum_steps):
+    raise ValueError(
+        f"config.data.batch_multiple={config.data.batch_multiple} must be a multiple of "
+        f"{shards * config.grad_accum_steps} = {shards} batch shards (config.mesh with "
+        f"config.sharding_rules) x config.grad_accum_steps={config.grad_accum_steps}, so that "
+        "every batch splits evenly")
 
 
 def build_model_config(model: ml_collections.ConfigDict, *, vocab_size: int) -> TransformerConfig:
