@@ -1,8 +1,23 @@
 #!/usr/bin/env bash
 # transformer_jax: the one entry point.
 #
-#   ./launch.sh test [PYTEST_ARGS...]   run the test suite on the CPU
-#   ./launch.sh setup                   only create/refresh the virtual environment
+#   ./launch.sh                          set up if needed, then train experiments/default.py
+#                                        into ./workdir/default
+#   ./launch.sh train [FLAGS...]         train (or resume) with python -m transformer_jax.main
+#   ./launch.sh MODE [FLAGS...]          any other --mode of transformer_jax.main
+#   ./launch.sh test [PYTEST_ARGS...]    run the test suite on the CPU
+#   ./launch.sh setup                    only create/refresh the virtual environment
+#
+# FLAGS are transformer_jax.main's: --config=experiments/wmt14.py:base,
+# --config.<field>=<value>, --workdir=DIR (default: ./workdir/<config>[_<variant>]),
+# --distributed=auto|on|off, --coordinator_address, --num_processes, --process_id.
+#
+# Several hosts: start the same command once per host.
+#   TPU VM pod slice:  gcloud compute tpus tpu-vm ssh NAME --worker=all \
+#                        --command="cd transformer_jax && ./launch.sh train --distributed=on ..."
+#   SLURM:             srun --nodes=N --ntasks-per-node=1 ./launch.sh train ...
+#                      (jax.distributed.initialize() reads SLURM's environment)
+# The work directory must be shared by all hosts (a network file system or gs://).
 #
 # Set-up happens on first use: a virtual environment in $TJ_VENV (default
 # ./.venv) with the package and its test extra installed. It is refreshed when
@@ -27,19 +42,57 @@ setup() {
   echo "$want" > "$stamp"
 }
 
-mode="${1:-test}"
+# python -m transformer_jax.main --mode=$1 with the remaining flags, adding
+# --config=experiments/default.py and --workdir=./workdir/<config name> when absent.
+run_main() {
+  local mode="$1"
+  shift
+  local config="" workdir=""
+  for arg in "$@"; do
+    case "$arg" in
+      --config=*) config="${arg#--config=}" ;;
+      --workdir=*) workdir="${arg#--workdir=}" ;;
+      --config|--workdir)
+        echo "launch.sh: write $arg=VALUE (with '=')" >&2
+        exit 2
+        ;;
+    esac
+  done
+  local extra=()
+  if [[ -z "$config" ]]; then
+    config="experiments/default.py"
+    extra+=("--config=$config")
+  fi
+  if [[ -z "$workdir" ]]; then
+    local name
+    name="$(basename "${config%%:*}" .py)"
+    [[ "$config" == *:* ]] && name="${name}_${config#*:}"
+    extra+=("--workdir=workdir/$name")
+  fi
+  exec "$PY" -m transformer_jax.main --mode="$mode" "${extra[@]}" "$@"
+}
+
+mode="${1:-default}"
 [[ $# -gt 0 ]] && shift
 case "$mode" in
+  default)
+    setup
+    run_main train
+    ;;
   setup) setup ;;
   test)
     setup
     exec "$PY" -m pytest -q "$@"
     ;;
   -h|--help|help)
-    sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'
+    ;;
+  -*)
+    echo "launch.sh: the mode comes first: ./launch.sh train $mode ... (try: ./launch.sh help)" >&2
+    exit 2
     ;;
   *)
-    echo "launch.sh: unknown mode '$mode' (try: ./launch.sh help)" >&2
-    exit 2
+    setup
+    run_main "$mode" "$@"
     ;;
 esac

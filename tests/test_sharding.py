@@ -1,0 +1,169 @@
+"""Meshes, rules, and the train step sharded over 8 simulated devices and over 2 processes.
+
+The reference for every sharded run is the same step on one device.
+Run as a script, this file is one worker of the two-process test.
+"""
+
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+
+import jax
+from jax.experimental import multihost_utils
+import numpy as np
+import pytest
+
+from transformer_jax import sharding, training
+from test_training import synthetic_batch, tiny_model_config
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+STEPS = 2
+
+
+def test_mesh_shape_fills_in_the_rest_and_rejects_mismatches():
+  assert sharding.resolve_mesh_shape({"data": -1}, 8) == (8, 1, 1)
+  assert sharding.resolve_mesh_shape({"data": 2, "fsdp": -1, "tensor": 2}, 8) == (2, 2, 2)
+  assert sharding.resolve_mesh_shape({"data": 1, "fsdp": 1, "tensor": 1}, 1) == (1, 1, 1)
+  with pytest.raises(ValueError, match="at most one axis may be -1"):
+    sharding.resolve_mesh_shape({"data": -1, "fsdp": -1}, 8)
+  with pytest.raises(ValueError, match="config.mesh.tensor must be a positive integer or -1"):
+    sharding.resolve_mesh_shape({"tensor": 0}, 8)
+  with pytest.raises(ValueError, match="unknown axes"):
+    sharding.resolve_mesh_shape({"pipeline": 2}, 8)
+
+
+def test_rules_from_presets_and_explicit_specs():
+  assert sharding.logical_rules("fsdp") == sharding.RULE_PRESETS["fsdp"]
+  assert sharding.logical_rules("batch=data+fsdp, heads=tensor, kv=") == (
+      ("batch", ("data", "fsdp")), ("heads", "tensor"), ("kv", None))
+  with pytest.raises(ValueError, match="unknown logical axis 'head'"):
+    sharding.logical_rules("head=tensor")
+
+
+def _trainer(config, mesh_shape, rules, devices=None):
+  schedule = training.learning_rate_schedule(d_model=config.d_model, warmup_steps=10)
+  optimizer = training.make_optimizer(schedule, b1=0.9, b2=0.98, eps=1e-9)
+  return training.Trainer(config, optimizer, sharding.make_mesh(mesh_shape, devices),
+                          sharding.logical_rules(rules), label_smoothing=0.1, seed=3)
+
+
+def _run(trainer, batches):
+  """Losses per step (per token) and the final parameters, as numpy."""
+  state, losses = trainer.init(), []
+  for batch in batches:
+    state, metrics = trainer.train_step(state, batch)
+    losses.append(float(metrics["loss"]) / float(metrics["tokens"]))
+  return np.array(losses), jax.tree.map(np.asarray, jax.device_get(state.params))
+
+
+@pytest.fixture(scope="module")
+def batches():
+  return [synthetic_batch(seed, rows=8) for seed in range(STEPS)]
+
+
+@pytest.fixture(scope="module")
+def one_device(batches):
+  return _run(_trainer(tiny_model_config(), {"data": 1}, "dp", jax.devices()[:1]), batches)
+
+
+@pytest.fixture(scope="module")
+def data_parallel_8(batches):
+  """The 8-device data-parallel run, shared by two tests."""
+  return _run(_trainer(tiny_model_config(), {"data": 8}, "dp"), batches)
+
+
+def test_data_parallel_step_matches_one_device(data_parallel_8, one_device):
+  _assert_same_run(data_parallel_8, one_device)
+
+
+@pytest.mark.parametrize("mesh_shape, rules, expected_spec", [
+    ({"fsdp": 8}, "fsdp", ("fsdp", None, None)),
+    ({"data": 4, "tensor": 2}, "tp", ("fsdp", "tensor", None)),
+])
+def test_sharded_step_matches_one_device(batches, one_device, mesh_shape, rules, expected_spec):
+  trainer = _trainer(tiny_model_config(), mesh_shape, rules)
+  query = trainer.state_shardings.params["encoder"]["layer_0"]["self_attention"]["query"]
+  assert tuple(query.spec) + (None,) * (3 - len(query.spec)) == expected_spec
+  _assert_same_run(_run(trainer, batches), one_device)
+
+
+def _assert_same_run(run, reference):
+  losses, params = run
+  reference_losses, reference_params = reference
+  np.testing.assert_allclose(losses, reference_losses, rtol=1e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), params,
+               reference_params)
+
+
+def test_a_dimension_that_does_not_split_is_named():
+  with pytest.raises(ValueError, match=r"\['embed'\]\['embedding'\].*dimension 0 \(41\)"):
+    _trainer(tiny_model_config(vocab_size=41), {"data": 4, "tensor": 2}, "tp")
+
+
+def test_a_batch_that_does_not_split_is_named():
+  trainer = _trainer(tiny_model_config(), {"data": 8}, "dp")
+  with pytest.raises(ValueError, match="the global batch has 6 rows, not a multiple of 8"):
+    trainer.check_batch(synthetic_batch(0, rows=6))
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+def test_two_processes_match_one_process(data_parallel_8, tmp_path):
+  """2 processes x 4 CPU devices (gloo collectives) against 1 process x 8 devices.
+
+  Data parallel: each process reads half of every batch. Tensor parallel
+  across the processes (devices interleaved so that each data-parallel row
+  pairs a device of each process): both read the whole batch.
+  """
+  port = _free_port()
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=f"{REPO}{os.pathsep}"
+             f"{os.environ.get('PYTHONPATH', '')}",
+             XLA_FLAGS="--xla_force_host_platform_device_count=4")
+  workers = [
+      subprocess.Popen([sys.executable, __file__, str(i), str(port), str(tmp_path)], env=env,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+      for i in range(2)]
+  for worker in workers:
+    output, _ = worker.communicate(timeout=600)
+    assert worker.returncode == 0, output[-3000:]
+  losses, params = data_parallel_8
+  for layout, shards in (("dp", [(0, 2), (1, 2)]), ("tp_across", [(0, 1), (0, 1)])):
+    for i in range(2):
+      result = np.load(tmp_path / f"{layout}_{i}.npz")
+      assert tuple(result["data_shard"]) == shards[i]
+      np.testing.assert_allclose(result["losses"], losses, rtol=1e-5)
+      np.testing.assert_allclose(result["embedding"], params["embed"]["embedding"], atol=1e-5)
+
+
+def _worker(process_id: int, port: int, out_dir: str):
+  """One of two processes: train each layout on its block of every batch; save losses and the embedding."""
+  jax.distributed.initialize(f"localhost:{port}", num_processes=2, process_id=process_id)
+  assert jax.device_count() == 8 and jax.local_device_count() == 4
+  interleaved = [d for pair in zip(jax.devices()[:4], jax.devices()[4:]) for d in pair]
+  layouts = {"dp": ({"data": -1}, "dp", None),
+             "tp_across": ({"data": 4, "tensor": 2}, "tp", interleaved)}
+  for name, (mesh_shape, rules, devices) in layouts.items():
+    trainer = _trainer(tiny_model_config(), mesh_shape, rules, devices)
+    index, count = trainer.data_shard
+    state, losses = trainer.init(), []
+    for seed in range(STEPS):
+      batch = synthetic_batch(seed, rows=8)
+      rows = 8 // count
+      state, metrics = trainer.train_step(
+          state, {k: v[index * rows:(index + 1) * rows] for k, v in batch.items()})
+      losses.append(float(metrics["loss"].addressable_data(0))
+                    / float(metrics["tokens"].addressable_data(0)))
+    embedding = multihost_utils.process_allgather(state.params["embed"]["embedding"], tiled=True)
+    np.savez(pathlib.Path(out_dir) / f"{name}_{process_id}.npz", losses=np.array(losses),
+             embedding=embedding, data_shard=np.array([index, count]))
+  jax.distributed.shutdown()
+
+
+if __name__ == "__main__":
+  _worker(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])

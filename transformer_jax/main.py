@@ -1,0 +1,84 @@
+"""Command line entry point: pick an experiment config, a work directory and a mode.
+
+    python -m transformer_jax.main --mode=train \
+        --config=experiments/wmt14.py:base --workdir=/path/to/workdir \
+        --config.num_train_steps=1000 --config.mesh.fsdp=8
+
+`--config` is an `ml_collections` config file, optionally followed by
+`:variant`; every field can be overridden with `--config.<field>=<value>`.
+Unknown or invalid values stop the run before anything compiles. On several
+processes (one per host), `jax.distributed.initialize()` connects them first;
+see `--distributed`.
+"""
+
+import logging as std_logging
+import os
+
+from absl import app, flags, logging
+import jax
+from ml_collections import config_flags
+
+from transformer_jax import training
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None,
+    "Experiment config file, optionally with a variant: experiments/wmt14.py:big. "
+    "Override any field with --config.<field>=<value>.")
+_WORKDIR = flags.DEFINE_string(
+    "workdir", None,
+    "Work directory: checkpoints/, tensorboard/ and the tokenizer. A run with the same "
+    "work directory resumes from its latest checkpoint.")
+_MODE = flags.DEFINE_enum("mode", "train", ["train"], "What to do: train (or resume).")
+_DISTRIBUTED = flags.DEFINE_enum(
+    "distributed", "auto", ["auto", "on", "off"],
+    "Call jax.distributed.initialize() before anything else. auto: when "
+    "JAX_COORDINATOR_ADDRESS is set or SLURM runs more than one task; on: always "
+    "(a TPU pod slice, or any launcher that jax.distributed detects); off: never.")
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator_address", None,
+    "host:port of process 0, for jax.distributed.initialize (default: from the cluster "
+    "environment).")
+_NUM_PROCESSES = flags.DEFINE_integer(
+    "num_processes", None, "Number of processes, for jax.distributed.initialize.")
+_PROCESS_ID = flags.DEFINE_integer(
+    "process_id", None, "This process's index, for jax.distributed.initialize.")
+
+
+def launched_on_several_processes(environ=os.environ) -> bool:
+  """Whether the environment says several processes were started (coordinator or SLURM tasks)."""
+  return bool(environ.get("JAX_COORDINATOR_ADDRESS")) or int(environ.get("SLURM_NTASKS", "1")) > 1
+
+
+def initialize_distributed(mode: str) -> None:
+  """Connect the processes of a multi-process run (`mode`: auto, on or off)."""
+  explicit = _COORDINATOR.value is not None or _NUM_PROCESSES.value is not None
+  if mode == "off" or (mode == "auto" and not explicit and not launched_on_several_processes()):
+    return
+  jax.distributed.initialize(coordinator_address=_COORDINATOR.value,
+                             num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value)
+  logging.info("process %d of %d; %d local and %d global devices", jax.process_index(),
+               jax.process_count(), jax.local_device_count(), jax.device_count())
+
+
+class _LibraryInfoFilter(std_logging.Filter):
+  """Drops INFO and below from Orbax and Grain, which log every checkpoint file they touch."""
+
+  def filter(self, record):
+    return record.levelno >= std_logging.WARNING or not any(
+        f"{os.sep}{package}{os.sep}" in record.pathname for package in ("orbax", "grain"))
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  logging.get_absl_handler().addFilter(_LibraryInfoFilter())
+  initialize_distributed(_DISTRIBUTED.value)  # Before anything touches the devices.
+  config = _CONFIG.value
+  logging.info("config %s:\n%s", config_flags.get_config_filename(flags.FLAGS["config"]), config)
+  if _MODE.value == "train":
+    training.train(config, _WORKDIR.value)
+
+
+if __name__ == "__main__":
+  flags.mark_flags_as_required(["config", "workdir"])
+  app.run(main)

@@ -1,0 +1,191 @@
+"""Device mesh, logical-axis rules and the shardings of the train state and batches.
+
+The mesh has three axes, `('data', 'fsdp', 'tensor')`. Parameters and
+activations carry logical axis names (`batch, length, embed, heads, kv, mlp,
+vocab`, see `transformer_jax.layers`); a table of rules maps them to mesh
+axes, so data parallelism, FSDP and tensor parallelism are a choice of rules
+and mesh shape, not code. Rules are tried in order and a mesh axis is used at
+most once per array (Flax's priority semantics), which is how `embed` is
+sharded along `fsdp` in parameters but stays whole in activations, whose
+`batch` dimension already takes `fsdp`.
+"""
+
+from collections.abc import Mapping, Sequence
+import math
+
+import flax.linen as nn
+import jax
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+import numpy as np
+
+MESH_AXES = ("data", "fsdp", "tensor")
+LOGICAL_AXES = ("batch", "length", "embed", "heads", "kv", "mlp", "vocab")
+
+Rules = tuple[tuple[str, str | tuple[str, ...] | None], ...]
+
+# Named rule tables. Whatever the mesh shape, each one is correct: a mesh axis
+# of size 1 shards nothing.
+RULE_PRESETS: dict[str, Rules] = {
+    # Data parallel: the batch is split over every device, parameters and
+    # optimizer state are replicated.
+    "dp": (("batch", MESH_AXES),),
+    # Fully sharded data parallel (ZeRO-3): the batch is split over every
+    # device and parameters/optimizer state along `embed` over `fsdp`; XLA
+    # gathers each weight where it is used.
+    "fsdp": (("batch", MESH_AXES), ("embed", "fsdp")),
+    # Tensor (Megatron-style) parallel over `tensor`: attention heads, the
+    # feed-forward inner dimension and the vocabulary are split; the batch goes
+    # over `data` and `fsdp`, and parameters along `embed` over `fsdp`.
+    "tp": (
+        ("batch", ("data", "fsdp")),
+        ("heads", "tensor"),
+        ("mlp", "tensor"),
+        ("vocab", "tensor"),
+        ("embed", "fsdp"),
+    ),
+}
+
+
+def _axes(entry) -> tuple[str, ...]:
+  """Mesh axes of one PartitionSpec entry."""
+  return () if entry is None else ((entry,) if isinstance(entry, str) else tuple(entry))
+
+
+def resolve_mesh_shape(shape: Mapping[str, int], num_devices: int) -> tuple[int, int, int]:
+  """Sizes of `('data', 'fsdp', 'tensor')` from a mapping where one size may be -1 (the rest).
+
+  Raises ValueError naming `config.mesh` when the sizes cannot cover exactly
+  `num_devices` devices.
+  """
+  unknown = set(shape) - set(MESH_AXES)
+  if unknown:
+    raise ValueError(
+        f"config.mesh has unknown axes {sorted(unknown)}; allowed: {', '.join(MESH_AXES)}")
+  sizes = [shape.get(axis, 1) for axis in MESH_AXES]
+  for axis, size in zip(MESH_AXES, sizes):
+    if isinstance(size, bool) or not isinstance(size, int) or (size < 1 and size != -1):
+      raise ValueError(
+          f"config.mesh.{axis} must be a positive integer or -1 (the rest); got {size!r}")
+  if sizes.count(-1) > 1:
+    raise ValueError("config.mesh: at most one axis may be -1 (the rest of the devices)")
+  known = math.prod(s for s in sizes if s != -1)
+  if -1 in sizes:
+    if num_devices % known:
+      raise ValueError(
+          f"config.mesh={dict(zip(MESH_AXES, sizes))}: the fixed axes use {known} devices, "
+          f"which does not divide the {num_devices} devices present")
+    sizes[sizes.index(-1)] = num_devices // known
+  elif known != num_devices:
+    raise ValueError(
+        f"config.mesh={dict(zip(MESH_AXES, sizes))} needs {known} devices but "
+        f"{num_devices} are present; set one axis to -1 to take the rest")
+  return tuple(sizes)
+
+
+def make_mesh(shape: Mapping[str, int], devices: Sequence[jax.Device] | None = None) -> Mesh:
+  """A `('data', 'fsdp', 'tensor')` mesh over `devices` (default: all, every process).
+
+  Axes are Auto (sharding follows the logical constraints inside the model).
+  """
+  devices = list(jax.devices() if devices is None else devices)
+  sizes = resolve_mesh_shape(shape, len(devices))
+  return jax.make_mesh(sizes, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES),
+                       devices=devices)
+
+
+def logical_rules(spec: str) -> Rules:
+  """A rule table from a preset name (`dp`, `fsdp`, `tp`) or an explicit spec string.
+
+  The explicit form lists `logical=mesh_axes` pairs in priority order,
+  separated by commas, with `+` joining several mesh axes and nothing after
+  `=` for "not sharded": `batch=data+fsdp,heads=tensor,mlp=tensor,embed=fsdp`.
+  Raises ValueError naming `config.sharding_rules` for anything else.
+  """
+  if spec in RULE_PRESETS:
+    return RULE_PRESETS[spec]
+  allowed = (f"allowed: a preset ({', '.join(RULE_PRESETS)}) or pairs like "
+             "'batch=data+fsdp,heads=tensor,embed=fsdp'")
+  if not isinstance(spec, str) or "=" not in spec:
+    raise ValueError(f"config.sharding_rules={spec!r} is not understood; {allowed}")
+  table = []
+  for pair in spec.split(","):
+    logical, _, mesh_axes = (part.strip() for part in pair.partition("="))
+    if logical not in LOGICAL_AXES:
+      raise ValueError(
+          f"config.sharding_rules: unknown logical axis {logical!r}; logical axes: "
+          f"{', '.join(LOGICAL_AXES)}")
+    names = tuple(a.strip() for a in mesh_axes.split("+") if a.strip())
+    for name in names:
+      if name not in MESH_AXES:
+        raise ValueError(
+            f"config.sharding_rules: unknown mesh axis {name!r} for {logical!r}; mesh axes: "
+            f"{', '.join(MESH_AXES)}")
+    table.append((logical, names[0] if len(names) == 1 else (names or None)))
+  return tuple(table)
+
+
+def tree_shardings(abstract_tree, mesh: Mesh, rules: Rules):
+  """NamedShardings for a tree whose leaves may be boxed with logical axis names.
+
+  `abstract_tree` is typically `jax.eval_shape` of an init function that
+  returns `nn.LogicallyPartitioned` parameters; unboxed leaves are replicated.
+  The result has the structure of the unboxed tree.
+  """
+  specs = nn.get_partition_spec(abstract_tree)
+  return nn.logical_to_mesh_sharding(specs, mesh, rules)
+
+
+def check_divisible(abstract_tree, shardings) -> None:
+  """Raise ValueError if a sharded dimension is not a multiple of its number of shards."""
+  leaves = jax.tree_util.tree_leaves_with_path(nn.unbox(abstract_tree))
+  for (path, leaf), sharding in zip(leaves, jax.tree.leaves(shardings)):
+    for dim, (size, entry) in enumerate(zip(leaf.shape, sharding.spec)):
+      axes = _axes(entry)
+      shards = math.prod(sharding.mesh.shape[a] for a in axes)
+      if size % shards:
+        raise ValueError(
+            f"{jax.tree_util.keystr(path)} has shape {leaf.shape}: dimension {dim} "
+            f"({size}) cannot be split over mesh axes {axes} ({shards} shards); change "
+            "the model size, config.mesh or config.sharding_rules")
+
+
+def batch_sharding(mesh: Mesh, rules: Rules) -> NamedSharding:
+  """Sharding of a `[batch, length]` array: batch along the mesh axes of `batch`."""
+  spec = nn.logical_to_mesh_axes(("batch", "length"), rules)
+  return NamedSharding(mesh, PartitionSpec(*spec))
+
+
+def num_batch_shards(mesh_shape: Mapping[str, int], rules: Rules) -> int:
+  """How many pieces the batch dimension is split into on a mesh of sizes `mesh_shape`."""
+  return math.prod(mesh_shape[a] for a in _axes(nn.logical_to_mesh_axes(("batch",), rules)[0]))
+
+
+def data_shard(sharding: NamedSharding) -> tuple[int, int]:
+  """`(index, count)`: this process reads block `index` of `count` equal consecutive blocks of rows.
+
+  The block is the rows that this process's devices hold under the batch
+  `sharding`. Processes whose devices hold the same rows (replicas along a
+  mesh axis the batch is not split over) get the same index and must read
+  the same rows. One process: `(0, 1)`.
+  """
+  shards = math.prod(sharding.mesh.shape[a] for a in _axes(sharding.spec[0]))
+  rows = set()
+  for index in sharding.addressable_devices_indices_map((shards, 1)).values():
+    rows.update(range(*index[0].indices(shards)))
+  lo, block = min(rows), len(rows)
+  if rows != set(range(lo, lo + block)) or lo % block or shards % block:
+    raise ValueError(f"process {jax.process_index()} holds batch shards {sorted(rows)} of "
+                     f"{shards}: not one aligned block; order the mesh devices by process")
+  return lo // block, shards // block
+
+
+def global_batch(local_batch: Mapping[str, np.ndarray], sharding: NamedSharding) -> dict:
+  """Global `jax.Array`s from this process's rows of every `[local_batch, length]` array.
+
+  Each process passes the block of rows that `data_shard` names; with one
+  process this is a sharded `device_put`.
+  """
+  return {
+      key: jax.make_array_from_process_local_data(sharding, np.asarray(value))
+      for key, value in local_batch.items()
+  }
