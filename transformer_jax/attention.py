@@ -157,9 +157,11 @@ def _check_shapes(query, key, value, mask):
   if mask is not None:
     target = (query.shape[0], query.shape[2], query.shape[1], key.shape[1])
     try:
-      jnp.broadcast_shapes(jnp.shape(mask), target)
+      fits = jnp.broadcast_shapes(jnp.shape(mask), target) == target
     except ValueError:
+      fits = False
+    if not fits:
       raise ValueError(
           f"mask of shape {jnp.shape(mask)} does not broadcast to [batch, heads, "
           f"q_len, k_len] = {target}"
-      ) from None
+      )

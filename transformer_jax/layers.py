@@ -243,7 +243,7 @@ class EncoderLayer(nn.Module):
   attention_impl: attention.Implementation = "auto"
 
   @nn.compact
-  def __call__(self, x, mask=None, *, deterministic: bool = True):
+  def __call__(self, x, mask=None, deterministic: bool = True):
     block = functools.partial(
         residual, dropout=nn.Dropout(self.dropout_rate), pre_norm=self.pre_norm,
         deterministic=deterministic,
@@ -278,7 +278,7 @@ class DecoderLayer(nn.Module):
   attention_impl: attention.Implementation = "auto"
 
   @nn.compact
-  def __call__(self, x, encoded, self_mask=None, cross_mask=None, *,
+  def __call__(self, x, encoded, self_mask=None, cross_mask=None,
                deterministic: bool = True, decode: bool = False):
     block = functools.partial(
         residual, dropout=nn.Dropout(self.dropout_rate), pre_norm=self.pre_norm,

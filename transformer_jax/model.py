@@ -4,6 +4,7 @@ import dataclasses
 from typing import Any
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 from transformer_jax import attention
@@ -14,6 +15,12 @@ from transformer_jax.layers import (
 POSITIONAL_KINDS = ("sinusoidal", "learned")
 NORM_KINDS = ("post", "pre")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+# What the backward pass keeps of each layer's forward pass; the rest is recomputed.
+REMAT_POLICIES = {
+    "none": None,  # No rematerialization: keep everything.
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # Keep matmul outputs.
+    "full": jax.checkpoint_policies.nothing_saveable,  # Keep only each layer's input.
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,6 +31,9 @@ class TransformerConfig:
   `LayerNorm(x + Dropout(Sublayer(x)))`; "pre" adds a final LayerNorm to each
   stack. `dtype` is the computation dtype; parameters are always float32.
   `max_len` bounds positions (the size of the positional table).
+  `scan_layers` runs the layers through `nn.scan` (one compiled layer, params
+  stacked on a leading "layers" axis); `remat` picks what the backward pass
+  recomputes (see REMAT_POLICIES).
   """
 
   vocab_size: int
@@ -39,6 +49,8 @@ class TransformerConfig:
   norm: str = "post"
   dtype: str = "float32"
   attention_impl: str = "auto"
+  scan_layers: bool = False
+  remat: str = "none"
 
   def __post_init__(self):
     for name in ("vocab_size", "num_layers", "d_model", "d_ff", "num_heads", "max_len"):
@@ -68,6 +80,9 @@ class TransformerConfig:
     _require_choice("norm", self.norm, NORM_KINDS)
     _require_choice("dtype", self.dtype, tuple(DTYPES))
     _require_choice("attention_impl", self.attention_impl, attention.IMPLEMENTATIONS)
+    _require_choice("remat", self.remat, tuple(REMAT_POLICIES))
+    if not isinstance(self.scan_layers, bool):
+      raise ValueError(f"TransformerConfig.scan_layers must be True or False; got {self.scan_layers!r}")
 
   @property
   def compute_dtype(self):
@@ -162,6 +177,41 @@ def _layer_kwargs(config: TransformerConfig) -> dict[str, Any]:
   )
 
 
+class _ScanStep(nn.Module):
+  """One layer in the (carry, _) -> (carry, None) form that nn.scan expects."""
+
+  layer: Any
+  kwargs: Any
+  static: tuple
+
+  @nn.compact
+  def __call__(self, x, *args):
+    return self.layer(**self.kwargs, name="layer")(x, *args, *self.static), None
+
+
+def _stack_layers(cfg: TransformerConfig, layer_cls, x, args: tuple, static: tuple):
+  """Applies num_layers layers to x: a Python loop, or nn.scan; with remat if asked.
+
+  `args` are arrays shared by every layer; `static` are Python values (flags).
+  """
+  if cfg.remat != "none":
+    first = 2 + len(args)  # Flax counts self as argument 0.
+    layer_cls = nn.remat(layer_cls, policy=REMAT_POLICIES[cfg.remat],
+                         static_argnums=tuple(range(first, first + len(static))))
+  kwargs = _layer_kwargs(cfg)
+  if not cfg.scan_layers:
+    for i in range(cfg.num_layers):
+      x = layer_cls(**kwargs, name=f"layer_{i}")(x, *args, *static)
+    return x
+  scanned = nn.scan(
+      _ScanStep, variable_axes={"params": 0, "cache": 0},
+      split_rngs={"params": True, "dropout": True}, in_axes=nn.broadcast,
+      length=cfg.num_layers, metadata_params={nn.PARTITION_NAME: "layers"},
+  )
+  x, _ = scanned(layer_cls, kwargs, static, name="layers")(x, *args)
+  return x
+
+
 def _check_tokens(name, tokens, max_len):
   if tokens.ndim != 2:
     raise ValueError(f"{name} must be [batch, length] token ids; got shape {tokens.shape}")
@@ -189,9 +239,7 @@ class Encoder(nn.Module):
       mask = attention.padding_mask(inputs, inputs)
     else:
       mask = attention.segment_mask(segmentation, segmentation)
-    for i in range(cfg.num_layers):
-      x = EncoderLayer(**_layer_kwargs(cfg), name=f"layer_{i}")(
-          x, mask, deterministic=deterministic)
+    x = _stack_layers(cfg, EncoderLayer, x, (mask,), (deterministic,))
     if cfg.norm == "pre":
       x = layer_norm(cfg.compute_dtype, "final_norm")(x)
     return x
@@ -232,9 +280,8 @@ class Decoder(nn.Module):
     y = self.embed(decoder_inputs)
     y = PositionalEncoding(cfg.max_len, cfg.positional, name="positions")(y, positions)
     y = nn.Dropout(cfg.dropout_rate)(y, deterministic=deterministic)
-    for i in range(cfg.num_layers):
-      y = DecoderLayer(**_layer_kwargs(cfg), name=f"layer_{i}")(
-          y, encoded, self_mask, cross_mask, deterministic=deterministic, decode=decode)
+    y = _stack_layers(cfg, DecoderLayer, y, (encoded, self_mask, cross_mask),
+                      (deterministic, decode))
     if cfg.norm == "pre":
       y = layer_norm(cfg.compute_dtype, "final_norm")(y)
     logits = self.embed.attend(y)

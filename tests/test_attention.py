@@ -1,0 +1,154 @@
+"""Attention and masks against a numpy float64 rendering of the paper's formula."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import numpy_reference
+from transformer_jax import attention
+
+
+def random_qkv(seed, b=2, q_len=5, k_len=7, h=3, d_k=8, d_v=8):
+  rng = np.random.default_rng(seed)
+  q = rng.standard_normal((b, q_len, h, d_k)).astype(np.float32)
+  k = rng.standard_normal((b, k_len, h, d_k)).astype(np.float32)
+  v = rng.standard_normal((b, k_len, h, d_v)).astype(np.float32)
+  return q, k, v
+
+
+def random_mask(seed, b=2, q_len=5, k_len=7):
+  return np.random.default_rng(seed).random((b, 1, q_len, k_len)) < 0.6
+
+
+def relative_error(got, want):
+  return np.linalg.norm(np.asarray(got, np.float64) - want) / np.linalg.norm(want)
+
+
+@pytest.mark.parametrize("implementation", ["fused", "reference"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_matches_float64_formula(implementation, seed):
+  q, k, v = random_qkv(seed)
+  mask = random_mask(seed + 100)
+  mask[:, :, :, 0] = True  # Every row keeps at least one key here.
+  for m in (None, mask):
+    want = numpy_reference.softmax_attention(q, k, v, m)
+    got = attention.dot_product_attention(q, k, v, m, implementation=implementation)
+    assert relative_error(got, want) < 1e-5
+
+
+def test_fused_and_reference_paths_agree():
+  q, k, v = random_qkv(3, q_len=6, k_len=6)
+  mask = attention.combine_masks(attention.causal_mask(6), random_mask(4, q_len=6, k_len=6))
+  fused = attention.dot_product_attention(q, k, v, mask, implementation="fused")
+  plain = attention.dot_product_attention(q, k, v, mask, implementation="reference")
+  np.testing.assert_allclose(fused, plain, atol=2e-6, rtol=1e-5)
+
+
+def test_different_d_k_and_d_v_uses_reference_path():
+  q, k, v = random_qkv(5, d_k=4, d_v=10)
+  want = numpy_reference.softmax_attention(q, k, v)
+  got = attention.dot_product_attention(q, k, v)
+  assert got.shape == (2, 5, 3, 10)
+  assert relative_error(got, want) < 1e-5
+  with pytest.raises(ValueError, match="d_k == d_v"):
+    attention.dot_product_attention(q, k, v, implementation="fused")
+
+
+def test_masked_keys_get_exactly_zero_weight():
+  q, k, v = random_qkv(6)
+  mask = random_mask(7)
+  mask[:, :, :, 2] = True
+  weights = np.asarray(attention.attention_weights(q, k, mask))
+  assert np.all(weights[~np.broadcast_to(mask, weights.shape)] == 0.0)
+  np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-6)
+  # The output cannot depend on masked values, whatever they are.
+  v_changed = v.copy()
+  v_changed[:, 3:] += 1000.0
+  key_mask = np.zeros((2, 1, 1, 7), bool)
+  key_mask[..., :3] = True
+  for impl in ("fused", "reference"):
+    a = attention.dot_product_attention(q, k, v, key_mask, implementation=impl)
+    b = attention.dot_product_attention(q, k, v_changed, key_mask, implementation=impl)
+    np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("implementation", ["fused", "reference"])
+def test_fully_masked_rows_give_zeros_and_finite_gradients(implementation):
+  q, k, v = random_qkv(8)
+  mask = np.ones((2, 1, 5, 7), bool)
+  mask[0, :, 1] = False  # Query row 1 of example 0 may attend to nothing.
+  mask[1] = False  # Example 1 may attend to nothing at all.
+  out = attention.dot_product_attention(q, k, v, mask, implementation=implementation)
+  assert np.all(np.isfinite(out))
+  np.testing.assert_array_equal(out[0, 1], 0.0)
+  np.testing.assert_array_equal(out[1], 0.0)
+  want = numpy_reference.softmax_attention(q, k, v, mask)
+  np.testing.assert_allclose(out, want, atol=1e-6)
+  grads = jax.grad(
+      lambda q, k, v: jnp.sum(
+          attention.dot_product_attention(q, k, v, mask, implementation=implementation) ** 2),
+      argnums=(0, 1, 2))(q, k, v)
+  for g in grads:
+    assert np.all(np.isfinite(g))
+
+
+def test_bfloat16_inputs_stay_close():
+  q, k, v = random_qkv(9)
+  want = numpy_reference.softmax_attention(q, k, v)
+  for impl in ("fused", "reference"):
+    got = attention.dot_product_attention(
+        *(jnp.asarray(a, jnp.bfloat16) for a in (q, k, v)), implementation=impl)
+    assert got.dtype == jnp.bfloat16
+    assert relative_error(got, want) < 2e-2
+
+
+def test_padding_mask_hand_built():
+  q = np.array([[5, 6, 0]])
+  k = np.array([[7, 0]])
+  want = np.array([[[[True, False], [True, False], [False, False]]]])
+  np.testing.assert_array_equal(attention.padding_mask(q, k), want)
+
+
+def test_causal_mask_hand_built():
+  want = np.array([[1, 0, 0], [1, 1, 0], [1, 1, 1]], bool)[None, None]
+  np.testing.assert_array_equal(attention.causal_mask(3), want)
+
+
+def test_segment_mask_keeps_packed_examples_apart():
+  seg = np.array([[1, 1, 2, 2, 2, 0]])
+  got = np.asarray(attention.segment_mask(seg, seg))[0, 0]
+  want = np.zeros((6, 6), bool)
+  want[:2, :2] = True
+  want[2:5, 2:5] = True
+  np.testing.assert_array_equal(got, want)
+
+
+def test_combine_masks():
+  a = np.array([[[[True, True, False]]]])
+  b = np.array([[[[True, False, True]]]])
+  np.testing.assert_array_equal(attention.combine_masks(a, None, b), a & b)
+  assert attention.combine_masks(None, None) is None
+
+
+@pytest.mark.parametrize(
+    "shapes, message",
+    [
+        (((2, 5, 3), (2, 7, 3, 8), (2, 7, 3, 8)), "query must be"),
+        (((2, 5, 3, 8), (2, 7, 3, 4), (2, 7, 3, 8)), "head_dim differ"),
+        (((2, 5, 3, 8), (2, 7, 3, 8), (2, 6, 3, 8)), "key and value"),
+        (((2, 5, 4, 8), (2, 7, 3, 8), (2, 7, 3, 8)), "batch and heads"),
+    ],
+)
+def test_inconsistent_shapes_raise(shapes, message):
+  arrays = [np.zeros(s, np.float32) for s in shapes]
+  with pytest.raises(ValueError, match=message):
+    attention.dot_product_attention(*arrays)
+
+
+def test_bad_mask_shape_and_implementation_raise():
+  q, k, v = random_qkv(10)
+  with pytest.raises(ValueError, match="does not broadcast"):
+    attention.dot_product_attention(q, k, v, np.ones((2, 1, 5, 6), bool))
+  with pytest.raises(ValueError, match="allowed"):
+    attention.dot_product_attention(q, k, v, implementation="flash")

@@ -1,0 +1,187 @@
+"""Each layer against the paper's formula, computed in numpy float64 from its own parameters."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import numpy_reference as ref
+from transformer_jax import attention, layers
+
+
+def init(module, *args, **kwargs):
+  variables = module.init(jax.random.key(0), *args, **kwargs)
+  return variables, nn.meta.unbox(variables.get("params", {}))
+
+
+def randn(seed, *shape):
+  return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def test_sinusoidal_table_is_the_papers_formula():
+  d_model = 16
+  table = layers.sinusoidal_table(100, d_model)
+  for pos in (0, 1, 7, 99):
+    for j in range(d_model):
+      assert table[pos, j] == pytest.approx(ref.sinusoid(pos, j, d_model), abs=1e-6)
+
+
+def test_positional_encoding_adds_table_rows_at_given_positions():
+  x = randn(1, 2, 4, 8)
+  positions = np.array([[0, 1, 0, 1], [3, 2, 1, 0]])
+  pe = layers.PositionalEncoding(max_len=10)
+  variables, _ = init(pe, x)
+  assert "params" not in variables  # The sinusoid has nothing to learn.
+  got = pe.apply(variables, x, positions)
+  want = x + np.array([[[ref.sinusoid(p, j, 8) for j in range(8)] for p in row]
+                       for row in positions])
+  np.testing.assert_allclose(got, want, atol=1e-6)
+
+
+def test_learned_positions_are_a_trained_table():
+  x = randn(2, 2, 3, 8)
+  pe = layers.PositionalEncoding(max_len=5, kind="learned")
+  _, params = init(pe, x)
+  assert params["table"].shape == (5, 8)
+  np.testing.assert_allclose(pe.apply({"params": params}, x), x + params["table"][None, :3],
+                             atol=1e-6)
+
+
+def test_positions_beyond_max_len_raise():
+  pe = layers.PositionalEncoding(max_len=3)
+  with pytest.raises(ValueError, match="max_len=3"):
+    pe.init(jax.random.key(0), jnp.zeros((1, 4, 8)))
+
+
+def test_embedding_is_shared_and_scaled():
+  embed = layers.Embed(vocab_size=11, d_model=8)
+  ids = np.array([[1, 5, 0], [10, 2, 2]])
+  variables, params = init(embed, ids)
+  assert list(params) == ["embedding"]
+  table = np.asarray(params["embedding"], np.float64)
+  np.testing.assert_allclose(embed.apply(variables, ids), table[ids] * np.sqrt(8), rtol=1e-6)
+  x = randn(3, 2, 3, 8)
+  logits = embed.apply(variables, x, method=embed.attend)
+  assert logits.dtype == jnp.float32
+  np.testing.assert_allclose(logits, x @ table.T, rtol=1e-5, atol=1e-5)
+
+
+def test_multi_head_attention_matches_formula_with_separate_d_k_and_d_v():
+  x_q, x_kv = randn(4, 2, 5, 12), randn(5, 2, 7, 12)
+  mask = np.random.default_rng(6).random((2, 1, 5, 7)) < 0.7
+  mha = layers.MultiHeadAttention(num_heads=3, d_k=4, d_v=6)
+  variables, params = init(mha, x_q, x_kv, mask)
+  assert params["query"].shape == (12, 3, 4) and params["value"].shape == (12, 3, 6)
+  assert params["out"].shape == (3, 6, 12)
+  assert set(params) == {"query", "key", "value", "out"}  # No biases, as in the paper.
+  got = mha.apply(variables, x_q, x_kv, mask)
+  np.testing.assert_allclose(got, ref.multi_head(params, x_q, x_kv, mask), rtol=1e-5, atol=1e-5)
+
+
+def test_feed_forward_matches_formula():
+  x = randn(7, 2, 3, 8)
+  ffn = layers.FeedForward(d_ff=32)
+  variables, params = init(ffn, x)
+  np.testing.assert_allclose(ffn.apply(variables, x), ref.feed_forward(params, x),
+                             rtol=1e-5, atol=1e-5)
+
+
+def encoder_layer_reference(params, x, mask, pre_norm):
+  attend = lambda y: ref.multi_head(params["self_attention"], y, y, mask)
+  ffn = lambda y: ref.feed_forward(params["feed_forward"], y)
+  ln1 = lambda y: ref.layer_norm(params["self_attention_norm"], y)
+  ln2 = lambda y: ref.layer_norm(params["feed_forward_norm"], y)
+  if pre_norm:
+    x = x + attend(ln1(x))
+    return x + ffn(ln2(x))
+  x = ln1(x + attend(x))
+  return ln2(x + ffn(x))
+
+
+@pytest.mark.parametrize("pre_norm", [False, True])
+def test_encoder_layer_matches_formula(pre_norm):
+  x = randn(8, 2, 6, 16)
+  mask = attention.padding_mask(np.array([[1, 1, 1, 1, 0, 0], [1] * 6]),
+                                np.array([[1, 1, 1, 1, 0, 0], [1] * 6]))
+  layer = layers.EncoderLayer(num_heads=2, d_k=8, d_v=8, d_ff=32, pre_norm=pre_norm)
+  variables, params = init(layer, x, mask)
+  got = np.asarray(layer.apply(variables, x, mask))
+  want = encoder_layer_reference(params, np.float64(x), mask, pre_norm)
+  real = np.array([[1, 1, 1, 1, 0, 0], [1] * 6], bool)
+  np.testing.assert_allclose(got[real], want[real], rtol=1e-4, atol=1e-4)
+
+
+def test_decoder_layer_matches_formula():
+  x, enc = randn(9, 2, 4, 16), randn(10, 2, 5, 16)
+  self_mask = attention.causal_mask(4)
+  cross_mask = np.ones((2, 1, 4, 5), bool)
+  cross_mask[1, ..., 3:] = False
+  layer = layers.DecoderLayer(num_heads=2, d_k=8, d_v=8, d_ff=32)
+  variables, params = init(layer, x, enc, self_mask, cross_mask)
+  got = layer.apply(variables, x, enc, self_mask, cross_mask)
+  y = np.float64(x)
+  y = ref.layer_norm(params["self_attention_norm"],
+                     y + ref.multi_head(params["self_attention"], y, y, self_mask))
+  y = ref.layer_norm(params["cross_attention_norm"],
+                     y + ref.multi_head(params["cross_attention"], y, enc, cross_mask))
+  y = ref.layer_norm(params["feed_forward_norm"], y + ref.feed_forward(params["feed_forward"], y))
+  np.testing.assert_allclose(got, y, rtol=1e-4, atol=1e-4)
+
+
+def record_dropout_inputs(fn):
+  """Run fn() and return the arrays every nn.Dropout was applied to, in order."""
+  seen = []
+
+  def interceptor(next_fun, args, kwargs, context):
+    if isinstance(context.module, nn.Dropout) and context.method_name == "__call__":
+      seen.append(np.asarray(args[0], np.float64))
+    return next_fun(*args, **kwargs)
+
+  with nn.intercept_methods(interceptor):
+    fn()
+  return seen
+
+
+@pytest.mark.parametrize("pre_norm", [False, True])
+def test_residual_dropout_is_on_each_sublayer_output(pre_norm):
+  x = randn(11, 1, 4, 16)
+  layer = layers.EncoderLayer(num_heads=2, d_k=8, d_v=8, d_ff=32, pre_norm=pre_norm)
+  variables, params = init(layer, x)
+  dropped = record_dropout_inputs(lambda: layer.apply(variables, x))
+  x64 = np.float64(x)
+  norm1 = lambda y: ref.layer_norm(params["self_attention_norm"], y)
+  norm2 = lambda y: ref.layer_norm(params["feed_forward_norm"], y)
+  attn_in = norm1(x64) if pre_norm else x64
+  attn_out = ref.multi_head(params["self_attention"], attn_in, attn_in)
+  after_attn = x64 + attn_out if pre_norm else norm1(x64 + attn_out)
+  ffn_out = ref.feed_forward(params["feed_forward"], norm2(after_attn) if pre_norm else after_attn)
+  assert len(dropped) == 2
+  np.testing.assert_allclose(dropped[0], attn_out, rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(dropped[1], ffn_out, rtol=1e-4, atol=1e-4)
+
+
+def test_dropout_is_active_only_in_training():
+  x = randn(12, 2, 4, 16)
+  layer = layers.EncoderLayer(num_heads=2, d_k=8, d_v=8, d_ff=32, dropout_rate=0.5)
+  variables, _ = init(layer, x)
+  quiet = layer.apply(variables, x)
+  np.testing.assert_array_equal(quiet, layer.apply(variables, x))
+  noisy = [layer.apply(variables, x, deterministic=False, rngs={"dropout": jax.random.key(s)})
+           for s in (1, 2)]
+  assert not np.allclose(noisy[0], quiet) and not np.allclose(noisy[0], noisy[1])
+
+
+def test_parameters_carry_logical_axis_names():
+  x = randn(13, 1, 3, 16)
+  layer = layers.DecoderLayer(num_heads=2, d_k=8, d_v=8, d_ff=32)
+  boxed = layer.init(jax.random.key(0), x, x)["params"]
+  names = jax.tree_util.tree_map(
+      lambda p: p.names, boxed, is_leaf=lambda p: isinstance(p, nn.Partitioned))
+  assert names["self_attention"]["query"] == ("embed", "heads", "kv")
+  assert names["cross_attention"]["out"] == ("heads", "kv", "embed")
+  assert names["feed_forward"]["wi"] == ("embed", "mlp")
+  assert names["feed_forward_norm"]["scale"] == ("embed",)
+  leaves = jax.tree_util.tree_leaves(boxed, is_leaf=lambda p: isinstance(p, nn.Partitioned))
+  assert all(isinstance(p, nn.Partitioned) for p in leaves)
+  assert all(p.value.dtype == jnp.float32 for p in leaves)
