@@ -1,0 +1,224 @@
+"""Benchmark: training step, decoding and the device's matmul rate, optionally against PyTorch.
+
+  python -m transformer_jax.benchmark --config=small [--vs=torch] [--json=results.json]
+
+Measures in one process: the train step (forward, label-smoothed loss,
+backward, Adam update; median/min/max over --steps after --warmup), the
+first step (compile included), non-padding tokens/s, peak memory, a square
+matmul's FLOP/s and the model FLOPs utilization against it
+(`training.train_flops`), and beam-search and greedy decoding of a fixed
+shape. With --vs=torch the same model in torch.nn.Transformer runs on the
+same batch, its steps interleaved with ours.
+"""
+
+import dataclasses
+import json
+import resource
+import statistics
+import time
+
+from absl import app, flags
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transformer_jax import decoding, sharding, training
+from transformer_jax.model import TransformerConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+  """A model and the shape of its benchmark batch (`batch` pairs, 75% of tokens real)."""
+
+  model: dict
+  batch: int
+  source_length: int
+  target_length: int
+
+
+WORKLOADS = {
+    "small": Workload(dict(vocab_size=8192, num_layers=3, d_model=256, d_ff=1024, num_heads=4),
+                      batch=16, source_length=64, target_length=64),
+    "base": Workload(dict(preset="base", vocab_size=32768), batch=8, source_length=128,
+                     target_length=128),
+    "big": Workload(dict(preset="big", vocab_size=32768), batch=8, source_length=128,
+                    target_length=128),
+}
+REAL_FRACTION = 0.75
+DECODE_SENTENCES, DECODE_SOURCE_LENGTH, DECODE_OUTPUT_LENGTH = 16, 32, 48
+
+FLAGS = flags.FLAGS
+flags.DEFINE_enum("config", "small", list(WORKLOADS), "Model and batch shape to measure.")
+flags.DEFINE_integer("steps", 20, "Timed training steps (after warm-up).")
+flags.DEFINE_integer("warmup", 3, "Untimed training steps after the first (compile) step.")
+flags.DEFINE_integer("decode_runs", 5, "Timed runs of each search (after its compile run).")
+flags.DEFINE_enum("dtype", None, ["float32", "bfloat16"],
+                  "Computation dtype; default float32 on CPU, bfloat16 on accelerators.")
+flags.DEFINE_bool("scan_layers", False, "Run the layers through nn.scan.")
+flags.DEFINE_enum("remat", "none", ["none", "dots", "full"], "Rematerialization policy.")
+flags.DEFINE_enum("vs", None, ["torch"], "Also measure the same model in this framework.")
+flags.DEFINE_string("json", None, "Also write the results to this JSON file.")
+
+
+def model_config(workload: Workload, *, dtype: str, scan_layers: bool, remat: str):
+  """The TransformerConfig measured, with dropout as in training (0.1)."""
+  fields = dict(workload.model)
+  preset = fields.pop("preset", None)
+  fields.update(dtype=dtype, scan_layers=scan_layers, remat=remat,
+                max_len=max(workload.source_length, workload.target_length, DECODE_OUTPUT_LENGTH))
+  if preset:
+    return TransformerConfig.preset(preset, **fields)
+  return TransformerConfig(**fields)
+
+
+def synthetic_batch(workload: Workload, vocab_size: int, seed: int = 0) -> dict:
+  """A fixed batch with REAL_FRACTION of each row real tokens, the rest padding."""
+  rng = np.random.default_rng(seed)
+  batch = {}
+  for side, length in (("inputs", workload.source_length), ("targets", workload.target_length)):
+    real = int(round(REAL_FRACTION * length))
+    ids = rng.integers(3, vocab_size, (workload.batch, length)).astype(np.int32)
+    ids[:, real:] = 0
+    batch[side] = ids
+    batch[f"{side}_segmentation"] = (ids != 0).astype(np.int32)
+    batch[f"{side}_position"] = np.where(ids != 0, np.arange(length, dtype=np.int32), 0)
+  return batch
+
+
+def _timed(fn):
+  start = time.perf_counter()
+  jax.block_until_ready(fn())
+  return time.perf_counter() - start
+
+
+def _summary(times):
+  return {"median": statistics.median(times), "min": min(times), "max": max(times)}
+
+
+def peak_memory_bytes() -> tuple[int, str]:
+  """Peak device memory where the backend reports it, else the process's peak RSS."""
+  stats = jax.local_devices()[0].memory_stats() or {}
+  if "peak_bytes_in_use" in stats:
+    return int(stats["peak_bytes_in_use"]), "device peak"
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "process peak RSS"
+
+
+def measure_decoding(trainer, params, runs: int) -> dict:
+  """Seconds per batch for beam 4 (alpha 0.6) and greedy, forced to DECODE_OUTPUT_LENGTH tokens."""
+  vocab = trainer.model_config.vocab_size
+  inputs = jnp.asarray(np.random.default_rng(1).integers(
+      3, vocab, (DECODE_SENTENCES, DECODE_SOURCE_LENGTH)), jnp.int32)
+  variables = {"params": params}
+  common = dict(max_len=DECODE_OUTPUT_LENGTH, max_extra=DECODE_OUTPUT_LENGTH, eos_id=-1)
+  searches = {
+      "beam4": lambda: decoding.beam_search(trainer.model, variables, inputs, beam_size=4,
+                                            alpha=0.6, **common).tokens,
+      "greedy": lambda: decoding.greedy_decode(trainer.model, variables, inputs, **common).tokens,
+  }
+  results = {}
+  for name, search in searches.items():
+    first = _timed(search)
+    results[name] = {"first": first, **_summary([_timed(search) for _ in range(runs)])}
+  return results
+
+
+def run(workload: Workload, *, steps: int, warmup: int, decode_runs: int, dtype: str,
+        scan_layers: bool = False, remat: str = "none", vs: str | None = None) -> dict:
+  """Measure everything for one workload; returns the results as a JSON-ready dict."""
+  cfg = model_config(workload, dtype=dtype, scan_layers=scan_layers, remat=remat)
+  matmul_rate = training.measure_matmul_flops(cfg.compute_dtype)
+  mesh = sharding.make_mesh({"data": -1, "fsdp": 1, "tensor": 1})
+  optimizer = training.make_optimizer(
+      training.learning_rate_schedule(d_model=cfg.d_model, warmup_steps=4000),
+      b1=0.9, b2=0.98, eps=1e-9)
+  trainer = training.Trainer(cfg, optimizer, mesh, sharding.logical_rules("dp"),
+                             label_smoothing=0.1)
+  batch = synthetic_batch(workload, cfg.vocab_size)
+  state = trainer.init()
+
+  def ours():
+    nonlocal state
+    state, metrics = trainer.train_step(state, batch)
+    return metrics["loss"]
+
+  theirs = None
+  if vs == "torch":
+    from transformer_jax import torch_reference  # pylint: disable=g-import-not-at-top
+    torch_step = torch_reference.build(cfg, label_smoothing=0.1)
+    theirs = lambda: torch_step(batch)
+
+  first = {"ours": _timed(ours)}
+  if theirs:
+    first["torch"] = _timed(theirs)
+  for _ in range(warmup):
+    ours()
+    if theirs:
+      theirs()
+  times = {"ours": [], "torch": []}
+  for _ in range(steps):  # Interleaved, so both see the same machine conditions.
+    times["ours"].append(_timed(ours))
+    if theirs:
+      times["torch"].append(_timed(theirs))
+
+  real_tokens = int(np.sum(batch["inputs"] != 0) + np.sum(batch["targets"] != 0))
+  flops = training.train_flops(
+      cfg, source_tokens=float(np.sum(batch["inputs"] != 0)),
+      target_tokens=float(np.sum(batch["targets"] != 0)),
+      source_length=workload.source_length, target_length=workload.target_length)
+  results = {"config": dataclasses.asdict(cfg), "workload": dataclasses.asdict(workload),
+             "device": str(jax.local_devices()[0].device_kind), "devices": jax.device_count(),
+             "matmul_flops_per_s": matmul_rate, "train_flops_per_step": flops,
+             "real_tokens_per_step": real_tokens}
+  for name in ("ours", "torch") if theirs else ("ours",):
+    step = _summary(times[name])
+    results[name] = {"first_step_s": first[name], "step_s": step,
+                     "tokens_per_s": real_tokens / step["median"],
+                     "mfu": flops / step["median"] / matmul_rate}
+  memory, memory_kind = peak_memory_bytes()
+  results["ours"]["peak_memory_bytes"], results["peak_memory_kind"] = memory, memory_kind
+  results["ours"]["decode_s"] = measure_decoding(trainer, state.params, decode_runs)
+  return results
+
+
+def format_table(results: dict) -> str:
+  """The results as a plain-text table (ours, torch and ours/torch where measured)."""
+  ours, torch = results["ours"], results.get("torch")
+  rows = [
+      ("train step, median (s)", ours["step_s"]["median"], torch and torch["step_s"]["median"]),
+      ("train step, min (s)", ours["step_s"]["min"], torch and torch["step_s"]["min"]),
+      ("train step, max (s)", ours["step_s"]["max"], torch and torch["step_s"]["max"]),
+      ("first step (s)", ours["first_step_s"], torch and torch["first_step_s"]),
+      ("real tokens/s", ours["tokens_per_s"], torch and torch["tokens_per_s"]),
+      ("MFU (%)", 100 * ours["mfu"], torch and 100 * torch["mfu"]),
+      (f"{results['peak_memory_kind']} (MiB)", ours["peak_memory_bytes"] / 2**20, None),
+      ("beam 4, s/batch (median)", ours["decode_s"]["beam4"]["median"], None),
+      ("beam 4, first call (s)", ours["decode_s"]["beam4"]["first"], None),
+      ("greedy, s/batch (median)", ours["decode_s"]["greedy"]["median"], None),
+  ]
+  lines = [f"{'figure':<30}{'ours':>12}" + (f"{'torch':>12}{'ours/torch':>12}" if torch else "")]
+  for name, value, other in rows:
+    line = f"{name:<30}{value:>12.4g}"
+    if torch:
+      line += f"{other:>12.4g}{value / other:>12.3f}" if other else f"{'':>12}{'':>12}"
+    lines.append(line)
+  lines.append(f"matmul rate: {results['matmul_flops_per_s'] / 1e9:.1f} GFLOP/s on "
+               f"{results['device']}; {results['train_flops_per_step'] / 1e9:.2f} GFLOP/step")
+  return "\n".join(lines)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  dtype = FLAGS.dtype or ("float32" if jax.default_backend() == "cpu" else "bfloat16")
+  results = run(WORKLOADS[FLAGS.config], steps=FLAGS.steps, warmup=FLAGS.warmup,
+                decode_runs=FLAGS.decode_runs, dtype=dtype, scan_layers=FLAGS.scan_layers,
+                remat=FLAGS.remat, vs=FLAGS.vs)
+  print(format_table(results))
+  print(json.dumps(results))
+  if FLAGS.json:
+    with open(FLAGS.json, "w") as f:
+      json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+  app.run(main)
