@@ -6,6 +6,8 @@
 #   ./launch.sh train [FLAGS...]         train (or resume) with python -m transformer_jax.main
 #   ./launch.sh MODE [FLAGS...]          any other --mode of transformer_jax.main
 #   ./launch.sh test [PYTEST_ARGS...]    run the test suite on the CPU
+#   ./launch.sh bench [FLAGS...]         python -m transformer_jax.benchmark (--config=small|base|big,
+#                                        --vs=torch needs: .venv/bin/pip install -e '.[bench]')
 #   ./launch.sh setup                    only create/refresh the virtual environment
 #
 # FLAGS are transformer_jax.main's: --config=experiments/wmt14.py:base,
@@ -84,8 +86,12 @@ case "$mode" in
     setup
     exec "$PY" -m pytest -q "$@"
     ;;
+  bench)
+    setup
+    exec "$PY" -m transformer_jax.benchmark "$@"
+    ;;
   -h|--help|help)
-    sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'
+    awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"
     ;;
   -*)
     echo "launch.sh: the mode comes first: ./launch.sh train $mode ... (try: ./launch.sh help)" >&2

@@ -19,7 +19,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 import numpy as np
 
 MESH_AXES = ("data", "fsdp", "tensor")
-LOGICAL_AXES = ("batch", "length", "embed", "heads", "kv", "mlp", "vocab")
+LOGICAL_AXES = ("batch", "length", "embed", "heads", "kv", "mlp", "vocab", "layers")
 
 Rules = tuple[tuple[str, str | tuple[str, ...] | None], ...]
 
