@@ -8,6 +8,8 @@ the word to the id, so every token names the pair it came from.
 import logging
 
 import grain
+import jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
@@ -305,3 +307,15 @@ def test_default_config_is_valid_and_documented():
   for field in c:
     line = next(l for l in source.splitlines() if f"c.{field} = " in l)
     assert "  # " in line, f"data.{field} has a comment"
+
+
+@pytest.mark.parametrize("mode", ["tokens", "packed"])
+def test_batches_feed_make_array_from_process_local_data(corpus, mode):
+  mesh = Mesh(np.array(jax.devices()), ("data",))
+  c = config(corpus, batch_mode=mode, batch_multiple=jax.device_count())
+  for batch in take(data.make_train_loader(c, WordIds(), seed=9, shard_index=0,
+                                           shard_count=1), 3):
+    for key, value in batch.items():
+      array = jax.make_array_from_process_local_data(
+          NamedSharding(mesh, PartitionSpec("data")), value)
+      np.testing.assert_array_equal(np.asarray(array), value)

@@ -35,8 +35,8 @@ def default_config():
   c.tokens_per_batch = 4096  # 'tokens': max source and max target tokens (padding included) per global batch
   c.batch_size = 32  # 'packed': rows per global batch
   c.max_length = 128  # 'packed': tokens per row
-  c.max_source_length = 96  # training pairs with more source tokens (EOS included) are over-long
-  c.max_target_length = 96  # training pairs with more target tokens (EOS included) are over-long
+  c.max_source_length = 72  # training pairs with more source tokens (EOS included) are over-long
+  c.max_target_length = 72  # training pairs with more target tokens (EOS included) are over-long
   c.overlong = "drop"  # over-long training pairs: 'drop' or 'truncate' (evaluation keeps all)
   c.batch_multiple = 8  # global batch rows are a multiple of this (the data-parallel device count)
   c.window = 16384  # training pairs grouped by length / packed together (more: less padding)
@@ -85,7 +85,7 @@ def validate_config(c):
       if getattr(c, field) > c.max_length:
         _fail(field, getattr(c, field),
               f"at most data.max_length={c.max_length} in 'packed' mode")
-  for field in ("batch_size", "eval_batch_size"):
+  for field in ("batch_size",) * (c.batch_mode == "packed") + ("eval_batch_size",):
     if getattr(c, field) % c.batch_multiple:
       _fail(field, getattr(c, field),
             f"a multiple of data.batch_multiple={c.batch_multiple}")

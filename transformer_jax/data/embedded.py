@@ -177,6 +177,7 @@ class NounPhrase:
 
 @dataclasses.dataclass
 class PrepPhrase:
+  """A preposition and its noun phrase (dative in the target)."""
   prep: str
   np: NounPhrase
 

@@ -114,15 +114,18 @@ def _allow_grain_workers():
 
 
 class _CountChunk:
-  """Token counts [k, 2] (EOS included) of the pairs of one chunk of the split."""
+  """Token counts [(source, target)] (EOS included) of the pairs of one chunk of the split.
+
+  A list rather than an array: Grain would pass arrays through shared memory.
+  """
 
   def __init__(self, source, tokenizer):
     self.source, self.tokenizer = source, tokenizer
 
   def __call__(self, chunk):
     ids = range(chunk * _CHUNK, min((chunk + 1) * _CHUNK, len(self.source)))
-    pairs = tokenize_pairs(self.tokenizer, self.source.pairs(ids))
-    return np.array([(len(s), len(t)) for s, t in pairs], np.int32).reshape(-1, 2)
+    return [(len(s), len(t)) for s, t in
+            tokenize_pairs(self.tokenizer, self.source.pairs(ids))]
 
 
 def pair_lengths(source, tokenizer, num_workers=0):
@@ -142,13 +145,20 @@ def pair_lengths(source, tokenizer, num_workers=0):
   if num_workers:
     _allow_grain_workers()
     chunks = chunks.mp_prefetch(grain.MultiprocessingOptions(num_workers=num_workers))
-  lengths = np.concatenate([np.zeros((0, 2), np.int32), *chunks])
+  it = iter(chunks)
+  try:
+    lengths = np.array([n for chunk in it for n in chunk], np.int32).reshape(-1, 2)
+  finally:
+    it.close()
   if cache:
-    os.makedirs(os.path.dirname(cache), exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=os.path.dirname(cache), suffix=".npy",
-                                     delete=False) as f:
-      np.save(f, lengths)
-    os.replace(f.name, cache)
+    try:
+      os.makedirs(os.path.dirname(cache), exist_ok=True)
+      with tempfile.NamedTemporaryFile(dir=os.path.dirname(cache), suffix=".npy",
+                                       delete=False) as f:
+        np.save(f, lengths)
+      os.replace(f.name, cache)  # atomic: hosts sharing the directory agree
+    except OSError as e:  # e.g. a read-only shared vocabulary directory
+      logging.warning("Could not cache the length table in %s: %s", cache, e)
   return lengths
 
 
@@ -273,7 +283,9 @@ def make_train_loader(data_config, tokenizer, *, seed, shard_index, shard_count)
   `orbax.checkpoint.args.Composite`; the restored iterator yields exactly the
   batches the saved one would have. Sizes in the config are global: each of
   the `shard_count` hosts gets 1/shard_count of every batch's rows, and all
-  hosts get the same shapes at every step.
+  hosts get the same shapes at every step. Resume with the same
+  `data.num_workers`: it changes the order of batches. Workers are spawned
+  processes, so the main program must be an importable file, not stdin.
   """
   c = config_lib.validate_config(data_config)
   multiple = _rows_multiple(c, shard_index, shard_count)

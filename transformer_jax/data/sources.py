@@ -57,6 +57,7 @@ class EmbeddedConfig(tfds.core.BuilderConfig):
   """Sizes and seed of one variant of the embedded corpus."""
 
   def __init__(self, *, sizes, seed, **kwargs):
+    # Bump the version whenever embedded.py changes what a seed generates.
     super().__init__(version=tfds.core.Version("1.0.0"), **kwargs)
     self.sizes = sizes
     self.seed = seed
@@ -123,9 +124,10 @@ class TransformerJaxParallelText(tfds.core.GeneratorBasedBuilder):
 
   def _generate_examples(self, paths):
     lang_a, lang_b = self.builder_config.languages
-    with open(paths[0], encoding="utf-8") as fa, open(paths[1], encoding="utf-8") as fb:
+    with open(paths[0], "rb") as fa, open(paths[1], "rb") as fb:  # lines end at \n only
       for i, (a, b) in enumerate(zip(fa, fb, strict=True)):
-        yield i, {lang_a: a.rstrip("\n"), lang_b: b.rstrip("\n")}
+        yield i, {lang_a: a.decode("utf-8").rstrip("\r\n"),
+                  lang_b: b.decode("utf-8").rstrip("\r\n")}
 
 
 def _text_builder(c):
@@ -180,21 +182,30 @@ def _reachable(host, port):
 
 def _prepare_wmt(builder, manual_dir):
   """Downloads and prepares a WMT builder, or raises one clear DataUnavailableError."""
-  missing = [d for d in _wmt_downloads(builder)
-             if not os.path.exists(os.path.join(manual_dir, d[1]))]
+  downloads = _wmt_downloads(builder)
+  missing = [d for d in downloads if not os.path.exists(os.path.join(manual_dir, d[1]))]
   hosts = sorted({(u.hostname, u.port or (443 if u.scheme == "https" else 80))
                   for u in (urllib.parse.urlparse(url) for url, _, _ in missing)})
   unreachable = [h for h, p in hosts if not _reachable(h, p)]
   if unreachable:
-    total = sum(size or 0 for _, _, size in missing) / 1e9
+    sizes = [size for _, _, size in missing]
+    size = (("about " if None not in sizes else "more than ")
+            + f"{sum(s or 0 for s in sizes) / 1e9:.1f} GB")
     files = "\n".join(f"  {name}  <-  {url}" for url, name, _ in missing)
     raise DataUnavailableError(
         f"{builder.info.full_name} is not prepared in {builder.data_dir_root} and "
         f"cannot be downloaded: no network connection to {', '.join(unreachable)}. "
-        f"Either run once with network access (it downloads about {total:.1f} GB, "
-        f"then writes ArrayRecord files there), or download these files elsewhere "
-        f"and put them in {manual_dir} (set by data.manual_dir):\n{files}")
-  logging.info("Preparing %s (downloads %d files)", builder.info.full_name,
+        f"Either run once with network access (it downloads {len(missing)} files, "
+        f"{size}, then writes ArrayRecord files there), or download these files "
+        f"elsewhere and put them in {manual_dir} (set by data.manual_dir):\n{files}")
+  # TFDS takes a file from the manual dir only if it knows the file's checksum;
+  # some WMT files have none registered (wmt14's giga-fren, UN): add them.
+  infos = builder.url_infos
+  for url, name, _ in downloads:
+    path = os.path.join(manual_dir, name)
+    if infos is not None and url not in infos and os.path.exists(path):
+      infos[url] = tfds.core.download.checksums.compute_url_info(path)
+  logging.info("Preparing %s (downloading %d files)", builder.info.full_name,
                len(missing))
   builder.download_and_prepare(
       file_format="array_record",

@@ -1,0 +1,146 @@
+"""Sources: plain text files, the embedded builder, and the WMT path up to the network."""
+
+import importlib
+import os
+
+import pytest
+import tensorflow_datasets as tfds
+
+from transformer_jax import data
+from transformer_jax.data import embedded
+from transformer_jax.data import sources
+
+
+def text_config(tmp_path, lines_en, lines_de, **overrides):
+  for lang, lines in (("en", lines_en), ("de", lines_de)):
+    (tmp_path / f"train.{lang}").write_text("".join(l + "\n" for l in lines),
+                                            encoding="utf-8")
+  c = data.default_config()
+  c.name, c.source_lang, c.target_lang = "text", "en", "de"
+  c.text_train = str(tmp_path / "train")
+  c.data_dir = str(tmp_path / "tfds")
+  for k, v in overrides.items():
+    setattr(c, k, v)
+  return c
+
+
+def test_text_files_become_an_arrayrecord_source_in_file_order(tmp_path):
+  en = ["Hello world.", "  spaces kept  ", "", "Grüße, ünïcode ✓ \r inside"]
+  de = ["Hallo Welt.", "Leerzeichen", "leer links", "Grüße"]
+  c = text_config(tmp_path, en, de)
+  source = sources.open_split(c, "train")
+  assert len(source) == 4
+  assert source.pairs(range(4)) == list(zip(en, de))
+  files = list((tmp_path / "tfds").rglob("*.array_record*"))
+  assert files, "stored as ArrayRecord"
+
+  c.source_lang, c.target_lang = "de", "en"  # the other direction, same data
+  assert sources.open_split(c, "train").pairs([0, 3]) == [(de[0], en[0]), (de[3], en[3])]
+  assert list((tmp_path / "tfds").rglob("*.array_record*")) == files, "converted once"
+
+
+def test_text_conversion_is_reused_not_repeated(tmp_path, monkeypatch):
+  c = text_config(tmp_path, ["a", "b"], ["x", "y"])
+  sources.open_split(c, "train")
+
+  def fail(*args, **kwargs):
+    raise AssertionError("prepared again")
+
+  monkeypatch.setattr(sources.TransformerJaxParallelText, "download_and_prepare", fail)
+  assert sources.open_split(c, "train").pairs([1]) == [("b", "y")]
+
+
+def test_text_files_of_different_lengths_are_refused(tmp_path):
+  c = text_config(tmp_path, ["a", "b", "c"], ["x", "y"])
+  with pytest.raises(ValueError, match=r"train.de has 3 lines but .*train.en has 2|"
+                                       r"train.de has 2 lines but .*train.en has 3"):
+    sources.open_split(c, "train")
+
+
+def test_missing_text_file_names_the_field(tmp_path):
+  c = text_config(tmp_path, ["a"], ["x"], text_validation=str(tmp_path / "nope"))
+  with pytest.raises(FileNotFoundError, match="data.text_validation="):
+    sources.open_split(c, "train")
+
+
+def test_unknown_split_lists_the_splits(tmp_path):
+  c = text_config(tmp_path, ["a"], ["x"])
+  with pytest.raises(ValueError, match="has no split 'test': it has train"):
+    sources.open_split(c, "test")
+
+
+def test_embedded_builder_holds_the_seeded_corpus_in_order(tmp_path):
+  c = data.default_config()
+  c.name, c.data_dir = "embedded_tiny", str(tmp_path)
+  sizes = {"train": 2_000, "validation": 200, "test": 200}
+  expected = embedded.generate_corpus(1, sizes)  # the tiny config's seed
+  for split, n in sizes.items():
+    source = sources.open_split(c, split)
+    assert source.pairs(range(n)) == expected[split]
+
+
+@pytest.fixture
+def offline(monkeypatch):
+  """No host is reachable, and any download attempt fails the test."""
+  monkeypatch.setattr(sources, "_reachable", lambda host, port: False)
+
+  def no_download(*args, **kwargs):
+    raise AssertionError("tried to download")
+
+  monkeypatch.setattr(tfds.download.DownloadManager, "download", no_download)
+  monkeypatch.setattr(tfds.download.DownloadManager, "download_and_extract", no_download)
+
+
+@pytest.mark.parametrize("name,expected_file", [
+    ("wmt14_translate/de-en", "training-parallel-europarl-v7.tgz"),
+    ("wmt14_translate/fr-en", "training-giga-fren.tar"),
+    ("wmt17_translate/de-en", "rapid2016.tgz"),
+])
+def test_wmt_offline_fails_at_once_with_one_clear_message(tmp_path, offline, name,
+                                                          expected_file):
+  c = data.default_config()
+  c.name, c.source_lang, c.target_lang = name, "en", name[-5:-3]
+  c.data_dir = str(tmp_path)
+  with pytest.raises(data.DataUnavailableError) as error:
+    data.make_eval_batches(c, None, "test")
+  message = str(error.value)
+  manual = os.path.join(str(tmp_path), "downloads", "manual")
+  assert f"{name}/1.0.0 is not prepared in {tmp_path}" in message
+  assert "cannot be downloaded: no network connection to " in message
+  assert "www.statmt.org" in message
+  assert "run once with network access" in message
+  assert f"put them in {manual} (set by data.manual_dir)" in message
+  assert expected_file in message
+  assert error.value.__cause__ is None and error.value.__context__ is None
+
+
+def test_wmt_with_every_file_in_the_manual_dir_goes_on_to_prepare(tmp_path, offline,
+                                                                  monkeypatch):
+  c = data.default_config()
+  c.name, c.source_lang, c.target_lang = "wmt14_translate/fr-en", "en", "fr"
+  c.data_dir, c.manual_dir = str(tmp_path / "tfds"), str(tmp_path / "manual")
+  os.makedirs(c.manual_dir)
+  importlib.import_module("tensorflow_datasets.translate.wmt14")  # registers it
+  builder = tfds.builder(c.name, data_dir=c.data_dir)
+  for _, filename, _ in sources._wmt_downloads(builder):
+    (tmp_path / "manual" / filename).write_bytes(filename.encode())
+  giga = "http://www.statmt.org/wmt10/training-giga-fren.tar"
+  assert giga not in builder.url_infos, "TFDS registers no checksum for it"
+  calls = []
+
+  def prepare(self, **kwargs):
+    calls.append(kwargs)
+    raise KeyboardInterrupt  # stop here: the real files are not in the test
+
+  monkeypatch.setattr(type(builder), "download_and_prepare", prepare)
+  try:
+    with pytest.raises(KeyboardInterrupt):
+      sources.open_split(c, "train")
+    assert calls[0]["file_format"] == "array_record"
+    assert str(calls[0]["download_config"].manual_dir) == c.manual_dir
+    # ... and TFDS will take giga-fren from the manual dir: its checksum is known.
+    assert builder.url_infos[giga].filename == "training-giga-fren.tar"
+    assert builder.url_infos[giga].size == len("training-giga-fren.tar")
+  finally:
+    builder.url_infos.pop(giga, None)
+    builder.url_infos.pop("http://www.statmt.org/wmt13/training-parallel-un.tgz", None)

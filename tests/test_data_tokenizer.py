@@ -1,0 +1,137 @@
+"""The shared SentencePiece BPE vocabulary on the (tiny) embedded corpus, and the pipeline with it."""
+
+import io
+import os
+import pickle
+
+import numpy as np
+import pytest
+import sentencepiece as spm
+
+from transformer_jax import data
+from transformer_jax.data import embedded
+from transformer_jax.data import pipeline
+from transformer_jax.data import sources
+from transformer_jax.data import tokenizer as tokenizer_lib
+
+TINY = {"train": 2_000, "validation": 200, "test": 200}
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+  """(config, workdir, tokenizer) for the tiny embedded corpus, vocabulary of 400."""
+  root = tmp_path_factory.mktemp("tok")
+  c = data.default_config()
+  c.name, c.data_dir, c.vocab_size = "embedded_tiny", str(root / "tfds"), 400
+  workdir = str(root / "work")
+  return c, workdir, data.get_tokenizer(c, workdir)
+
+
+def test_trained_once_saved_in_the_workdir_with_the_fixed_ids(setup):
+  c, workdir, tok = setup
+  path = os.path.join(workdir, "vocab", "embedded_tiny-en-sy-400.model")
+  assert tok.path == path and os.path.isfile(path)
+  assert tok.vocab_size == 400
+  sp = spm.SentencePieceProcessor(model_file=path)
+  assert [sp.id_to_piece(i) for i in range(3)] == ["<pad>", "</s>", "<unk>"]
+  assert (data.PAD_ID, data.EOS_ID, data.UNK_ID) == (0, 1, 2) and sp.bos_id() == -1
+
+
+def test_round_trip_on_both_sides_of_unseen_pairs(setup):
+  _, _, tok = setup
+  for src, tgt in embedded.generate_corpus(1, TINY)["test"]:
+    for text in (src, tgt):
+      ids = tok.encode(text)
+      assert data.EOS_ID not in ids and data.PAD_ID not in ids
+      assert data.UNK_ID not in ids, "one vocabulary covers both languages"
+      assert tok.decode(ids) == text
+
+
+def test_bpe_splits_target_words_into_stems_and_endings(setup):
+  _, _, tok = setup
+  src, tgt = embedded.generate_corpus(1, TINY)["train"][0]
+  assert len(tok.encode(tgt)) > len(tgt.split()), "subwords, not whole words"
+
+
+def test_decode_stops_at_eos_and_ignores_padding(setup):
+  _, _, tok = setup
+  text = "The dog sees the cat."
+  ids = tok.encode(text)
+  assert tok.decode(np.array(ids + [data.EOS_ID] + ids + [0, 0], np.int32)) == text
+  assert tok.decode([0] + ids[:2] + [0] + ids[2:]) == text
+  assert tok.decode([data.EOS_ID] + ids) == ""
+
+
+def test_second_call_loads_instead_of_training(setup, monkeypatch):
+  c, workdir, tok = setup
+  monkeypatch.setattr(tokenizer_lib, "train_model", None)  # would fail if called
+  again = data.get_tokenizer(c, workdir)
+  assert again.digest == tok.digest
+
+
+def test_pickles_for_grain_workers(setup):
+  _, _, tok = setup
+  copy = pickle.loads(pickle.dumps(tok))
+  assert copy.encode("A cat sleeps.") == tok.encode("A cat sleeps.")
+  assert copy.path == tok.path
+
+
+def test_trains_on_a_bounded_evenly_spaced_sample(setup):
+  c, _, _ = setup
+  c = c.copy_and_resolve_references()
+  c.tokenizer_sample_size = 5
+  train = embedded.generate_corpus(1, TINY)["train"]
+  expected = [text for i in (0, 500, 1000, 1499, 1999) for text in train[i]]
+  assert list(tokenizer_lib._training_sentences(c)) == expected
+
+
+def test_rejects_a_model_with_other_special_ids():
+  buffer = io.BytesIO()  # SentencePiece's default ids: unk 0, bos 1, eos 2, no pad
+  with open(os.devnull, "w") as quiet:
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(["a b c d e f g"] * 10), model_writer=buffer,
+        vocab_size=12, model_type="bpe", logstream=quiet)
+  with pytest.raises(ValueError, match=r"\(pad, eos, unk, bos\) ids \(-1, 2, 0, 1\)"):
+    data.Tokenizer(buffer.getvalue())
+
+
+def test_length_table_is_counted_once_and_cached_beside_the_vocabulary(setup, monkeypatch):
+  c, _, tok = setup
+  source = sources.open_split(c, "train")
+  lengths = pipeline.pair_lengths(source, tok)
+  train = embedded.generate_corpus(1, TINY)["train"]
+  assert lengths.tolist() == [[len(tok.encode(s)) + 1, len(tok.encode(t)) + 1]
+                              for s, t in train]
+  assert os.listdir(os.path.join(os.path.dirname(tok.path), "lengths"))
+  monkeypatch.setattr(pipeline, "_CountChunk", None)  # would fail if counted again
+  np.testing.assert_array_equal(pipeline.pair_lengths(source, tok), lengths)
+
+
+@pytest.mark.parametrize("mode", ["tokens", "packed"])
+def test_end_to_end_batches_decode_to_the_corpus(setup, mode):
+  c, _, tok = setup
+  c = c.copy_and_resolve_references()
+  c.batch_mode, c.tokens_per_batch, c.batch_size, c.max_length = mode, 1024, 8, 128
+  train = embedded.generate_corpus(1, TINY)["train"]
+  it = iter(data.make_train_loader(c, tok, seed=0, shard_index=0, shard_count=1))
+  batch = next(it)
+  it.close()
+  pairs = set(train)
+  for row in range(batch["inputs"].shape[0]):
+    for k in range(1, batch["inputs_segmentation"][row].max() + 1):
+      src = batch["inputs"][row][batch["inputs_segmentation"][row] == k]
+      tgt = batch["targets"][row][batch["targets_segmentation"][row] == k]
+      assert src[-1] == tgt[-1] == data.EOS_ID
+      assert (tok.decode(src), tok.decode(tgt)) in pairs
+
+
+def test_eval_batches_in_both_directions(setup):
+  c, _, tok = setup
+  test = embedded.generate_corpus(1, TINY)["test"]
+  batches = data.make_eval_batches(c, tok, "test")
+  assert [s for _, sources_, _ in batches for s in sources_] == [p[0] for p in test]
+  reverse = c.copy_and_resolve_references()
+  reverse.source_lang, reverse.target_lang = "sy", "en"
+  batch, srcs, tgts = data.make_eval_batches(reverse, tok, "test")[0]
+  assert (srcs[0], tgts[0]) == (test[0][1], test[0][0])
+  assert tok.decode(batch["inputs"][0]) == test[0][1]
