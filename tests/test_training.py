@@ -175,3 +175,21 @@ def test_a_mesh_that_does_not_match_the_devices_is_named():
   config.mesh.data, config.mesh.tensor = -1, 3
   with pytest.raises(ValueError, match="does not divide the 8 devices"):
     training.validate_config(config)
+
+
+def test_bfloat16_computation_keeps_float32_parameters_and_adam_state():
+  config = tiny_model_config(dtype="bfloat16")
+  model = training.Transformer(config)
+  batch = synthetic_batch(2)
+  params = jax.jit(model.init)(jax.random.key(0), batch["inputs"], batch["targets"])["params"]
+  schedule = training.learning_rate_schedule(d_model=config.d_model, warmup_steps=10)
+  optimizer = training.make_optimizer(schedule, b1=0.9, b2=0.98, eps=1e-9, grad_clip_norm=1.0)
+  state = training.TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                              opt_state=optimizer.init(params))
+  step = jax.jit(training.make_train_step(model, optimizer, label_smoothing=0.1))
+  state, metrics = step(state, batch)
+  floats = [x for x in jax.tree.leaves((state.params, state.opt_state)) if x.ndim]
+  assert floats and all(x.dtype == jnp.float32 for x in floats)
+  per_token = float(metrics["loss"]) / float(metrics["tokens"])
+  assert np.isfinite(per_token) and abs(per_token - np.log(config.vocab_size)) < 1.5
+  assert int(state.step) == 1
