@@ -231,11 +231,8 @@ def layer_norm(dtype, name=None):
   )
 
 
-class EncoderLayer(nn.Module):
-  """Self-attention then feed-forward, each in a residual block: `[batch, length, d_model]` -> same.
-
-  `mask` is broadcastable to `[batch, heads, length, length]`.
-  """
+class _LayerFields(nn.Module):
+  """Settings shared by EncoderLayer and DecoderLayer; the defaults are the paper's base model."""
 
   num_heads: int = 8
   d_k: int = 64
@@ -245,6 +242,13 @@ class EncoderLayer(nn.Module):
   pre_norm: bool = False
   dtype: Dtype = jnp.float32
   attention_impl: attention.Implementation = "auto"
+
+
+class EncoderLayer(_LayerFields):
+  """Self-attention then feed-forward, each in a residual block: `[batch, length, d_model]` -> same.
+
+  `mask` is broadcastable to `[batch, heads, length, length]`.
+  """
 
   @nn.compact
   def __call__(self, x, mask=None, deterministic: bool = True):
@@ -262,7 +266,7 @@ class EncoderLayer(nn.Module):
     return nn.with_logical_constraint(x, ("batch", "length", "embed"))
 
 
-class DecoderLayer(nn.Module):
+class DecoderLayer(_LayerFields):
   """Masked self-attention, attention over the encoder output, then feed-forward.
 
   `x`: `[batch, t_len, d_model]`; `encoded`: `[batch, s_len, d_model]`;
@@ -271,15 +275,6 @@ class DecoderLayer(nn.Module):
   `decode=True` it runs one position at a time over a "cache" collection
   (see `MultiHeadAttention`); the cache supplies the causal mask then.
   """
-
-  num_heads: int = 8
-  d_k: int = 64
-  d_v: int = 64
-  d_ff: int = 2048
-  dropout_rate: float = 0.1
-  pre_norm: bool = False
-  dtype: Dtype = jnp.float32
-  attention_impl: attention.Implementation = "auto"
 
   @nn.compact
   def __call__(self, x, encoded, self_mask=None, cross_mask=None,
