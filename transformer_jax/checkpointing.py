@@ -102,13 +102,19 @@ def save_params(manager: ocp.CheckpointManager, step: int, params, **metadata) -
   manager.wait_until_finished()
 
 
-def params_metadata(manager: ocp.CheckpointManager, step: int):
-  """The saved parameters of `step`: a tree of Orbax array metadata (`.shape`, `.dtype`)."""
+def _read_state(manager: ocp.CheckpointManager, step: int, read):
+  """`read(handler, path)` on the `state` item of `step`, through a PyTree handler of its own
+  (the manager's may be registered for StandardSave, which cannot restore a part)."""
   handler = ocp.PyTreeCheckpointHandler()
   try:
-    return handler.metadata(manager.directory / str(step) / STATE).tree[PARAMS]
+    return read(handler, manager.directory / str(step) / STATE)
   finally:
     handler.close()
+
+
+def params_metadata(manager: ocp.CheckpointManager, step: int):
+  """The saved parameters of `step`: a tree of Orbax array metadata (`.shape`, `.dtype`)."""
+  return _read_state(manager, step, lambda handler, path: handler.metadata(path).tree[PARAMS])
 
 
 def restore_params(manager: ocp.CheckpointManager, abstract_params, *, step: int | None = None):
@@ -122,10 +128,10 @@ def restore_params(manager: ocp.CheckpointManager, abstract_params, *, step: int
   if step is None:
     raise FileNotFoundError(f"no checkpoint in {manager.directory}")
   item = {PARAMS: abstract_params}
-  restore = ocp.args.PyTreeRestore(
+  args = ocp.args.PyTreeRestore(
       item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item),
       partial_restore=True)
-  return manager.restore(step, args=ocp.args.Composite(**{STATE: restore}))[STATE][PARAMS]
+  return _read_state(manager, step, lambda handler, path: handler.restore(path, args=args))[PARAMS]
 
 
 _accumulate = jax.jit(
