@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # transformer_jax: the one entry point.
 #
-#   ./launch.sh                          set up if needed, then train experiments/default.py
-#                                        into ./workdir/default
+#   ./launch.sh                          set up if needed, train experiments/default.py into
+#                                        ./workdir/default, then eval it: prints the test BLEU
 #   ./launch.sh train [FLAGS...]         train (or resume) with python -m transformer_jax.main
-#   ./launch.sh MODE [FLAGS...]          any other --mode of transformer_jax.main
+#   ./launch.sh MODE [FLAGS...]          any other --mode of transformer_jax.main: average,
+#                                        eval, translate (--input=FILE --output=FILE)
 #   ./launch.sh test [PYTEST_ARGS...]    run the test suite on the CPU
 #   ./launch.sh bench [FLAGS...]         python -m transformer_jax.benchmark (--config=small|base|big,
 #                                        --vs=torch needs: .venv/bin/pip install -e '.[bench]')
@@ -79,7 +80,8 @@ mode="${1:-default}"
 case "$mode" in
   default)
     setup
-    run_main train
+    (run_main train)
+    run_main eval
     ;;
   setup) setup ;;
   test)

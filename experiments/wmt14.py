@@ -12,8 +12,11 @@ here 32768 tokens per batch counting padding (4096 per GPU on 8 GPUs, as in
 tensor2tensor, which the paper used). Meshes are for 8 accelerators and take
 the rest of whatever devices there are (-1): base is data parallel, the big
 models are FSDP-sharded. Computation is in bfloat16, parameters in float32.
-The paper evaluates the average of the last 5 (base) or 20 (big) checkpoints,
-so 20 are kept.
+The paper evaluates the average of the last 5 (base) or 20 (big) checkpoints
+(`--mode=average`), so 20 are kept, with beam search (beam 4, alpha 0.6, up
+to input length + 50 tokens) on newstest2014 (the test split); `--mode=eval`
+reports sacrebleu and the paper's tokenized BLEU. Every 5000 steps training
+scores greedy BLEU on 1000 sentences of newstest2013 and keeps the best.
 """
 
 from transformer_jax import training
@@ -53,6 +56,9 @@ def get_config(variant: str = "base"):
   config.keep_checkpoints = 20
   config.log_every_steps = 100
   config.eval_every_steps = 5000
+  config.eval_bleu_sentences = 1000
+  config.average_last = 20 if big else 5
+  config.decode.tokenized_bleu = True
   if big:
     config.mesh.data, config.mesh.fsdp = 1, -1
     config.sharding_rules = "fsdp"

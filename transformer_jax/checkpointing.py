@@ -5,6 +5,10 @@ train state) and, when given, `data` (a Grain iterator's position, one file
 per process). Nothing here knows about training; restoring takes the target
 structure, shapes and shardings from an abstract tree, so a checkpoint
 written on one mesh loads onto another.
+
+Params-only checkpoints (averaged, best) hold `state` = `{"params": ...}`;
+`restore_params` reads the parameters of either kind, and `average_params`
+averages several checkpoints on sharded arrays.
 """
 
 import os
@@ -12,6 +16,7 @@ import os
 from etils import epath
 import grain
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
 STATE = "state"
@@ -74,3 +79,80 @@ def restore(manager: ocp.CheckpointManager, abstract_state, data_iterator=None, 
     items[DATA] = grain.checkpoint.CheckpointRestore(data_iterator)
   restored = manager.restore(step, args=ocp.args.Composite(**items))
   return restored[STATE]
+
+
+# Parameters only: averaged and best checkpoints, and reading the parameters
+# out of a train checkpoint without its optimizer state.
+
+PARAMS = "params"
+
+
+def make_params_manager(directory: str) -> ocp.CheckpointManager:
+  """A manager over `directory` that holds one params-only checkpoint (averaged or best)."""
+  return make_manager(directory, max_to_keep=1, async_save=False)
+
+
+def save_params(manager: ocp.CheckpointManager, step: int, params, **metadata) -> None:
+  """Save `params` alone as `step`, replacing a checkpoint of that step; `metadata` is
+  JSON kept with it (`manager.metadata(step).custom_metadata`)."""
+  if step in manager.all_steps():
+    manager.delete(step)
+  manager.save(step, args=ocp.args.Composite(**{STATE: ocp.args.StandardSave({PARAMS: params})}),
+               custom_metadata=metadata, force=True)
+  manager.wait_until_finished()
+
+
+def _read_state(manager: ocp.CheckpointManager, step: int, read):
+  """`read(handler, path)` on the `state` item of `step`, through a PyTree handler of its own
+  (the manager's may be registered for StandardSave, which cannot restore a part)."""
+  handler = ocp.PyTreeCheckpointHandler()
+  try:
+    return read(handler, manager.directory / str(step) / STATE)
+  finally:
+    handler.close()
+
+
+def params_metadata(manager: ocp.CheckpointManager, step: int):
+  """The saved parameters of `step`: a tree of Orbax array metadata (`.shape`, `.dtype`)."""
+  return _read_state(manager, step, lambda handler, path: handler.metadata(path).tree[PARAMS])
+
+
+def restore_params(manager: ocp.CheckpointManager, abstract_params, *, step: int | None = None):
+  """The parameters saved at `step` (default: the latest), laid out as `abstract_params` says.
+
+  Reads a train checkpoint (skipping its optimizer state) or a params-only
+  one. `abstract_params` is a tree of `jax.ShapeDtypeStruct` with shardings;
+  every process reads only its shards.
+  """
+  step = manager.latest_step() if step is None else step
+  if step is None:
+    raise FileNotFoundError(f"no checkpoint in {manager.directory}")
+  item = {PARAMS: abstract_params}
+  args = ocp.args.PyTreeRestore(
+      item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item),
+      partial_restore=True)
+  return _read_state(manager, step, lambda handler, path: handler.restore(path, args=args))[PARAMS]
+
+
+_accumulate = jax.jit(
+    lambda total, params: jax.tree.map(lambda t, p: t + p.astype(jnp.float32), total, params),
+    donate_argnums=0)
+_divide = jax.jit(lambda total, n: jax.tree.map(lambda t: t / n, total), donate_argnums=0)
+
+
+def average_params(manager: ocp.CheckpointManager, steps, abstract_params):
+  """The float32 mean of the parameters of checkpoints `steps`, parameter by parameter.
+
+  Checkpoints are restored one at a time onto the shardings of
+  `abstract_params` and added to a running sum that stays on the devices, so
+  a process never holds more than its shards of two copies of the model.
+  """
+  if not steps:
+    raise ValueError("average_params needs at least one step")
+  as_float32 = jax.tree.map(
+      lambda a: jax.ShapeDtypeStruct(a.shape, jnp.float32, sharding=a.sharding), abstract_params)
+  total = None
+  for step in steps:
+    params = restore_params(manager, as_float32, step=step)
+    total = params if total is None else _accumulate(total, params)
+  return _divide(total, float(len(steps)))

@@ -4,21 +4,31 @@
         --config=experiments/wmt14.py:base --workdir=/path/to/workdir \
         --config.num_train_steps=1000 --config.mesh.fsdp=8
 
+Modes: train (or resume), average (the last `config.average_last`
+checkpoints into <workdir>/averaged), eval (decode `config.decode.split`,
+print BLEU and perplexity, write them and the hypotheses under
+<workdir>/eval) and translate (lines of --input to lines of --output).
+eval and translate read the parameters that --checkpoint names.
+
 `--config` is an `ml_collections` config file, optionally followed by
 `:variant`; every field can be overridden with `--config.<field>=<value>`.
-Unknown or invalid values stop the run before anything compiles. On several
-processes (one per host), `jax.distributed.initialize()` connects them first;
-see `--distributed`.
+Unknown or invalid values, a missing checkpoint or bad input stop the run
+with one message, before anything compiles. On several processes (one per
+host), `jax.distributed.initialize()` connects them first; see
+`--distributed`.
 """
 
+import json
 import logging as std_logging
 import os
+import sys
 
 from absl import app, flags, logging
 import jax
 from ml_collections import config_flags
 
-from transformer_jax import training
+from transformer_jax import inference, training
+from transformer_jax.errors import UserError
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None,
@@ -28,7 +38,19 @@ _WORKDIR = flags.DEFINE_string(
     "workdir", None,
     "Work directory: checkpoints/, tensorboard/ and the tokenizer. A run with the same "
     "work directory resumes from its latest checkpoint.")
-_MODE = flags.DEFINE_enum("mode", "train", ["train"], "What to do: train (or resume).")
+_MODE = flags.DEFINE_enum(
+    "mode", "train", ["train", "average", "eval", "translate"],
+    "What to do: train (or resume); average the last config.average_last checkpoints; eval "
+    "(BLEU and perplexity on config.decode.split); translate --input into --output.")
+_CHECKPOINT = flags.DEFINE_string(
+    "checkpoint", "latest",
+    "eval and translate: the parameters to use: latest, a step number, averaged (written by "
+    "--mode=average) or best (the best validation BLEU of training).")
+_INPUT = flags.DEFINE_string(
+    "input", None, "translate: the file of sentences, one per line, UTF-8 (default or '-': stdin).")
+_OUTPUT = flags.DEFINE_string(
+    "output", None, "translate: where the translations go, one line per input line (default or "
+                    "'-': stdout).")
 _DISTRIBUTED = flags.DEFINE_enum(
     "distributed", "auto", ["auto", "on", "off"],
     "Call jax.distributed.initialize() before anything else. auto: when "
@@ -68,6 +90,27 @@ class _LibraryInfoFilter(std_logging.Filter):
         f"{os.sep}{package}{os.sep}" in record.pathname for package in ("orbax", "grain"))
 
 
+def run(mode: str, config, workdir: str) -> None:
+  """Run one mode; results meant for the user go to stdout (translations, or one summary line)."""
+  if mode == "train":
+    training.train(config, workdir)
+  elif mode == "average":
+    result = inference.average(config, workdir)
+    print(f"averaged steps {', '.join(map(str, result['steps']))} into {result['directory']}")
+  elif mode == "eval":
+    record = inference.evaluate(config, workdir, _CHECKPOINT.value)
+    print(f"{record['split']} BLEU {record['bleu']:.2f}" + (
+        f" (tokenized {record['bleu_tokenized']:.2f})" if "bleu_tokenized" in record else "")
+        + f" | perplexity {record['perplexity']:.3f} | {record['checkpoint']} | "
+        f"{record['sentences']} sentences, {record['sentences_per_second']:.1f}/s | "
+        f"{record['hypotheses']}")
+    logging.info("eval record: %s", json.dumps(record))
+  elif mode == "translate":
+    result = inference.translate_file(config, workdir, _CHECKPOINT.value, _INPUT.value,
+                                      _OUTPUT.value)
+    logging.info("translated %d lines in %.1f s", result["lines"], result["seconds"])
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
@@ -75,8 +118,14 @@ def main(argv):
   initialize_distributed(_DISTRIBUTED.value)  # Before anything touches the devices.
   config = _CONFIG.value
   logging.info("config %s:\n%s", config_flags.get_config_filename(flags.FLAGS["config"]), config)
-  if _MODE.value == "train":
-    training.train(config, _WORKDIR.value)
+  try:
+    training.validate_config(config)
+  except ValueError as error:  # Its messages name the field and what it allows.
+    sys.exit(f"error: {error}")
+  try:
+    run(_MODE.value, config, _WORKDIR.value)
+  except UserError as error:
+    sys.exit(f"error: {error}")
 
 
 if __name__ == "__main__":

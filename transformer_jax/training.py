@@ -28,7 +28,7 @@ import optax
 import tensorboardX
 import tqdm
 
-from transformer_jax import checkpointing, data, sharding
+from transformer_jax import checkpointing, data, sharding, translate, validation
 from transformer_jax.model import PRESETS, Transformer, TransformerConfig, count_params
 
 BATCH_KEYS = ("inputs", "targets", "inputs_segmentation", "targets_segmentation",
@@ -377,12 +377,17 @@ class TrainLogger:
     return scalars
 
   def evaluation(self, step: int, split: str, sums: Mapping[str, float]) -> dict:
-    """Report dev-set loss sums at `step`; returns loss, nll and perplexity."""
+    """Report dev-set loss sums (and `bleu`, if there) at `step`; returns loss, nll, perplexity
+    (and bleu)."""
     tokens = max(float(sums["tokens"]), 1.0)
     scalars = {"loss": float(sums["loss"]) / tokens, "nll": float(sums["nll"]) / tokens}
     scalars["perplexity"] = float(np.exp(min(scalars["nll"], 50.0)))
-    self._line(f"eval ({split}) at step {step} | loss {scalars['loss']:.4f} | "
-               f"ppl {scalars['perplexity']:.2f} | {int(tokens):,} target tokens")
+    line = (f"eval ({split}) at step {step} | loss {scalars['loss']:.4f} | "
+            f"ppl {scalars['perplexity']:.2f} | {int(tokens):,} target tokens")
+    if "bleu" in sums:
+      scalars["bleu"] = float(sums["bleu"])
+      line += f" | BLEU {scalars['bleu']:.2f}"
+    self._line(line)
     self._write(f"eval_{split}", step, scalars)
     self.last_eval = {"split": split, **scalars}
     return scalars
@@ -406,6 +411,8 @@ class TrainLogger:
     if self.last_eval:
       text += (f"; {self.last_eval['split']} loss {self.last_eval['loss']:.4f}, "
                f"ppl {self.last_eval['perplexity']:.2f}")
+      if "bleu" in self.last_eval:
+        text += f", BLEU {self.last_eval['bleu']:.2f}"
     logging.info("%s; checkpoints in %s", text, checkpoints)
     if self.writer is not None:
       self.writer.close()
@@ -515,24 +522,35 @@ def evaluate(trainer: Trainer, params, batches) -> dict:
   return jax.device_get(total)
 
 
-def train(config: ml_collections.ConfigDict, workdir: str) -> TrainState:
-  """Train the experiment `config` in `workdir`, resuming from its latest checkpoint.
-
-  Writes `workdir/checkpoints` (Orbax) and `workdir/tensorboard`; the data
-  pipeline keeps its tokenizer there too. Returns the final state.
-  """
-  validate_config(config)
-  workdir = checkpointing.absolute(workdir)
+def make_trainer(config: ml_collections.ConfigDict, *, vocab_size: int):
+  """`(trainer, learning-rate schedule)` of experiment `config` over all devices, for a vocabulary
+  of `vocab_size` tokens."""
   mesh = sharding.make_mesh(dict(config.mesh))
   rules = sharding.logical_rules(config.sharding_rules)
-  tokenizer = data.get_tokenizer(config.data, workdir)
-  model_cfg = build_model_config(config.model, vocab_size=tokenizer.vocab_size)
+  model_cfg = build_model_config(config.model, vocab_size=vocab_size)
   schedule = learning_rate_schedule(d_model=model_cfg.d_model, warmup_steps=config.warmup_steps,
                                     scale=config.learning_rate)
   optimizer = make_optimizer(schedule, b1=config.adam_b1, b2=config.adam_b2,
                              eps=config.adam_eps, grad_clip_norm=config.grad_clip_norm)
   trainer = Trainer(model_cfg, optimizer, mesh, rules, label_smoothing=config.label_smoothing,
                     grad_accum_steps=config.grad_accum_steps, seed=config.seed)
+  return trainer, schedule
+
+
+def train(config: ml_collections.ConfigDict, workdir: str) -> TrainState:
+  """Train the experiment `config` in `workdir`, resuming from its latest checkpoint.
+
+  Writes `workdir/checkpoints` (Orbax) and `workdir/tensorboard`; the data
+  pipeline keeps its tokenizer there too. Each evaluation also scores BLEU
+  on the first `config.eval_bleu_sentences` sentences and keeps the best
+  parameters in `workdir/best` with `workdir/best.json` (`validation`).
+  Returns the final state.
+  """
+  validate_config(config)
+  workdir = checkpointing.absolute(workdir)
+  tokenizer = data.get_tokenizer(config.data, workdir)
+  trainer, schedule = make_trainer(config, vocab_size=tokenizer.vocab_size)
+  model_cfg, mesh, rules = trainer.model_config, trainer.mesh, trainer.rules
   logging.info("model: %s, %s parameters; mesh %s; sharding rules %s", model_cfg,
                f"{count_params(model_cfg):,}", dict(mesh.shape), rules)
   shard_index, shard_count = trainer.data_shard
@@ -554,13 +572,22 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> TrainState:
                        peak_flops=peak * jax.device_count())
 
   eval_batches = []  # Read and tokenized at the first evaluation.
+  validation_bleu = validation.ValidationBleu(
+      translate.Translator(trainer.model, tokenizer, mesh, rules,
+                           beam_size=config.eval_bleu_beam_size, alpha=config.decode.alpha,
+                           max_extra=config.decode.max_extra,
+                           batch_size=config.decode.batch_size),
+      config.data, workdir, split=config.data.eval_split, sentences=config.eval_bleu_sentences)
 
   def run_eval(state):
     if not eval_batches:
       eval_batches.extend(data.make_eval_batches(
           config.data, tokenizer, config.data.eval_split, shard_index=shard_index,
           shard_count=shard_count))
-    return config.data.eval_split, evaluate(trainer, state.params, eval_batches)
+    sums = evaluate(trainer, state.params, eval_batches)
+    if config.eval_bleu_sentences:
+      sums = {**sums, "bleu": validation_bleu(int(state.step), state.params)}
+    return config.data.eval_split, sums
 
   with PreemptionWatch(manager) as preemption:
     state = fit(trainer, state, train_iter, num_train_steps=config.num_train_steps,
@@ -611,11 +638,36 @@ def default_config() -> ml_collections.ConfigDict:
   config.keep_checkpoints = 20  # 0 = keep all.
   config.log_every_steps = 100
   config.eval_every_steps = 0  # And after the last step; 0 = never (split: config.data.eval_split).
+  config.eval_bleu_sentences = 1000  # Each evaluation: BLEU on this many sentences (0 = no BLEU).
+  config.eval_bleu_beam_size = 1  # The search of that BLEU: 1 = greedy (cheap), else beam search.
+  config.average_last = 5  # --mode=average: mean of the last K checkpoints (paper: 5 base, 20 big).
+  config.decode = decode_config()
   config.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})
   config.sharding_rules = "dp"
   config.peak_flops_per_device = 0.0  # 0 = measure a matmul at start-up.
   return config
 
+
+def decode_config() -> ml_collections.ConfigDict:
+  """`config.decode`: how --mode=eval and --mode=translate decode (the paper's beam search)."""
+  return ml_collections.ConfigDict({
+      "beam_size": 4,  # 1 = greedy decoding.
+      "alpha": 0.6,  # GNMT length penalty ((5 + len) / 6) ** alpha.
+      "max_extra": 50,  # Output tokens <= source tokens + max_extra (and <= model.max_len).
+      "batch_size": 128,  # Sentences per decoding batch (rounded up to the batch shards).
+      "split": "test",  # --mode=eval decodes this split of config.data.
+      "tokenized_bleu": False,  # --mode=eval also reports the paper's tokenized BLEU.
+  })
+
+
+_DECODE_CHECKS = {
+    "beam_size": (lambda v: _is_int(v) and v > 0, "a positive integer (1 = greedy)"),
+    "alpha": (lambda v: _is_number(v) and v >= 0, "a number >= 0"),
+    "max_extra": (lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
+    "batch_size": (lambda v: _is_int(v) and v > 0, "a positive integer"),
+    "split": (lambda v: isinstance(v, str) and v != "", "a split name such as test"),
+    "tokenized_bleu": (lambda v: isinstance(v, bool), "True or False"),
+}
 
 _CHECKS = {
     "seed": (lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
@@ -632,6 +684,9 @@ _CHECKS = {
     "keep_checkpoints": (lambda v: _is_int(v) and v >= 0, "an integer >= 0 (0 = keep all)"),
     "log_every_steps": (lambda v: _is_int(v) and v > 0, "a positive integer"),
     "eval_every_steps": (lambda v: _is_int(v) and v >= 0, "an integer >= 0 (0 = never)"),
+    "eval_bleu_sentences": (lambda v: _is_int(v) and v >= 0, "an integer >= 0 (0 = no BLEU)"),
+    "eval_bleu_beam_size": (lambda v: _is_int(v) and v > 0, "a positive integer (1 = greedy)"),
+    "average_last": (lambda v: _is_int(v) and v > 0, "a positive integer"),
     "peak_flops_per_device": (lambda v: _is_number(v) and v >= 0,
                               "a number >= 0 (0 = measure)"),
 }
@@ -663,6 +718,19 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   for name, (check, allowed) in _CHECKS.items():
     if not check(config[name]):
       raise ValueError(f"config.{name} must be {allowed}; got {config[name]!r}")
+  for name, (check, allowed) in _DECODE_CHECKS.items():
+    if name not in config.decode:
+      raise ValueError(f"config.decode.{name} is missing")
+    if not check(config.decode[name]):
+      raise ValueError(f"config.decode.{name} must be {allowed}; got {config.decode[name]!r}")
+  unknown = set(config.decode) - set(_DECODE_CHECKS)
+  if unknown:
+    raise ValueError(f"config.decode.{sorted(unknown)[0]} is not a known field; known fields: "
+                     f"{', '.join(_DECODE_CHECKS)}")
+  if config.keep_checkpoints and config.average_last > config.keep_checkpoints:
+    raise ValueError(
+        f"config.average_last={config.average_last} must be at most "
+        f"config.keep_checkpoints={config.keep_checkpoints}, the checkpoints kept to average")
   build_model_config(config.model, vocab_size=8)
   try:
     data.validate_config(config.data)
