@@ -8,17 +8,21 @@
 `:variant`; every field can be overridden with `--config.<field>=<value>`.
 Unknown or invalid values stop the run before anything compiles. On several
 processes (one per host), `jax.distributed.initialize()` connects them first;
-see `--distributed`.
+see `--distributed`. A user's mistake (bad config, missing or bad data,
+unusable checkpoints) or a run that must stop (non-finite losses, a failed
+checkpoint save) ends with one error line and exit status 1, not a traceback.
 """
 
+import functools
 import logging as std_logging
 import os
+import sys
 
 from absl import app, flags, logging
 import jax
 from ml_collections import config_flags
 
-from transformer_jax import training
+from transformer_jax import data, recovery, training
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None,
@@ -60,18 +64,51 @@ def initialize_distributed(mode: str) -> None:
                jax.process_count(), jax.local_device_count(), jax.device_count())
 
 
-class _LibraryInfoFilter(std_logging.Filter):
-  """Drops INFO and below from Orbax and Grain, which log every checkpoint file they touch."""
+class _LibraryLogFilter(std_logging.Filter):
+  """Drops INFO and below from Orbax and Grain, which log every checkpoint file they touch.
+
+  Below verbosity 1 it also drops the tracebacks that Orbax and asyncio attach
+  to the errors of a failed background checkpoint write (their message
+  stays); `recovery.CheckpointWriter` reports the failure itself.
+  """
 
   def filter(self, record):
-    return record.levelno >= std_logging.WARNING or not any(
-        f"{os.sep}{package}{os.sep}" in record.pathname for package in ("orbax", "grain"))
+    if not any(f"{os.sep}{package}{os.sep}" in record.pathname
+               for package in ("orbax", "grain", "asyncio")):
+      return True
+    if record.levelno < std_logging.WARNING:
+      return False
+    if logging.get_verbosity() < 1:
+      record.exc_info, record.exc_text = None, None
+    return True
 
 
+# What a user can fix: config and data errors, files, checkpoints, and runs that must stop.
+USER_ERRORS = (ValueError, OSError, data.DataUnavailableError, recovery.UnusableCheckpointsError,
+               recovery.CheckpointSaveError, training.NonFiniteError)
+
+
+def reports_user_errors(fn):
+  """Wrap `fn` so that USER_ERRORS end the program with one error line and status 1.
+
+  The traceback is logged at verbosity 1 (`--verbosity=1` shows it).
+  """
+  @functools.wraps(fn)
+  def wrapped(*args, **kwargs):
+    try:
+      return fn(*args, **kwargs)
+    except USER_ERRORS as error:
+      logging.debug("traceback of the error below", exc_info=True)
+      logging.error("error: %s", error)
+      sys.exit(1)
+  return wrapped
+
+
+@reports_user_errors
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-  logging.get_absl_handler().addFilter(_LibraryInfoFilter())
+  logging.get_absl_handler().addFilter(_LibraryLogFilter())
   initialize_distributed(_DISTRIBUTED.value)  # Before anything touches the devices.
   config = _CONFIG.value
   logging.info("config %s:\n%s", config_flags.get_config_filename(flags.FLAGS["config"]), config)
