@@ -12,12 +12,14 @@ eval and translate read the parameters that --checkpoint names.
 
 `--config` is an `ml_collections` config file, optionally followed by
 `:variant`; every field can be overridden with `--config.<field>=<value>`.
-Unknown or invalid values, a missing checkpoint or bad input stop the run
-with one message, before anything compiles. On several processes (one per
-host), `jax.distributed.initialize()` connects them first; see
-`--distributed`.
+Unknown or invalid values stop the run before anything compiles. On several
+processes (one per host), `jax.distributed.initialize()` connects them first;
+see `--distributed`. A user's mistake (bad config, missing or bad data,
+unusable checkpoints) or a run that must stop (non-finite losses, a failed
+checkpoint save) ends with one error line and exit status 1, not a traceback.
 """
 
+import functools
 import json
 import logging as std_logging
 import os
@@ -27,7 +29,7 @@ from absl import app, flags, logging
 import jax
 from ml_collections import config_flags
 
-from transformer_jax import inference, training
+from transformer_jax import data, inference, recovery, training
 from transformer_jax.errors import UserError
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -82,12 +84,23 @@ def initialize_distributed(mode: str) -> None:
                jax.process_count(), jax.local_device_count(), jax.device_count())
 
 
-class _LibraryInfoFilter(std_logging.Filter):
-  """Drops INFO and below from Orbax and Grain, which log every checkpoint file they touch."""
+class _LibraryLogFilter(std_logging.Filter):
+  """Drops INFO and below from Orbax and Grain, which log every checkpoint file they touch.
+
+  Below verbosity 1 it also drops the tracebacks that Orbax and asyncio attach
+  to the errors of a failed background checkpoint write (their message
+  stays); `recovery.CheckpointWriter` reports the failure itself.
+  """
 
   def filter(self, record):
-    return record.levelno >= std_logging.WARNING or not any(
-        f"{os.sep}{package}{os.sep}" in record.pathname for package in ("orbax", "grain"))
+    if not any(f"{os.sep}{package}{os.sep}" in record.pathname
+               for package in ("orbax", "grain", "asyncio")):
+      return True
+    if record.levelno < std_logging.WARNING:
+      return False
+    if logging.get_verbosity() < 1:
+      record.exc_info, record.exc_text = None, None
+    return True
 
 
 def run(mode: str, config, workdir: str) -> None:
@@ -111,21 +124,37 @@ def run(mode: str, config, workdir: str) -> None:
     logging.info("translated %d lines in %.1f s", result["lines"], result["seconds"])
 
 
+# What a user can fix: config and data errors, files, checkpoints, and runs that must stop.
+USER_ERRORS = (UserError, ValueError, OSError, data.DataUnavailableError,
+               recovery.UnusableCheckpointsError, recovery.CheckpointSaveError,
+               training.NonFiniteError)
+
+
+def reports_user_errors(fn):
+  """Wrap `fn` so that USER_ERRORS end the program with one error line and status 1.
+
+  The traceback is logged at verbosity 1 (`--verbosity=1` shows it).
+  """
+  @functools.wraps(fn)
+  def wrapped(*args, **kwargs):
+    try:
+      return fn(*args, **kwargs)
+    except USER_ERRORS as error:
+      logging.debug("traceback of the error below", exc_info=True)
+      sys.exit(f"error: {error}")  # One line on stderr, exit status 1.
+  return wrapped
+
+
+@reports_user_errors
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-  logging.get_absl_handler().addFilter(_LibraryInfoFilter())
+  logging.get_absl_handler().addFilter(_LibraryLogFilter())
   initialize_distributed(_DISTRIBUTED.value)  # Before anything touches the devices.
   config = _CONFIG.value
   logging.info("config %s:\n%s", config_flags.get_config_filename(flags.FLAGS["config"]), config)
-  try:
-    training.validate_config(config)
-  except ValueError as error:  # Its messages name the field and what it allows.
-    sys.exit(f"error: {error}")
-  try:
-    run(_MODE.value, config, _WORKDIR.value)
-  except UserError as error:
-    sys.exit(f"error: {error}")
+  training.validate_config(config)  # Its messages name the field and what it allows.
+  run(_MODE.value, config, _WORKDIR.value)
 
 
 if __name__ == "__main__":

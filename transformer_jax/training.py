@@ -12,6 +12,7 @@ import functools
 import os
 import signal
 import sys
+import threading
 import time
 from typing import Any
 
@@ -28,7 +29,7 @@ import optax
 import tensorboardX
 import tqdm
 
-from transformer_jax import checkpointing, data, sharding, translate, validation
+from transformer_jax import checkpointing, data, recovery, sharding, translate, validation
 from transformer_jax.model import PRESETS, Transformer, TransformerConfig, count_params
 
 BATCH_KEYS = ("inputs", "targets", "inputs_segmentation", "targets_segmentation",
@@ -167,7 +168,10 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation, *
   total token count, so the update equals the one from the whole batch.
   Micro-batch j draws dropout from `fold_in(step_key, j)`. `metrics` holds
   the sums of `loss_sums`, `grad_norm` and `flops` (`train_flops`), float32
-  scalars.
+  scalars, and `nonfinite`: 1.0 when the loss or the gradient norm is NaN or
+  infinite. Such an update is skipped (`skip_nonfinite`): params and
+  optimizer state stay as they were, only `step` advances, and the step's
+  loss sums and gradient norm count as 0.
   """
   dropout_base = jax.random.fold_in(jax.random.key(seed), 1)
 
@@ -202,9 +206,29 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation, *
                         target_tokens=sums["tokens"], source_length=batch["inputs"].shape[1],
                         target_length=batch["targets"].shape[1])
     metrics = {**sums, "grad_norm": optax.tree.norm(grads), "flops": flops}
-    return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+    new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state)
+    return skip_nonfinite(state, new_state, metrics)
 
   return train_step
+
+
+def skip_nonfinite(state: TrainState, new_state: TrainState, metrics: dict):
+  """`(new_state, metrics)`, or `state` with its step advanced if the loss or gradient norm is not finite.
+
+  Decided on the device (`jnp.where`, no host sync). Adds `metrics["nonfinite"]`
+  (1.0 for a skipped update, else 0.0); a skipped step's `loss`, `nll` and
+  `grad_norm` become 0 and its `tokens` too, so logged averages cover the
+  applied updates only.
+  """
+  finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
+  keep = lambda new, old: jnp.where(finite, new, old)
+  state = TrainState(step=new_state.step, params=jax.tree.map(keep, new_state.params, state.params),
+                     opt_state=jax.tree.map(keep, new_state.opt_state, state.opt_state))
+  zeroed = ("loss", "nll", "tokens", "grad_norm")
+  metrics = {k: jnp.where(finite, v, jnp.zeros_like(v)) if k in zeroed else v
+             for k, v in metrics.items()}
+  metrics["nonfinite"] = 1.0 - finite.astype(jnp.float32)
+  return state, metrics
 
 
 class Trainer:
@@ -321,6 +345,7 @@ class TrainLogger:
     self.total_steps = total_steps
     self.learning_rate_fn, self.peak_flops = learning_rate_fn, peak_flops
     self.last_train, self.last_eval, self.tokens = {}, {}, 0.0
+    self.skipped = 0  # Non-finite updates skipped in this run.
     main = jax.process_index() == 0
     self.writer = (tensorboardX.SummaryWriter(os.path.join(workdir, "tensorboard"),
                                               purge_step=start_step) if main else None)
@@ -347,16 +372,22 @@ class TrainLogger:
     """
     tokens = max(float(sums["tokens"]), 1.0)
     self.tokens += float(sums["tokens"])
+    skipped = int(sums.get("nonfinite", 0))
+    self.skipped += skipped
     scalars = {
         "loss": float(sums["loss"]) / tokens,
         "nll": float(sums["nll"]) / tokens,
         "perplexity": float(np.exp(min(float(sums["nll"]) / tokens, 50.0))),
         "learning_rate": float(self.learning_rate_fn(step - 1)),
-        "grad_norm": float(sums["grad_norm"]) / steps,
+        "grad_norm": float(sums["grad_norm"]) / max(steps - skipped, 1),
+        "nonfinite_steps": float(skipped),
     }
     line = (f"step {step}/{self.total_steps} | loss {scalars['loss']:.4f} | "
             f"ppl {scalars['perplexity']:.2f} | lr {scalars['learning_rate']:.3e} | "
             f"grad_norm {scalars['grad_norm']:.3f}")
+    if skipped:
+      line += (f" | skipped {skipped} non-finite update{'s' * (skipped > 1)} "
+               f"({self.skipped} this run)")
     if compiling:
       line += f" | compiled and ran step {step} in {seconds:.1f} s"
     else:
@@ -413,6 +444,8 @@ class TrainLogger:
                f"ppl {self.last_eval['perplexity']:.2f}")
       if "bleu" in self.last_eval:
         text += f", BLEU {self.last_eval['bleu']:.2f}"
+    if self.skipped:
+      text += f"; {self.skipped} non-finite updates skipped"
     logging.info("%s; checkpoints in %s", text, checkpoints)
     if self.writer is not None:
       self.writer.close()
@@ -423,12 +456,18 @@ class PreemptionWatch:
   preemption sync point that JAX's distributed runtime sets when any host is preempted.
 
   Use as a context manager; the previous SIGTERM handler comes back on exit.
+  If the process is still running `grace_seconds` after SIGTERM (a step,
+  compilation, data read or save that does not end), it logs why and exits
+  with status 143 (killed by SIGTERM) through `exit_fn`, without a checkpoint
+  of the steps since the last one. `grace_seconds=0` waits indefinitely.
   """
 
-  def __init__(self, manager):
+  def __init__(self, manager, *, grace_seconds: float = 0.0, exit_fn=os._exit):
     self.manager = manager
+    self.grace_seconds, self.exit_fn = grace_seconds, exit_fn
     self.signalled = False
     self._previous = None
+    self._timer = None
 
   def __enter__(self):
     if jax.process_count() == 1:
@@ -437,21 +476,48 @@ class PreemptionWatch:
 
   def _handle(self, signum, frame):
     del signum, frame
+    if self.signalled:
+      return
     logging.warning("SIGTERM: saving a checkpoint after this step, then stopping")
     self.signalled = True
+    if self.grace_seconds > 0:
+      self._timer = threading.Timer(self.grace_seconds, self._expire)
+      self._timer.daemon = True
+      self._timer.start()
+
+  def _expire(self):
+    logging.error("no checkpoint within %g s of SIGTERM (config.preemption_grace_seconds); "
+                  "exiting without one: the steps since the latest checkpoint in %s are lost",
+                  self.grace_seconds, self.manager.directory)
+    logging.flush()
+    self.exit_fn(128 + signal.SIGTERM)
 
   def __call__(self, step: int) -> bool:
     return self.signalled or self.manager.reached_preemption(step)
 
   def __exit__(self, *exc):
+    if self._timer is not None:
+      self._timer.cancel()
     if self._previous is not None:
       signal.signal(signal.SIGTERM, self._previous)
+
+
+class NonFiniteError(RuntimeError):
+  """Too many updates in a row had a non-finite loss or gradient."""
+
+
+@jax.jit
+def _nonfinite_streak(streak, longest, nonfinite):
+  """The current run of non-finite steps, and the longest since the last reset."""
+  streak = jnp.where(nonfinite > 0, streak + 1, 0)
+  return streak, jnp.maximum(longest, streak)
 
 
 def fit(trainer: Trainer, state: TrainState, train_iter, *, num_train_steps: int,
         log_every_steps: int, checkpoint_every_steps: int, logger: TrainLogger, manager,
         stop_requested=lambda step: False, evaluate=None,
-        eval_every_steps: int = 0) -> TrainState:
+        eval_every_steps: int = 0, max_consecutive_nonfinite: int = 0,
+        on_save_error: str = "stop") -> TrainState:
   """Run train steps from `state.step` to `num_train_steps`, logging and checkpointing.
 
   `train_iter` yields this process's numpy batches and has Grain's
@@ -460,15 +526,26 @@ def fit(trainer: Trainer, state: TrainState, train_iter, *, num_train_steps: int
   run (which compiles) is reported on its own, and every new batch shape
   (which compiles again) is announced. A checkpoint is written every
   `checkpoint_every_steps` steps, when `stop_requested(step)` (then the loop
-  ends) and after the last step. `evaluate(state)`, if given, returns
+  ends; it is also asked once before the first step) and after the last
+  step; a save that fails is handled as `on_save_error` says
+  (`recovery.CheckpointWriter`). `evaluate(state)`, if given, returns
   `(split, sums)`; it runs every `eval_every_steps` steps (0: never) and after
-  the last step, and its time is left out of the training speed.
+  the last step, and its time is left out of the training speed. Updates
+  with a non-finite loss or gradient are skipped (`skip_nonfinite`); after
+  `max_consecutive_nonfinite` of them in a row (0: no limit), seen at the
+  next log step, NonFiniteError is raised.
   """
   step = int(jax.device_get(state.step))
   start_step, start = step, time.perf_counter()
   sums, interval_steps, interval_start = None, 0, None
+  streak = longest = jnp.zeros((), jnp.int32)
+  writer = recovery.CheckpointWriter(manager, on_error=on_save_error)
   shapes = set()
-  while step < num_train_steps:
+  stop = step < num_train_steps and stop_requested(step)
+  if stop:
+    logging.warning("stopped before the first step of this run (step %d); nothing new to save",
+                    step)
+  while step < num_train_steps and not stop:
     try:
       batch = next(train_iter)
     except StopIteration:
@@ -482,27 +559,36 @@ def fit(trainer: Trainer, state: TrainState, train_iter, *, num_train_steps: int
     state, metrics = trainer.train_step(state, batch)
     step += 1
     sums = metrics if sums is None else _add_metrics(sums, metrics)
+    streak, longest = _nonfinite_streak(streak, longest, metrics["nonfinite"])
     interval_steps += 1
     logger.advance()
     if interval_start is None or step % log_every_steps == 0 or step == num_train_steps:
-      fetched = jax.device_get(sums)
+      fetched, in_a_row = jax.device_get((sums, longest))
       now = time.perf_counter()
       logger.train(step, fetched, interval_steps,
                    now - (start if interval_start is None else interval_start),
                    compiling=interval_start is None)
       sums, interval_steps, interval_start = None, 0, now
+      longest = jnp.zeros((), jnp.int32)
+      if max_consecutive_nonfinite and in_a_row >= max_consecutive_nonfinite:
+        writer.finish()
+        raise NonFiniteError(
+            f"{in_a_row} updates in a row, the last at step {step}, had a non-finite loss or "
+            f"gradient and were skipped (the limit is config.max_consecutive_nonfinite_steps="
+            f"{max_consecutive_nonfinite}); the latest checkpoint in {manager.directory} is step "
+            f"{manager.latest_step()}. Lower config.learning_rate, set config.grad_clip_norm or "
+            "check the training data")
     stop = stop_requested(step)
     if stop or step % checkpoint_every_steps == 0 or step == num_train_steps:
-      checkpointing.save(manager, step, state, train_iter)
-    if evaluate is not None and eval_every_steps and (
+      writer.save(step, state, train_iter)
+    if not stop and evaluate is not None and eval_every_steps and (
         step % eval_every_steps == 0 or step == num_train_steps):
       eval_start = time.perf_counter()
       logger.evaluation(step, *evaluate(state))
       interval_start += time.perf_counter() - eval_start
-    if stop:
-      logging.warning("stopped at step %d for preemption; checkpoint saved", step)
-      break
-  manager.wait_until_finished()
+  writer.finish()
+  if stop and step > start_step:
+    logging.warning("stopped at step %d for preemption; checkpoint saved", step)
   logger.close(step, seconds=time.perf_counter() - start, steps=step - start_step,
                checkpoints=f"{manager.directory} (latest {manager.latest_step()})")
   return state
@@ -544,10 +630,21 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> TrainState:
   pipeline keeps its tokenizer there too. Each evaluation also scores BLEU
   on the first `config.eval_bleu_sentences` sentences and keeps the best
   parameters in `workdir/best` with `workdir/best.json` (`validation`).
-  Returns the final state.
+  Returns the final state. SIGTERM from here on stops the run at the next
+  step boundary with a checkpoint (`PreemptionWatch`); broken checkpoints
+  are skipped (`recovery.resume`).
   """
   validate_config(config)
   workdir = checkpointing.absolute(workdir)
+  manager = checkpointing.make_manager(
+      os.path.join(workdir, "checkpoints"), max_to_keep=config.keep_checkpoints or None)
+  with PreemptionWatch(manager, grace_seconds=config.preemption_grace_seconds) as preemption:
+    state = _train(config, workdir, manager, preemption)
+  manager.close()
+  return state
+
+
+def _train(config, workdir, manager, preemption) -> TrainState:
   tokenizer = data.get_tokenizer(config.data, workdir)
   trainer, schedule = make_trainer(config, vocab_size=tokenizer.vocab_size)
   model_cfg, mesh, rules = trainer.model_config, trainer.mesh, trainer.rules
@@ -556,12 +653,11 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> TrainState:
   shard_index, shard_count = trainer.data_shard
   train_iter = iter(data.make_train_loader(config.data, tokenizer, seed=config.seed,
                                            shard_index=shard_index, shard_count=shard_count))
-  manager = checkpointing.make_manager(
-      os.path.join(workdir, "checkpoints"), max_to_keep=config.keep_checkpoints or None)
-  if manager.latest_step() is None:
+  state = recovery.resume(manager, trainer.abstract_state, train_iter,
+                          start_over=config.on_bad_checkpoints == "start_over")
+  if state is None:
     state = trainer.init()
   else:
-    state = checkpointing.restore(manager, trainer.abstract_state, train_iter)
     logging.info("resumed from %s at step %d", manager.directory, int(state.step))
   peak = config.peak_flops_per_device or measure_matmul_flops(model_cfg.compute_dtype)
   logging.info("peak FLOP/s per device for MFU: %.3g (%s)", peak,
@@ -589,14 +685,13 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> TrainState:
       sums = {**sums, "bleu": validation_bleu(int(state.step), state.params)}
     return config.data.eval_split, sums
 
-  with PreemptionWatch(manager) as preemption:
-    state = fit(trainer, state, train_iter, num_train_steps=config.num_train_steps,
-                log_every_steps=config.log_every_steps,
-                checkpoint_every_steps=config.checkpoint_every_steps, logger=logger, manager=manager,
-                stop_requested=preemption, evaluate=run_eval,
-                eval_every_steps=config.eval_every_steps)
-  manager.close()
-  return state
+  return fit(trainer, state, train_iter, num_train_steps=config.num_train_steps,
+             log_every_steps=config.log_every_steps,
+             checkpoint_every_steps=config.checkpoint_every_steps, logger=logger, manager=manager,
+             stop_requested=preemption, evaluate=run_eval,
+             eval_every_steps=config.eval_every_steps,
+             max_consecutive_nonfinite=config.max_consecutive_nonfinite_steps,
+             on_save_error=config.on_checkpoint_save_error)
 
 
 def model_config(preset: str = "base", **overrides) -> ml_collections.ConfigDict:
@@ -645,6 +740,11 @@ def default_config() -> ml_collections.ConfigDict:
   config.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})
   config.sharding_rules = "dp"
   config.peak_flops_per_device = 0.0  # 0 = measure a matmul at start-up.
+  # Failure handling (README "Failure and recovery").
+  config.max_consecutive_nonfinite_steps = 10  # Stop after this many skipped updates in a row.
+  config.on_checkpoint_save_error = "stop"  # Or 'continue' (retry at the next checkpoint step).
+  config.on_bad_checkpoints = "stop"  # When no checkpoint restores: or 'start_over' from step 0.
+  config.preemption_grace_seconds = 120.0  # Exit this long after SIGTERM at the latest; 0 = never.
   return config
 
 
@@ -689,6 +789,11 @@ _CHECKS = {
     "average_last": (lambda v: _is_int(v) and v > 0, "a positive integer"),
     "peak_flops_per_device": (lambda v: _is_number(v) and v >= 0,
                               "a number >= 0 (0 = measure)"),
+    "max_consecutive_nonfinite_steps": (lambda v: _is_int(v) and v > 0, "a positive integer"),
+    "on_checkpoint_save_error": (lambda v: v in ("stop", "continue"), "'stop' or 'continue'"),
+    "on_bad_checkpoints": (lambda v: v in ("stop", "start_over"), "'stop' or 'start_over'"),
+    "preemption_grace_seconds": (lambda v: _is_number(v) and v >= 0,
+                                 "a number >= 0 (0 = no limit)"),
 }
 
 
@@ -718,6 +823,12 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   for name, (check, allowed) in _CHECKS.items():
     if not check(config[name]):
       raise ValueError(f"config.{name} must be {allowed}; got {config[name]!r}")
+  for name in ("model", "data", "mesh"):
+    if not isinstance(config[name], (Mapping, ml_collections.ConfigDict)):
+      raise ValueError(f"config.{name} must be a ConfigDict of fields; got {config[name]!r}")
+  if not isinstance(config.sharding_rules, str):
+    raise ValueError("config.sharding_rules must be a string (a preset such as 'dp', or pairs "
+                     f"like 'batch=data+fsdp,embed=fsdp'); got {config.sharding_rules!r}")
   for name, (check, allowed) in _DECODE_CHECKS.items():
     if name not in config.decode:
       raise ValueError(f"config.decode.{name} is missing")
@@ -731,11 +842,12 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     raise ValueError(
         f"config.average_last={config.average_last} must be at most "
         f"config.keep_checkpoints={config.keep_checkpoints}, the checkpoints kept to average")
-  build_model_config(config.model, vocab_size=8)
+  model_cfg = build_model_config(config.model, vocab_size=8)
   try:
     data.validate_config(config.data)
   except ValueError as error:
     raise ValueError(f"config.{error}") from None
+  _check_lengths(config.data, model_cfg.max_len)
   mesh_shape = sharding.resolve_mesh_shape(dict(config.mesh), jax.device_count())
   shards = sharding.num_batch_shards(dict(zip(sharding.MESH_AXES, mesh_shape)),
                                      sharding.logical_rules(config.sharding_rules))
@@ -745,6 +857,19 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
         f"{shards * config.grad_accum_steps} = {shards} batch shards (config.mesh with "
         f"config.sharding_rules) x config.grad_accum_steps={config.grad_accum_steps}, so that "
         "every batch splits evenly")
+
+
+def _check_lengths(data_config, max_len: int) -> None:
+  """Training rows must fit the model's positions (`config.model.max_len`)."""
+  if data_config.batch_mode == "packed":
+    fields = ("max_length",)
+  else:
+    fields = ("max_source_length", "max_target_length")
+  for field in fields:
+    if data_config[field] > max_len:
+      raise ValueError(
+          f"config.data.{field}={data_config[field]} is longer than config.model.max_len="
+          f"{max_len}, the positions the model has; lower it or raise config.model.max_len")
 
 
 def build_model_config(model: ml_collections.ConfigDict, *, vocab_size: int) -> TransformerConfig:

@@ -49,8 +49,23 @@ def _fail(field, value, allowed):
   raise ValueError(f"data.{field}={value!r} is invalid: allowed {allowed}.")
 
 
+_STRINGS = ("name", "source_lang", "target_lang", "data_dir", "manual_dir", "text_train",
+            "text_validation", "text_test", "train_split", "eval_split", "vocab_path",
+            "batch_mode", "overlong")
+
+
 def validate_config(c):
   """Raises ValueError naming the field `data.xxx` and what it allows; returns `c`."""
+  known = default_config()
+  unknown = sorted(set(c) - set(known))
+  if unknown:
+    raise ValueError(f"data.{unknown[0]} is not a known field; known fields: {', '.join(known)}.")
+  missing = [field for field in known if field not in c]
+  if missing:
+    raise ValueError(f"data.{missing[0]} is missing.")
+  for field in _STRINGS:
+    if not isinstance(getattr(c, field), str):
+      _fail(field, getattr(c, field), "a string")
   if c.name not in DATASETS:
     _fail("name", c.name, " | ".join(DATASETS))
   pair = DATASETS[c.name]
@@ -78,7 +93,7 @@ def validate_config(c):
       _fail(field, value, "a positive integer")
   if c.vocab_size < 16:
     _fail("vocab_size", c.vocab_size, "at least 16")
-  if not isinstance(c.num_workers, int) or c.num_workers < 0:
+  if not isinstance(c.num_workers, int) or isinstance(c.num_workers, bool) or c.num_workers < 0:
     _fail("num_workers", c.num_workers, "an integer >= 0")
   if c.batch_mode == "packed":
     for field in ("max_source_length", "max_target_length"):

@@ -6,8 +6,12 @@ Three kinds, chosen by `data.name` (no TensorFlow anywhere):
   * 'wmt14_translate/de-en', 'wmt14_translate/fr-en', 'wmt17_translate/de-en':
     TFDS's WMT builders (download, or TFDS's manual dir, then prepare once);
   * 'text': the user's files `<prefix>.<lang>` (one sentence per line),
-    converted once into the same form.
+    converted once into the same form. Missing or empty files and files of
+    different line counts are errors; a line pair with bytes that are not
+    UTF-8, or with a line over MAX_LINE_BYTES bytes, is skipped at
+    conversion, and the skips are counted and logged with their line numbers.
 `open_split` returns a `ParallelSource`: random access to (source, target) strings.
+Several processes may prepare the same dataset at once (hosts sharing a data dir).
 """
 
 import dataclasses
@@ -21,6 +25,8 @@ from absl import logging
 import tensorflow_datasets as tfds
 
 from transformer_jax.data import embedded
+
+MAX_LINE_BYTES = 16_384  # Far beyond any sentence; longer lines are not sentences.
 
 _WMT_MODULES = {
     "wmt14_translate": "tensorflow_datasets.translate.wmt14",
@@ -124,10 +130,26 @@ class TransformerJaxParallelText(tfds.core.GeneratorBasedBuilder):
 
   def _generate_examples(self, paths):
     lang_a, lang_b = self.builder_config.languages
+    skipped = {f"with a line over {MAX_LINE_BYTES} bytes": [], "not UTF-8": []}
+    kept = 0
     with open(paths[0], "rb") as fa, open(paths[1], "rb") as fb:  # lines end at \n only
       for i, (a, b) in enumerate(zip(fa, fb, strict=True)):
-        yield i, {lang_a: a.decode("utf-8").rstrip("\r\n"),
-                  lang_b: b.decode("utf-8").rstrip("\r\n")}
+        if max(len(a), len(b)) > MAX_LINE_BYTES:
+          skipped[f"with a line over {MAX_LINE_BYTES} bytes"].append(i + 1)
+          continue
+        try:
+          texts = a.decode("utf-8").rstrip("\r\n"), b.decode("utf-8").rstrip("\r\n")
+        except UnicodeDecodeError:
+          skipped["not UTF-8"].append(i + 1)
+          continue
+        kept += 1
+        yield i, {lang_a: texts[0], lang_b: texts[1]}
+    for reason, lines in skipped.items():
+      if lines:
+        logging.warning("%s, %s: skipped %d line pairs %s (lines %s%s)", *paths, len(lines),
+                        reason, ", ".join(map(str, lines[:10])), ", ..." * (len(lines) > 10))
+    if not kept:
+      raise ValueError(f"{paths[0]}, {paths[1]}: no usable line pairs (see the warnings above).")
 
 
 def _text_builder(c):
@@ -151,6 +173,9 @@ def _text_builder(c):
 def _check_line_counts(path_a, path_b):
   with open(path_a, "rb") as fa, open(path_b, "rb") as fb:
     counts = sum(1 for _ in fa), sum(1 for _ in fb)
+  for path, count in zip((path_a, path_b), counts):
+    if not count:
+      raise ValueError(f"{path} is empty: a text dataset needs one sentence per line.")
   if counts[0] != counts[1]:
     raise ValueError(f"{path_a} has {counts[0]} lines but {path_b} has {counts[1]}: "
                      "line i of one file must translate line i of the other.")
@@ -181,7 +206,7 @@ def _reachable(host, port):
 
 
 def _prepare_wmt(builder, manual_dir):
-  """Downloads and prepares a WMT builder, or raises one clear DataUnavailableError."""
+  """Downloads and prepares a WMT builder (as `_prepare`), or raises one clear DataUnavailableError."""
   downloads = _wmt_downloads(builder)
   missing = [d for d in downloads if not os.path.exists(os.path.join(manual_dir, d[1]))]
   hosts = sorted({(u.hostname, u.port or (443 if u.scheme == "https" else 80))
@@ -207,9 +232,20 @@ def _prepare_wmt(builder, manual_dir):
       infos[url] = tfds.core.download.checksums.compute_url_info(path)
   logging.info("Preparing %s (downloading %d files)", builder.info.full_name,
                len(missing))
-  builder.download_and_prepare(
-      file_format="array_record",
-      download_config=tfds.download.DownloadConfig(manual_dir=manual_dir))
+  return _prepare(builder,
+                  download_config=tfds.download.DownloadConfig(manual_dir=manual_dir))
+
+
+def _prepare(builder, **kwargs) -> bool:
+  """Prepare `builder`; False if another process finished preparing it first (reload it then)."""
+  try:
+    builder.download_and_prepare(file_format="array_record", **kwargs)
+  except FileExistsError:  # TFDS's final rename lost the race with another process.
+    if not builder.is_prepared():
+      raise
+    logging.info("%s was prepared by another process meanwhile", builder.info.full_name)
+    return False
+  return True
 
 
 def get_builder(c):
@@ -219,13 +255,15 @@ def get_builder(c):
     builder = TransformerJaxEmbedded(
         config="tiny" if c.name == "embedded_tiny" else "full",
         data_dir=data_dir, file_format="array_record")
-    builder.download_and_prepare(file_format="array_record")
+    if not _prepare(builder):
+      return get_builder(c)
   elif c.name == "text":
     builder = _text_builder(c)
     if not builder.is_prepared():
       for path_a, path_b in builder.builder_config.files.values():
         _check_line_counts(path_a, path_b)
-      builder.download_and_prepare(file_format="array_record")
+      if not _prepare(builder):
+        return get_builder(c)
   else:
     # TFDS registers the WMT builders only when their module is imported.
     importlib.import_module(_WMT_MODULES[c.name.split("/")[0]])
@@ -233,7 +271,8 @@ def get_builder(c):
     if not builder.is_prepared():
       manual_dir = c.manual_dir or os.path.join(builder.data_dir_root,
                                                 "downloads", "manual")
-      _prepare_wmt(builder, manual_dir)
+      if not _prepare_wmt(builder, manual_dir):
+        return get_builder(c)
   return builder
 
 
