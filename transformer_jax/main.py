@@ -89,7 +89,7 @@ USER_ERRORS = (ValueError, OSError, data.DataUnavailableError, recovery.Unusable
 
 
 def reports_user_errors(fn):
-  """Wrap `fn` so that USER_ERRORS end the program with one error line and status 1.
+  """Wrap `fn` so that USER_ERRORS end the program with `error: <message>` on stderr and status 1.
 
   The traceback is logged at verbosity 1 (`--verbosity=1` shows it).
   """
@@ -99,8 +99,8 @@ def reports_user_errors(fn):
       return fn(*args, **kwargs)
     except USER_ERRORS as error:
       logging.debug("traceback of the error below", exc_info=True)
-      logging.error("error: %s", error)
-      sys.exit(1)
+      logging.flush()
+      sys.exit(f"error: {error}")
   return wrapped
 
 
