@@ -8,15 +8,20 @@ way interrupted writes, bad disks and careless hands damage them.
 import logging
 import os
 import pathlib
+import re
 import shutil
+import subprocess
+import sys
 
 import grain
 import jax
 import numpy as np
 import pytest
 
-from transformer_jax import checkpointing, recovery, sharding, training
+from transformer_jax import checkpointing, inspect_checkpoints, recovery, sharding, training
 from test_training import tiny_model_config
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _trainer(vocab_size=40):
@@ -164,8 +169,8 @@ def _mend_directory(directory: pathlib.Path, aside: pathlib.Path):
 def test_a_failed_save_is_reported_and_leaves_the_good_checkpoints_intact(
     trainer, tmp_path, on_error, caplog):
   directory = tmp_path / "checkpoints"
-  manager = checkpointing.make_manager(str(directory), max_to_keep=2)
-  writer = recovery.CheckpointWriter(manager, on_error=on_error)
+  manager = checkpointing.make_manager(str(directory))
+  writer = recovery.CheckpointWriter(manager, on_error=on_error, keep=2)
   data = _iterator()
   for step in (1, 2):
     writer.save(step, _state(trainer, step), data)
@@ -194,4 +199,26 @@ def test_a_failed_save_is_reported_and_leaves_the_good_checkpoints_intact(
     manager.reload()
     writer.save(5, _state(trainer, 5), data)
     writer.finish()
-    assert manager.all_steps() == [2, 5]
+    assert manager.all_steps() == [2, 5] and sorted(os.listdir(directory)) == ["2", "5"]
+
+
+def test_inspect_checkpoints_lists_the_steps_and_finds_the_broken_one(saved, tmp_path_factory):
+  DAMAGE["altered array data"](saved / "3")
+  (saved / "4.orbax-checkpoint-tmp").mkdir()
+  lines, good = inspect_checkpoints.describe(str(saved), verify=True)
+  assert not good and len(lines) == 4, lines
+  for step in (1, 2):
+    assert re.fullmatch(rf"step {step}: [\d.]+ MB, \d+ arrays \([\d,]+ parameters\), data "
+                        rf'position {{"next_index": {step}}}, verified', lines[step - 1]), lines
+  assert lines[2].startswith("step 3: ") and lines[2].endswith(
+      "UNUSABLE: the arrays differ from those saved"), lines
+  assert lines[3] == "4.orbax-checkpoint-tmp: an interrupted write (the next run removes it)"
+  # The command line: the same lines, and status 1.
+  workdir = tmp_path_factory.mktemp("inspect")
+  shutil.copytree(saved, workdir / "checkpoints")
+  result = subprocess.run(
+      [sys.executable, "-m", "transformer_jax.inspect_checkpoints", f"--workdir={workdir}",
+       "--verify"], cwd=REPO, capture_output=True, text=True, timeout=300,
+      env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert result.returncode == 1, result.stderr[-3000:]
+  assert result.stdout.splitlines() == lines

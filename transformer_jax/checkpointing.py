@@ -94,7 +94,7 @@ def restore(manager: ocp.CheckpointManager, abstract_state, data_iterator=None, 
   items = {STATE: ocp.args.StandardRestore(abstract_state)}
   if data_iterator is not None:
     items[DATA] = grain.checkpoint.CheckpointRestore(data_iterator)
-  saved = _saved_fingerprints(manager, step)
+  saved = saved_fingerprints(manager, step)
   restored = manager.restore(step, args=ocp.args.Composite(**items))
   if saved is None:
     logging.warning("checkpoint %s has no fingerprints (older format): restored unverified", path)
@@ -188,8 +188,8 @@ def average_params(manager: ocp.CheckpointManager, steps, abstract_params):
   return _divide(total, float(len(steps)))
 
 
-def _saved_fingerprints(manager: ocp.CheckpointManager, step: int) -> dict | None:
-  """The fingerprints saved with `step`, or None for a step saved without them."""
+def saved_fingerprints(manager: ocp.CheckpointManager, step: int) -> dict | None:
+  """The fingerprints saved with `step` ({'state': int, 'data': [one per process]}), or None."""
   if not (manager.directory / str(step) / INTEGRITY).exists():
     return None
   restored = manager.restore(step, args=ocp.args.Composite(

@@ -8,6 +8,7 @@ depend on the sharding, so a checkpoint verifies on any mesh.
 
 import hashlib
 import json
+import zlib
 
 import jax
 import jax.numpy as jnp
@@ -15,6 +16,17 @@ from jax.experimental import multihost_utils
 import numpy as np
 
 _UINTS = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}
+
+
+def leaf_name(path) -> str:
+  """'opt_state/1/0/mu/embed/embedding' for a key path, whatever the containers (dicts,
+  sequences, dataclasses, named tuples) along it: the same for a train state and its restored dict."""
+  def name(key):
+    for attribute in ("key", "name", "idx"):
+      if hasattr(key, attribute):
+        return str(getattr(key, attribute))
+    return str(key)
+  return "/".join(name(key) for key in path)
 
 
 def _leaf_sum(leaf, salt: int):
@@ -25,33 +37,40 @@ def _leaf_sum(leaf, salt: int):
   else:
     bits = jax.lax.bitcast_convert_type(leaf, _UINTS[leaf.dtype.itemsize]).astype(jnp.uint32)
   index = jax.lax.iota(jnp.uint32, bits.size).reshape(bits.shape)
-  weight = (index + jnp.uint32(salt)) * jnp.uint32(2654435761) * jnp.uint32(2) + jnp.uint32(1)
+  weight = ((index * jnp.uint32(2654435761)) ^ jnp.uint32(salt)) | jnp.uint32(1)
   return jnp.sum(bits * weight, dtype=jnp.uint32)
 
 
 @jax.jit
 def _tree_fingerprint(tree):
   total = jnp.uint32(0)
-  for salt, leaf in enumerate(jax.tree.leaves(tree)):
-    total = total * jnp.uint32(1_000_003) + _leaf_sum(leaf, salt)
+  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    total = total + _leaf_sum(leaf, zlib.crc32(leaf_name(path).encode()))
   return total
 
 
 def tree_fingerprint(tree) -> int:
-  """A 32-bit checksum of every bit of every array leaf of `tree` (jax or numpy arrays), in leaf order.
+  """A 32-bit checksum of every bit of every array leaf of `tree` (jax or numpy arrays).
 
-  Integer arithmetic mod 2**32, so the result is exact whatever the sharding
-  or reduction order. Leaves of 1, 2 or 4 bytes per element.
+  Each leaf is weighted by its name (`leaf_name`), not its position, so a
+  train state and the plain dict Orbax restores without a target agree.
+  Integer arithmetic mod 2**32: exact whatever the sharding or reduction
+  order. Leaves of 1, 2 or 4 bytes per element.
   """
   return int(jax.device_get(_tree_fingerprint(tree)))
 
 
+def data_fingerprint(position) -> str:
+  """The sha256 of one process's data-iterator position (a JSON-able dict)."""
+  text = json.dumps(position, sort_keys=True, default=repr)
+  return hashlib.sha256(text.encode()).hexdigest()
+
+
 def iterator_fingerprints(iterator) -> list[str]:
-  """The sha256 of each process's data-iterator position (`iterator.get_state()`), in process order.
+  """`data_fingerprint` of each process's iterator position (`iterator.get_state()`), in process order.
 
   Every process calls this at the same time (it gathers across processes).
   """
-  text = json.dumps(iterator.get_state(), sort_keys=True, default=repr)
-  digest = np.frombuffer(hashlib.sha256(text.encode()).digest(), np.uint8)
+  digest = np.frombuffer(bytes.fromhex(data_fingerprint(iterator.get_state())), np.uint8)
   gathered = np.asarray(multihost_utils.process_allgather(digest)).reshape(-1, digest.size)
   return [bytes(row).hex() for row in gathered]

@@ -131,7 +131,7 @@ USER_ERRORS = (UserError, ValueError, OSError, data.DataUnavailableError,
 
 
 def reports_user_errors(fn):
-  """Wrap `fn` so that USER_ERRORS end the program with one error line and status 1.
+  """Wrap `fn` so that USER_ERRORS end the program with `error: <message>` on stderr and status 1.
 
   The traceback is logged at verbosity 1 (`--verbosity=1` shows it).
   """
@@ -141,6 +141,7 @@ def reports_user_errors(fn):
       return fn(*args, **kwargs)
     except USER_ERRORS as error:
       logging.debug("traceback of the error below", exc_info=True)
+      logging.flush()
       sys.exit(f"error: {error}")  # One line on stderr, exit status 1.
   return wrapped
 

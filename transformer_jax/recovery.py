@@ -25,7 +25,7 @@ import jax
 from jax.experimental import multihost_utils
 import orbax.checkpoint as ocp
 
-from transformer_jax import checkpointing
+from transformer_jax import checkpointing, integrity
 
 PARTIAL_MARK = ".orbax-checkpoint-tmp"
 UNUSABLE_MARK = ".unusable-"
@@ -89,15 +89,30 @@ def _quarantine(manager: ocp.CheckpointManager, steps) -> list[str]:
   return [str(target) for _, target in moves]
 
 
+def delete_steps(manager: ocp.CheckpointManager, steps) -> None:
+  """Delete committed `steps`, each first renamed to an uncommitted name.
+
+  A run killed meanwhile leaves a partial write (which the next run removes),
+  never a half-deleted step that looks committed. Failures are logged only.
+  """
+  def delete():
+    for step in steps:
+      doomed = manager.directory / f"{step}{PARTIAL_MARK}-deleting"
+      try:
+        (manager.directory / str(step)).rename(doomed)
+        doomed.rmtree()
+      except OSError as error:
+        logging.warning("could not delete the old checkpoint %s: %s",
+                        manager.directory / str(step), error)
+  if steps:
+    _on_main_process(delete)
+    manager.reload()
+
+
 def _leaf_paths(tree) -> dict:
-  """{'a/b/0': shape} of the array leaves of `tree` (any mix of dicts, sequences and dataclasses)."""
-  def name(key):
-    for attribute in ("key", "name", "idx"):
-      if hasattr(key, attribute):
-        return str(getattr(key, attribute))
-    return str(key)
+  """{'a/b/0': shape} of the array leaves of `tree` (`integrity.leaf_name`)."""
   leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
-  return {"/".join(name(k) for k in path): tuple(leaf.shape) for path, leaf in leaves}
+  return {integrity.leaf_name(path): tuple(leaf.shape) for path, leaf in leaves}
 
 
 def check_layout(manager: ocp.CheckpointManager, step: int, abstract_state) -> None:
@@ -196,13 +211,15 @@ class CheckpointWriter:
   with `on_error='stop'` CheckpointSaveError is raised, and with 'continue'
   training goes on and the next checkpoint step tries again. `finish` raises
   CheckpointSaveError if the last save failed, whatever `on_error` says, so a
-  run never ends without its final checkpoint unnoticed.
+  run never ends without its final checkpoint unnoticed. Once a save is
+  committed, the steps before the newest `keep` (0: none) are deleted
+  (`delete_steps`); a failed save deletes nothing.
   """
 
-  def __init__(self, manager: ocp.CheckpointManager, *, on_error: str = "stop"):
+  def __init__(self, manager: ocp.CheckpointManager, *, on_error: str = "stop", keep: int = 0):
     if on_error not in ("stop", "continue"):
       raise ValueError(f"on_error must be 'stop' or 'continue'; got {on_error!r}")
-    self.manager, self.on_error = manager, on_error
+    self.manager, self.on_error, self.keep = manager, on_error, keep
     self.failed_step = None  # The last save, if it failed.
     self._pending = None  # The step being written in the background.
 
@@ -234,6 +251,8 @@ class CheckpointWriter:
       return
     if step is not None:
       self.failed_step = None
+      if self.keep:
+        delete_steps(self.manager, self.manager.all_steps()[:-self.keep])
 
   def _failed(self, step, error):
     # Writes of the failed save that were still under way may recreate its directory.

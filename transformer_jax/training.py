@@ -517,7 +517,7 @@ def fit(trainer: Trainer, state: TrainState, train_iter, *, num_train_steps: int
         log_every_steps: int, checkpoint_every_steps: int, logger: TrainLogger, manager,
         stop_requested=lambda step: False, evaluate=None,
         eval_every_steps: int = 0, max_consecutive_nonfinite: int = 0,
-        on_save_error: str = "stop") -> TrainState:
+        on_save_error: str = "stop", keep_checkpoints: int = 0) -> TrainState:
   """Run train steps from `state.step` to `num_train_steps`, logging and checkpointing.
 
   `train_iter` yields this process's numpy batches and has Grain's
@@ -527,8 +527,9 @@ def fit(trainer: Trainer, state: TrainState, train_iter, *, num_train_steps: int
   (which compiles again) is announced. A checkpoint is written every
   `checkpoint_every_steps` steps, when `stop_requested(step)` (then the loop
   ends; it is also asked once before the first step) and after the last
-  step; a save that fails is handled as `on_save_error` says
-  (`recovery.CheckpointWriter`). `evaluate(state)`, if given, returns
+  step; a save that fails is handled as `on_save_error` says, and the
+  newest `keep_checkpoints` are kept (0: all; `recovery.CheckpointWriter`;
+  give `manager` no limit of its own). `evaluate(state)`, if given, returns
   `(split, sums)`; it runs every `eval_every_steps` steps (0: never) and after
   the last step, and its time is left out of the training speed. Updates
   with a non-finite loss or gradient are skipped (`skip_nonfinite`); after
@@ -539,7 +540,7 @@ def fit(trainer: Trainer, state: TrainState, train_iter, *, num_train_steps: int
   start_step, start = step, time.perf_counter()
   sums, interval_steps, interval_start = None, 0, None
   streak = longest = jnp.zeros((), jnp.int32)
-  writer = recovery.CheckpointWriter(manager, on_error=on_save_error)
+  writer = recovery.CheckpointWriter(manager, on_error=on_save_error, keep=keep_checkpoints)
   shapes = set()
   stop = step < num_train_steps and stop_requested(step)
   if stop:
@@ -636,8 +637,8 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> TrainState:
   """
   validate_config(config)
   workdir = checkpointing.absolute(workdir)
-  manager = checkpointing.make_manager(
-      os.path.join(workdir, "checkpoints"), max_to_keep=config.keep_checkpoints or None)
+  # No limit of its own: fit deletes old steps, safely (recovery.delete_steps).
+  manager = checkpointing.make_manager(os.path.join(workdir, "checkpoints"))
   with PreemptionWatch(manager, grace_seconds=config.preemption_grace_seconds) as preemption:
     state = _train(config, workdir, manager, preemption)
   manager.close()
@@ -691,7 +692,8 @@ def _train(config, workdir, manager, preemption) -> TrainState:
              stop_requested=preemption, evaluate=run_eval,
              eval_every_steps=config.eval_every_steps,
              max_consecutive_nonfinite=config.max_consecutive_nonfinite_steps,
-             on_save_error=config.on_checkpoint_save_error)
+             on_save_error=config.on_checkpoint_save_error,
+             keep_checkpoints=config.keep_checkpoints)
 
 
 def model_config(preset: str = "base", **overrides) -> ml_collections.ConfigDict:
