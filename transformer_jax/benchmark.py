@@ -48,16 +48,20 @@ REAL_FRACTION = 0.75
 DECODE_SENTENCES, DECODE_SOURCE_LENGTH, DECODE_OUTPUT_LENGTH = 16, 32, 48
 
 FLAGS = flags.FLAGS
-flags.DEFINE_enum("config", "small", list(WORKLOADS), "Model and batch shape to measure.")
-flags.DEFINE_integer("steps", 20, "Timed training steps (after warm-up).")
-flags.DEFINE_integer("warmup", 3, "Untimed training steps after the first (compile) step.")
-flags.DEFINE_integer("decode_runs", 5, "Timed runs of each search (after its compile run).")
-flags.DEFINE_enum("dtype", None, ["float32", "bfloat16"],
-                  "Computation dtype; default float32 on CPU, bfloat16 on accelerators.")
-flags.DEFINE_bool("scan_layers", False, "Run the layers through nn.scan.")
-flags.DEFINE_enum("remat", "none", ["none", "dots", "full"], "Rematerialization policy.")
-flags.DEFINE_enum("vs", None, ["torch"], "Also measure the same model in this framework.")
-flags.DEFINE_string("json", None, "Also write the results to this JSON file.")
+
+
+def define_flags():
+  """The command line's flags; defined only when run as a program, so importing defines none."""
+  flags.DEFINE_enum("config", "small", list(WORKLOADS), "Model and batch shape to measure.")
+  flags.DEFINE_integer("steps", 20, "Timed training steps (after warm-up).")
+  flags.DEFINE_integer("warmup", 3, "Untimed training steps after the first (compile) step.")
+  flags.DEFINE_integer("decode_runs", 5, "Timed runs of each search (after its compile run).")
+  flags.DEFINE_enum("dtype", None, ["float32", "bfloat16"],
+                    "Computation dtype; default float32 on CPU, bfloat16 on accelerators.")
+  flags.DEFINE_bool("scan_layers", False, "Run the layers through nn.scan.")
+  flags.DEFINE_enum("remat", "none", ["none", "dots", "full"], "Rematerialization policy.")
+  flags.DEFINE_enum("vs", None, ["torch"], "Also measure the same model in this framework.")
+  flags.DEFINE_string("json", None, "Also write the results to this JSON file.")
 
 
 def model_config(workload: Workload, *, dtype: str, scan_layers: bool, remat: str):
@@ -221,4 +225,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)
