@@ -840,10 +840,6 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   if unknown:
     raise ValueError(f"config.decode.{sorted(unknown)[0]} is not a known field; known fields: "
                      f"{', '.join(_DECODE_CHECKS)}")
-  if config.keep_checkpoints and config.average_last > config.keep_checkpoints:
-    raise ValueError(
-        f"config.average_last={config.average_last} must be at most "
-        f"config.keep_checkpoints={config.keep_checkpoints}, the checkpoints kept to average")
   model_cfg = build_model_config(config.model, vocab_size=8)
   try:
     data.validate_config(config.data)
