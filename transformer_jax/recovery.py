@@ -10,13 +10,13 @@ for inspection. When no step is good the run stops, unless asked to start over.
 Saving (`CheckpointWriter`): a save that fails (full disk, read-only or vanished
 directory) is reported naming the step and directory; its partial files are
 removed, the earlier checkpoints stay as they were, and the run stops or goes
-on as configured.
+on as configured. Old steps are deleted only after a newer one is committed,
+and so that a kill midway leaves a partial write, never a half-deleted step.
 """
 
 import datetime
 import errno
 import os
-import shutil
 import time
 
 from absl import logging
@@ -48,10 +48,10 @@ def _first_line(error: BaseException) -> str:
   return f"{type(error).__name__}: {text[0][:400] if text else ''}"
 
 
-def _on_main_process(fn, *args):
-  """Run `fn` on process 0 only; every process waits for it."""
+def _on_main_process(fn):
+  """Run `fn()` on process 0 only; every process waits for it."""
   if jax.process_index() == 0:
-    fn(*args)
+    fn()
   if jax.process_count() > 1:
     multihost_utils.sync_global_devices(f"recovery:{fn.__name__}")
 
@@ -68,7 +68,7 @@ def remove_partial_writes(directory, step: int | None = None) -> list[str]:
   def remove():
     for path in found:
       try:
-        shutil.rmtree(path) if "://" not in path else epath.Path(path).rmtree()
+        epath.Path(path).rmtree()
       except OSError as error:
         logging.warning("could not remove the partial checkpoint %s: %s", path, error)
   _on_main_process(remove)
@@ -148,7 +148,7 @@ def resume(manager: ocp.CheckpointManager, abstract_state, data_iterator=None, *
   arrays do not fit `abstract_state` (a changed config, not a broken file).
   """
   for path in remove_partial_writes(manager.directory):
-    logging.warning("removed %s: a checkpoint write that was interrupted before it completed",
+    logging.warning("removed %s, left by a checkpoint write (or deletion) that was interrupted",
                     path)
   manager.reload()
   steps = sorted(manager.all_steps(), reverse=True)
