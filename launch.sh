@@ -2,7 +2,8 @@
 # transformer_jax: the one entry point.
 #
 #   ./launch.sh                          set up if needed, train experiments/default.py into
-#                                        ./workdir/default, then eval it: prints the test BLEU
+#                                        ./workdir/default, average its last checkpoints and
+#                                        eval them: prints the test BLEU
 #   ./launch.sh train [FLAGS...]         train (or resume) with python -m transformer_jax.main
 #   ./launch.sh MODE [FLAGS...]          any other --mode of transformer_jax.main: average,
 #                                        eval, translate (--input=FILE --output=FILE)
@@ -79,7 +80,8 @@ case "$mode" in
   default)
     setup
     (run_main train)
-    run_main eval
+    (run_main average)
+    run_main eval --checkpoint=averaged
     ;;
   setup) setup ;;
   test)
@@ -87,7 +89,7 @@ case "$mode" in
     exec "$PY" -m pytest -q "$@"
     ;;
   -h|--help|help)
-    sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'
     ;;
   -*)
     echo "launch.sh: the mode comes first: ./launch.sh train $mode ... (try: ./launch.sh help)" >&2
