@@ -154,7 +154,10 @@ def evaluate(config, workdir: str, checkpoint: str = "latest") -> dict:
   """
   loaded = load(config, workdir, checkpoint)
   split, decode = config.decode.split, config.decode
-  everything = data.make_eval_batches(config.data, loaded.tokenizer, split)
+  try:
+    everything = data.make_eval_batches(config.data, loaded.tokenizer, split)
+  except (ValueError, data.DataUnavailableError) as error:
+    raise UserError(f"config.decode.split={split!r}: {error}") from None
   sources = [s for _, texts, _ in everything for s in texts]
   references = [t for _, _, texts in everything for t in texts]
   shard_index, shard_count = loaded.trainer.data_shard
