@@ -35,6 +35,8 @@ def get_config():
   config.average_last = 5
   config.eval_every_steps = 500
   config.eval_bleu_sentences = 500
-  config.decode.batch_size = 128
+  # On 2 CPU cores beam search is fastest with small batches (2000 test sentences, beam 4:
+  # 90 sentences/s at 8, 70 at 16, 38 at 128), where the key/value cache stays in the caches.
+  config.decode.batch_size = 8
   config.mesh.data = -1
   return config
