@@ -2,7 +2,8 @@
 # transformer_jax: the one entry point.
 #
 #   ./launch.sh                          set up if needed, train experiments/default.py into
-#                                        ./workdir/default, then eval it: prints the test BLEU
+#                                        ./workdir/default, average its last checkpoints and
+#                                        eval them: prints the test BLEU
 #   ./launch.sh train [FLAGS...]         train (or resume) with python -m transformer_jax.main
 #   ./launch.sh MODE [FLAGS...]          any other --mode of transformer_jax.main: average,
 #                                        eval, translate (--input=FILE --output=FILE)
@@ -81,7 +82,8 @@ case "$mode" in
   default)
     setup
     (run_main train)
-    run_main eval
+    (run_main average)
+    run_main eval --checkpoint=averaged
     ;;
   setup) setup ;;
   test)

@@ -78,8 +78,8 @@ def test_average_then_eval_write_hypotheses_and_their_bleu(run):
   assert out.decode().startswith(f"averaged steps 10, {STEPS} into ")
   out, _ = _finish(_start(flags, workdir, "--mode=eval", "--checkpoint=averaged"))
   assert out.decode().startswith("test BLEU ")
-  record = json.loads((workdir / "eval" / "test-averaged.json").read_text())
-  hypotheses = (workdir / "eval" / "test-averaged.txt").read_text().split("\n")
+  record = json.loads((workdir / "eval" / "test-averaged-beam4.json").read_text())
+  hypotheses = (workdir / "eval" / "test-averaged-beam4.txt").read_text().split("\n")
   assert hypotheses.pop() == ""  # Every line ends with a newline.
   split = sources.open_split(_data_config(run["shared"]), "test")
   references = [target for _, target in split.pairs(range(len(split)))]

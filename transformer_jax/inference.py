@@ -149,12 +149,16 @@ def average(config, workdir: str) -> dict:
 def evaluate(config, workdir: str, checkpoint: str = "latest") -> dict:
   """Decode `config.decode.split` with the paper's search, score it, write the files.
 
-  Writes `<workdir>/eval/<split>-<checkpoint>.txt` (one hypothesis per line)
+  Writes `<workdir>/eval/<split>-<checkpoint>-<search>.txt` (one hypothesis
+  per line; e.g. `test-averaged-beam4.txt`, `validation-step800-greedy.txt`)
   and `.json` (BLEU, perplexity, settings, speed) and returns the JSON record.
   """
   loaded = load(config, workdir, checkpoint)
   split, decode = config.decode.split, config.decode
-  everything = data.make_eval_batches(config.data, loaded.tokenizer, split)
+  try:
+    everything = data.make_eval_batches(config.data, loaded.tokenizer, split)
+  except (ValueError, data.DataUnavailableError) as error:
+    raise UserError(f"config.decode.split={split!r}: {error}") from None
   sources = [s for _, texts, _ in everything for s in texts]
   references = [t for _, _, texts in everything for t in texts]
   shard_index, shard_count = loaded.trainer.data_shard
@@ -165,19 +169,21 @@ def evaluate(config, workdir: str, checkpoint: str = "latest") -> dict:
   start = time.perf_counter()
   hypotheses = loaded.translator(decode).translate(loaded.params, sources)
   seconds = time.perf_counter() - start
+  search = "greedy" if decode.beam_size == 1 else f"beam{decode.beam_size}"
   record = {
       "split": split, "checkpoint": loaded.name, "step": loaded.step,
       "sentences": len(sources),
       "bleu": evaluation.bleu(hypotheses, references),
       "perplexity": evaluation.perplexity(float(sums["nll"]), int(sums["tokens"])),
-      "search": "greedy" if decode.beam_size == 1 else "beam",
-      "beam_size": decode.beam_size, "alpha": decode.alpha, "max_extra": decode.max_extra,
+      "search": search, "beam_size": decode.beam_size, "alpha": decode.alpha,
+      "max_extra": decode.max_extra,
       "decode_seconds": round(seconds, 2),
       "sentences_per_second": round(len(sources) / seconds, 2),
   }
   if decode.tokenized_bleu:
     record["bleu_tokenized"] = evaluation.bleu(hypotheses, references, tokenized=True)
-  stem = os.path.join(checkpointing.absolute(workdir), EVAL_DIR, f"{split}-{loaded.label}")
+  stem = os.path.join(checkpointing.absolute(workdir), EVAL_DIR,
+                      f"{split}-{loaded.label}-{search}")
   record["hypotheses"] = stem + ".txt"
   if jax.process_index() == 0:
     translate.write_lines(stem + ".txt", hypotheses)
