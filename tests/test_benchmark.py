@@ -24,7 +24,7 @@ def test_synthetic_batch_is_three_quarters_real_tokens():
 def test_run_reports_every_figure(vs):
   if vs:
     pytest.importorskip("torch")
-  results = benchmark.run(TINY, steps=2, warmup=0, decode_runs=1, dtype="float32", vs=vs)
+  results = benchmark.run(TINY, steps=3, warmup=0, decode_runs=1, dtype="float32", vs=vs, block=2)
   assert results["real_tokens_per_step"] == 8 * (6 + 9)
   assert results["train_flops_per_step"] > 0 and results["matmul_flops_per_s"] > 0
   for name in ("ours", "torch") if vs else ("ours",):

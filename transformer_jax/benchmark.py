@@ -3,14 +3,13 @@
   python -m transformer_jax.benchmark --config=small [--vs=torch] [--json=results.json]
   python -m transformer_jax.benchmark --experiment=experiments/default.py
 
-
 Measures in one process: the train step (forward, label-smoothed loss,
 backward, Adam update; median/min/max over --steps after --warmup), the
 first step (compile included), non-padding tokens/s, peak memory, a square
 matmul's FLOP/s and the model FLOPs utilization against it
 (`training.train_flops`), and beam-search and greedy decoding of a fixed
 shape. With --vs=torch the same model in torch.nn.Transformer runs on the
-same batch, its steps interleaved with ours.
+same batch, in blocks of --block steps alternating with ours.
 
 With --experiment, the model and the batches are an experiment's own: its
 train step on batches from its data pipeline in each batch mode
@@ -62,9 +61,13 @@ FLAGS = flags.FLAGS
 def define_flags():
   """The command line's flags; defined only when run as a program, so importing defines none."""
   flags.DEFINE_enum("config", "small", list(WORKLOADS), "Model and batch shape to measure.")
-  flags.DEFINE_integer("steps", 20, "Timed training steps (after warm-up).")
-  flags.DEFINE_integer("warmup", 3, "Untimed training steps after the first (compile) step.")
-  flags.DEFINE_integer("decode_runs", 5, "Timed runs of each search (after its compile run).")
+  flags.DEFINE_integer("steps", 20, "Timed training steps (after warm-up).", lower_bound=1)
+  flags.DEFINE_integer("warmup", 3, "Untimed training steps after the first (compile) step.",
+                       lower_bound=0)
+  flags.DEFINE_integer("block", 5, "Timed steps in a row, after one untimed step; with --vs the "
+                       "frameworks alternate by block.", lower_bound=1)
+  flags.DEFINE_integer("decode_runs", 5, "Timed runs of each search (after its compile run).",
+                       lower_bound=1)
   flags.DEFINE_enum("dtype", None, ["float32", "bfloat16"],
                     "Computation dtype; default float32 on CPU, bfloat16 on accelerators.")
   flags.DEFINE_bool("scan_layers", False, "Run the layers through nn.scan.")
@@ -141,7 +144,8 @@ def measure_decoding(trainer, params, runs: int) -> dict:
 
 
 def run(workload: Workload, *, steps: int, warmup: int, decode_runs: int, dtype: str,
-        scan_layers: bool = False, remat: str = "none", vs: str | None = None) -> dict:
+        scan_layers: bool = False, remat: str = "none", vs: str | None = None,
+        block: int = 5) -> dict:
   """Measure everything for one workload; returns the results as a JSON-ready dict."""
   cfg = model_config(workload, dtype=dtype, scan_layers=scan_layers, remat=remat)
   matmul_rate = training.measure_matmul_flops(cfg.compute_dtype)
@@ -173,10 +177,14 @@ def run(workload: Workload, *, steps: int, warmup: int, decode_runs: int, dtype:
     if theirs:
       theirs()
   times = {"ours": [], "torch": []}
-  for _ in range(steps):  # Interleaved, so both see the same machine conditions.
-    times["ours"].append(_timed(ours))
-    if theirs:
-      times["torch"].append(_timed(theirs))
+  runs = {"ours": ours, "torch": theirs} if theirs else {"ours": ours}
+  while len(times["ours"]) < steps:
+    # Blocks of `block` timed steps, alternating, so both see the same machine
+    # conditions; each block starts with an untimed step, since a step right
+    # after the other framework's (or any pause) runs up to 30% slower.
+    for name, fn in runs.items():
+      fn()
+      times[name] += [_timed(fn) for _ in range(min(block, steps - len(times[name])))]
 
   real_tokens = int(np.sum(batch["inputs"] != 0) + np.sum(batch["targets"] != 0))
   flops = training.train_flops(
@@ -235,16 +243,13 @@ def measure_batch_mode(trainer, state, batches) -> tuple[dict, object]:
           "flops_per_s": flops / seconds}, state
 
 
-BATCH_MODES = ("tokens", "packed", "padded")
-
-
 def run_experiment(config, workdir: str, *, steps: int, decode_runs: int) -> dict:
   """Real tokens/s of experiment `config`'s model on `steps` batches of each batch mode.
 
-  All modes train the same state on batches of the same token budget from
-  the experiment's own data: 'tokens' (`data.tokens_per_batch`, length
-  buckets), 'packed' (`data.batch_size` rows of `data.max_length`) and
-  'padded' (every row as long as the longest pair allowed).
+  All modes train one state on batches of the experiment's own data, sized
+  by its data config: 'tokens' (`data.tokens_per_batch`, length buckets),
+  'packed' (`data.batch_size` rows of `data.max_length`) and 'padded'
+  (`data.tokens_per_batch`, every row as long as the longest pair allowed).
   """
   training.validate_config(config)
   tokenizer = data.get_tokenizer(config.data, workdir)
@@ -255,7 +260,7 @@ def run_experiment(config, workdir: str, *, steps: int, decode_runs: int) -> dic
              "device": str(jax.local_devices()[0].device_kind), "devices": jax.device_count(),
              "matmul_flops_per_s": matmul_rate, "modes": {}}
   shard_index, shard_count = trainer.data_shard
-  for mode in BATCH_MODES:
+  for mode in data.config.BATCH_MODES:
     data_config = config.data.copy_and_resolve_references()
     data_config.batch_mode = mode
     iterator = iter(data.make_train_loader(data_config, tokenizer, seed=config.seed,
@@ -324,7 +329,7 @@ def main(argv):
     dtype = FLAGS.dtype or ("float32" if jax.default_backend() == "cpu" else "bfloat16")
     results = run(WORKLOADS[FLAGS.config], steps=FLAGS.steps, warmup=FLAGS.warmup,
                   decode_runs=FLAGS.decode_runs, dtype=dtype, scan_layers=FLAGS.scan_layers,
-                  remat=FLAGS.remat, vs=FLAGS.vs)
+                  remat=FLAGS.remat, vs=FLAGS.vs, block=FLAGS.block)
     print(format_table(results))
   print(json.dumps(results))
   if FLAGS.json:
