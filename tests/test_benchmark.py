@@ -1,5 +1,8 @@
 """The benchmark runs end to end on a tiny workload and reports consistent figures (no timing asserted)."""
 
+import importlib.util
+import pathlib
+
 import numpy as np
 import pytest
 
@@ -21,7 +24,7 @@ def test_synthetic_batch_is_three_quarters_real_tokens():
 def test_run_reports_every_figure(vs):
   if vs:
     pytest.importorskip("torch")
-  results = benchmark.run(TINY, steps=2, warmup=0, decode_runs=1, dtype="float32", vs=vs)
+  results = benchmark.run(TINY, steps=3, warmup=0, decode_runs=1, dtype="float32", vs=vs, block=2)
   assert results["real_tokens_per_step"] == 8 * (6 + 9)
   assert results["train_flops_per_step"] > 0 and results["matmul_flops_per_s"] > 0
   for name in ("ours", "torch") if vs else ("ours",):
@@ -33,3 +36,30 @@ def test_run_reports_every_figure(vs):
     assert results["ours"]["decode_s"][search]["median"] > 0
   table = benchmark.format_table(results)
   assert "train step, median (s)" in table and ("ours/torch" in table) == bool(vs)
+
+
+def default_experiment():
+  path = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "default.py"
+  spec = importlib.util.spec_from_file_location("default_experiment", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
+
+
+def test_experiment_measures_every_batch_mode_on_its_own_data(tmp_path):
+  config = default_experiment()
+  config.data.update(name="embedded_tiny", data_dir=str(tmp_path / "tfds"), vocab_size=200,
+                     tokens_per_batch=512, batch_size=8, max_length=64, max_source_length=64,
+                     max_target_length=64)
+  config.model.update(num_layers=1, d_model=32, d_ff=64)
+  results = benchmark.run_experiment(config, str(tmp_path), steps=3, decode_runs=1)
+  modes = results["modes"]
+  assert list(modes) == ["tokens", "packed", "padded"]
+  for figures in modes.values():
+    assert figures["steps"] == 3 and figures["shapes"] >= 1
+    assert 0 < figures["real_fraction"] <= 1 and figures["tokens_per_s"] > 0 and figures["mfu"] > 0
+  assert modes["padded"]["shapes"] == 1, "one fixed shape"
+  assert modes["padded"]["real_fraction"] < min(modes["tokens"]["real_fraction"],
+                                                 modes["packed"]["real_fraction"])
+  table = benchmark.format_experiment_table(results)
+  assert table.splitlines()[3].startswith("padded") and "1.00" in table.splitlines()[3]

@@ -117,7 +117,7 @@ def one_epoch(loader, n_pairs):
   return batches
 
 
-@pytest.mark.parametrize("mode", ["tokens", "packed"])
+@pytest.mark.parametrize("mode", ["tokens", "packed", "padded"])
 def test_every_pair_exactly_once_in_order_with_segments_and_positions(corpus, mode):
   src_len, tgt_len, _ = corpus
   c = config(corpus, batch_mode=mode)
@@ -133,6 +133,9 @@ def test_every_pair_exactly_once_in_order_with_segments_and_positions(corpus, mo
     assert all(v.dtype == np.int32 and v.shape == b["inputs"].shape for v in b.values())
     if mode == "packed":
       assert b["inputs"].shape == (8, 64)
+    if mode == "padded":
+      assert b["inputs"].shape == (8, 63), "512 tokens // the longest pair, even rows"
+      assert (b["inputs_segmentation"].max(axis=1) <= 1).all(), "one pair per row"
   if mode == "packed":
     real = sum(int((b["inputs_segmentation"] > 0).sum()) for b in batches)
     assert real / sum(b["inputs"].size for b in batches) > 0.6, "rows are packed"
@@ -281,7 +284,7 @@ def test_layout_packs_by_hand():
 
 @pytest.mark.parametrize("field,value,allowed", [
     ("name", "wmt99", "embedded"),
-    ("batch_mode", "buckets", "tokens | packed"),
+    ("batch_mode", "buckets", "tokens | packed | padded"),
     ("overlong", "keep", "drop | truncate"),
     ("tokens_per_batch", 0, "a positive integer"),
     ("target_lang", "fr", "en | sy"),

@@ -194,8 +194,12 @@ def test_trim_cuts_at_eos():
 
 # --- cached decoding vs the teacher-forced forward pass ---------------------
 
-def test_cached_steps_match_teacher_forcing_including_beam_reorders():
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_cached_steps_match_teacher_forcing_including_beam_reorders(scan_layers):
   model, variables = tiny_model(seed=1)
+  if scan_layers:  # The cache then leads with a layers axis.
+    model = Transformer(dataclasses.replace(model.config, scan_layers=True))
+    variables = {"params": stack_layers(variables["params"], 2)}
   rng = np.random.default_rng(0)
   inputs = jnp.array([[2, 3, 4, 2, 0], [4, 4, 0, 0, 0]])
   k, steps = 3, 6
@@ -216,7 +220,7 @@ def test_cached_steps_match_teacher_forcing_including_beam_reorders():
   decode_step = jax.jit(decoding.decode_step, static_argnums=0)
   for step in range(steps):
     if step == reorder_at:
-      cache = decoding.reorder_cache(cache, jnp.asarray(order))
+      cache = decoding.reorder_cache(cache, jnp.asarray(order), batch_axis=int(scan_layers))
     targets, expected = (before, expected_before) if step < reorder_at else (after, expected_after)
     previous = targets[:, step - 1] if step else np.zeros(2 * k, np.int32)
     log_probs, cache = decode_step(

@@ -130,11 +130,11 @@ def test_decoder_layer_matches_formula():
 
 
 def record_dropout_inputs(fn):
-  """Run fn() and return the arrays every nn.Dropout was applied to, in order."""
+  """Run fn() and return the arrays every layers.Dropout was applied to, in order."""
   seen = []
 
   def interceptor(next_fun, args, kwargs, context):
-    if isinstance(context.module, nn.Dropout) and context.method_name == "__call__":
+    if isinstance(context.module, layers.Dropout) and context.method_name == "__call__":
       seen.append(np.asarray(args[0], np.float64))
     return next_fun(*args, **kwargs)
 

@@ -8,6 +8,7 @@ import pytest
 
 import numpy_reference as ref
 from layouts import stack_layers
+from transformer_jax import layers
 from transformer_jax.model import (
     PRESETS, Transformer, TransformerConfig, count_params, shift_right,
 )
@@ -166,7 +167,7 @@ def test_embeddings_get_sqrt_d_scaling_positions_and_dropout(tiny):
   seen = []
 
   def interceptor(next_fun, args, kwargs, context):
-    if isinstance(context.module, nn.Dropout):
+    if isinstance(context.module, layers.Dropout):
       seen.append(np.asarray(args[0], np.float64))
     return next_fun(*args, **kwargs)
 

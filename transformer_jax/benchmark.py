@@ -1,6 +1,7 @@
 """Benchmark: training step, decoding and the device's matmul rate, optionally against PyTorch.
 
   python -m transformer_jax.benchmark --config=small [--vs=torch] [--json=results.json]
+  python -m transformer_jax.benchmark --experiment=experiments/default.py
 
 Measures in one process: the train step (forward, label-smoothed loss,
 backward, Adam update; median/min/max over --steps after --warmup), the
@@ -8,7 +9,12 @@ first step (compile included), non-padding tokens/s, peak memory, a square
 matmul's FLOP/s and the model FLOPs utilization against it
 (`training.train_flops`), and beam-search and greedy decoding of a fixed
 shape. With --vs=torch the same model in torch.nn.Transformer runs on the
-same batch, its steps interleaved with ours.
+same batch, in blocks of --block steps alternating with ours.
+
+With --experiment, the model and the batches are an experiment's own: its
+train step on batches from its data pipeline in each batch mode
+(length-bucketed 'tokens', 'packed' and fixed-length 'padded'), in real
+tokens per second.
 """
 
 import dataclasses
@@ -17,12 +23,14 @@ import resource
 import statistics
 import time
 
+from ml_collections import config_flags
+
 from absl import app, flags
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax import decoding, sharding, training
+from transformer_jax import data, decoding, sharding, training
 from transformer_jax.model import TransformerConfig
 
 
@@ -53,15 +61,24 @@ FLAGS = flags.FLAGS
 def define_flags():
   """The command line's flags; defined only when run as a program, so importing defines none."""
   flags.DEFINE_enum("config", "small", list(WORKLOADS), "Model and batch shape to measure.")
-  flags.DEFINE_integer("steps", 20, "Timed training steps (after warm-up).")
-  flags.DEFINE_integer("warmup", 3, "Untimed training steps after the first (compile) step.")
-  flags.DEFINE_integer("decode_runs", 5, "Timed runs of each search (after its compile run).")
+  flags.DEFINE_integer("steps", 20, "Timed training steps (after warm-up).", lower_bound=1)
+  flags.DEFINE_integer("warmup", 3, "Untimed training steps after the first (compile) step.",
+                       lower_bound=0)
+  flags.DEFINE_integer("block", 5, "Timed steps in a row, after one untimed step; with --vs the "
+                       "frameworks alternate by block.", lower_bound=1)
+  flags.DEFINE_integer("decode_runs", 5, "Timed runs of each search (after its compile run).",
+                       lower_bound=1)
   flags.DEFINE_enum("dtype", None, ["float32", "bfloat16"],
                     "Computation dtype; default float32 on CPU, bfloat16 on accelerators.")
   flags.DEFINE_bool("scan_layers", False, "Run the layers through nn.scan.")
   flags.DEFINE_enum("remat", "none", ["none", "dots", "full"], "Rematerialization policy.")
   flags.DEFINE_enum("vs", None, ["torch"], "Also measure the same model in this framework.")
   flags.DEFINE_string("json", None, "Also write the results to this JSON file.")
+  config_flags.DEFINE_config_file(
+      "experiment", None, "Measure this experiment's model on its own data in every batch mode "
+      "(experiments/default.py); replaces --config, --scan_layers and --remat.")
+  flags.DEFINE_string("workdir", "/tmp/transformer_jax_benchmark",
+                      "--experiment: where its vocabulary is made and kept.")
 
 
 def model_config(workload: Workload, *, dtype: str, scan_layers: bool, remat: str):
@@ -127,7 +144,8 @@ def measure_decoding(trainer, params, runs: int) -> dict:
 
 
 def run(workload: Workload, *, steps: int, warmup: int, decode_runs: int, dtype: str,
-        scan_layers: bool = False, remat: str = "none", vs: str | None = None) -> dict:
+        scan_layers: bool = False, remat: str = "none", vs: str | None = None,
+        block: int = 5) -> dict:
   """Measure everything for one workload; returns the results as a JSON-ready dict."""
   cfg = model_config(workload, dtype=dtype, scan_layers=scan_layers, remat=remat)
   matmul_rate = training.measure_matmul_flops(cfg.compute_dtype)
@@ -159,10 +177,14 @@ def run(workload: Workload, *, steps: int, warmup: int, decode_runs: int, dtype:
     if theirs:
       theirs()
   times = {"ours": [], "torch": []}
-  for _ in range(steps):  # Interleaved, so both see the same machine conditions.
-    times["ours"].append(_timed(ours))
-    if theirs:
-      times["torch"].append(_timed(theirs))
+  runs = {"ours": ours, "torch": theirs} if theirs else {"ours": ours}
+  while len(times["ours"]) < steps:
+    # Blocks of `block` timed steps, alternating, so both see the same machine
+    # conditions; each block starts with an untimed step, since a step right
+    # after the other framework's (or any pause) runs up to 30% slower.
+    for name, fn in runs.items():
+      fn()
+      times[name] += [_timed(fn) for _ in range(min(block, steps - len(times[name])))]
 
   real_tokens = int(np.sum(batch["inputs"] != 0) + np.sum(batch["targets"] != 0))
   flops = training.train_flops(
@@ -182,6 +204,92 @@ def run(workload: Workload, *, steps: int, warmup: int, decode_runs: int, dtype:
   results["ours"]["peak_memory_bytes"], results["peak_memory_kind"] = memory, memory_kind
   results["ours"]["decode_s"] = measure_decoding(trainer, state.params, decode_runs)
   return results
+
+
+def _real_tokens(batch) -> int:
+  return int(np.sum(batch["inputs_segmentation"] > 0) + np.sum(batch["targets_segmentation"] > 0))
+
+
+def _batch_flops(cfg: TransformerConfig, batch) -> float:
+  return training.train_flops(
+      cfg, source_tokens=float(np.sum(batch["inputs_segmentation"] > 0)),
+      target_tokens=float(np.sum(batch["targets_segmentation"] > 0)),
+      source_length=batch["inputs"].shape[1], target_length=batch["targets"].shape[1])
+
+
+def measure_batch_mode(trainer, state, batches) -> tuple[dict, object]:
+  """Train on `batches`, timing each step after one untimed step of every new shape.
+
+  Returns (figures, state): real tokens/s over all timed steps, their median
+  step time, the fraction of batch positions that are real tokens, MFU.
+  """
+  compiled, times, real, total, flops = set(), [], 0, 0, 0.0
+  for batch in batches:
+    shape = batch["inputs"].shape + batch["targets"].shape
+    if shape not in compiled:
+      state, _ = trainer.train_step(state, batch)
+      jax.block_until_ready(state)
+      compiled.add(shape)
+    start = time.perf_counter()
+    state, metrics = trainer.train_step(state, batch)
+    jax.block_until_ready(metrics)
+    times.append(time.perf_counter() - start)
+    real += _real_tokens(batch)
+    total += batch["inputs"].size + batch["targets"].size
+    flops += _batch_flops(trainer.model_config, batch)
+  seconds = sum(times)
+  return {"steps": len(times), "shapes": len(compiled), "step_s": _summary(times),
+          "tokens_per_s": real / seconds, "real_fraction": real / total,
+          "flops_per_s": flops / seconds}, state
+
+
+def run_experiment(config, workdir: str, *, steps: int, decode_runs: int) -> dict:
+  """Real tokens/s of experiment `config`'s model on `steps` batches of each batch mode.
+
+  All modes train one state on batches of the experiment's own data, sized
+  by its data config: 'tokens' (`data.tokens_per_batch`, length buckets),
+  'packed' (`data.batch_size` rows of `data.max_length`) and 'padded'
+  (`data.tokens_per_batch`, every row as long as the longest pair allowed).
+  """
+  training.validate_config(config)
+  tokenizer = data.get_tokenizer(config.data, workdir)
+  trainer, _ = training.make_trainer(config, vocab_size=tokenizer.vocab_size)
+  matmul_rate = training.measure_matmul_flops(trainer.model_config.compute_dtype)
+  state = trainer.init()
+  results = {"config": dataclasses.asdict(trainer.model_config),
+             "device": str(jax.local_devices()[0].device_kind), "devices": jax.device_count(),
+             "matmul_flops_per_s": matmul_rate, "modes": {}}
+  shard_index, shard_count = trainer.data_shard
+  for mode in data.config.BATCH_MODES:
+    data_config = config.data.copy_and_resolve_references()
+    data_config.batch_mode = mode
+    iterator = iter(data.make_train_loader(data_config, tokenizer, seed=config.seed,
+                                           shard_index=shard_index, shard_count=shard_count))
+    batches = [next(iterator) for _ in range(steps)]
+    iterator.close()
+    figures, state = measure_batch_mode(trainer, state, batches)
+    figures["mfu"] = figures.pop("flops_per_s") / (matmul_rate * jax.device_count())
+    results["modes"][mode] = figures
+  results["decode_s"] = measure_decoding(trainer, state.params, decode_runs)
+  return results
+
+
+def format_experiment_table(results: dict) -> str:
+  """Per batch mode: real tokens/s, its ratio to 'padded', real fraction, step time, MFU."""
+  modes = results["modes"]
+  padded = modes["padded"]["tokens_per_s"]
+  lines = [f"{'batch mode':<12}{'real tok/s':>12}{'vs padded':>11}{'real %':>9}"
+           f"{'s/step':>9}{'shapes':>8}{'MFU %':>8}"]
+  for mode, m in modes.items():
+    lines.append(f"{mode:<12}{m['tokens_per_s']:>12,.0f}{m['tokens_per_s'] / padded:>11.2f}"
+                 f"{100 * m['real_fraction']:>9.1f}{m['step_s']['median']:>9.3f}"
+                 f"{m['shapes']:>8}{100 * m['mfu']:>8.1f}")
+  decode = results["decode_s"]
+  lines.append(f"beam 4: {decode['beam4']['median']:.3f} s/batch, greedy: "
+               f"{decode['greedy']['median']:.3f} s/batch (16 sentences of 32 tokens -> 48)")
+  lines.append(f"matmul rate: {results['matmul_flops_per_s'] / 1e9:.1f} GFLOP/s on "
+               f"{results['device']}")
+  return "\n".join(lines)
 
 
 def format_table(results: dict) -> str:
@@ -213,11 +321,16 @@ def format_table(results: dict) -> str:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  dtype = FLAGS.dtype or ("float32" if jax.default_backend() == "cpu" else "bfloat16")
-  results = run(WORKLOADS[FLAGS.config], steps=FLAGS.steps, warmup=FLAGS.warmup,
-                decode_runs=FLAGS.decode_runs, dtype=dtype, scan_layers=FLAGS.scan_layers,
-                remat=FLAGS.remat, vs=FLAGS.vs)
-  print(format_table(results))
+  if FLAGS.experiment:
+    results = run_experiment(FLAGS.experiment, FLAGS.workdir, steps=FLAGS.steps,
+                             decode_runs=FLAGS.decode_runs)
+    print(format_experiment_table(results))
+  else:
+    dtype = FLAGS.dtype or ("float32" if jax.default_backend() == "cpu" else "bfloat16")
+    results = run(WORKLOADS[FLAGS.config], steps=FLAGS.steps, warmup=FLAGS.warmup,
+                  decode_runs=FLAGS.decode_runs, dtype=dtype, scan_layers=FLAGS.scan_layers,
+                  remat=FLAGS.remat, vs=FLAGS.vs, block=FLAGS.block)
+    print(format_table(results))
   print(json.dumps(results))
   if FLAGS.json:
     with open(FLAGS.json, "w") as f:

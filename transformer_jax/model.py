@@ -9,7 +9,7 @@ import jax.numpy as jnp
 
 from transformer_jax import attention
 from transformer_jax.layers import (
-    DecoderLayer, Embed, EncoderLayer, PositionalEncoding, layer_norm,
+    DecoderLayer, Dropout, Embed, EncoderLayer, PositionalEncoding, layer_norm,
 )
 
 POSITIONAL_KINDS = ("sinusoidal", "learned")
@@ -234,7 +234,7 @@ class Encoder(nn.Module):
     cfg = self.config
     x = self.embed(inputs)
     x = PositionalEncoding(cfg.max_len, cfg.positional, name="positions")(x, positions)
-    x = nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
+    x = Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
     if segmentation is None:
       mask = attention.padding_mask(inputs, inputs)
     else:
@@ -279,7 +279,7 @@ class Decoder(nn.Module):
         cross_mask = attention.segment_mask(targets_segmentation, inputs_segmentation)
     y = self.embed(decoder_inputs)
     y = PositionalEncoding(cfg.max_len, cfg.positional, name="positions")(y, positions)
-    y = nn.Dropout(cfg.dropout_rate)(y, deterministic=deterministic)
+    y = Dropout(cfg.dropout_rate)(y, deterministic=deterministic)
     y = _stack_layers(cfg, DecoderLayer, y, (encoded, self_mask, cross_mask),
                       (deterministic, decode))
     if cfg.norm == "pre":

@@ -11,7 +11,7 @@ DATASETS = {
     "wmt17_translate/de-en": ("de", "en"),
     "text": None,  # any two languages: files <prefix>.<source_lang>, <prefix>.<target_lang>
 }
-BATCH_MODES = ("tokens", "packed")
+BATCH_MODES = ("tokens", "packed", "padded")
 OVERLONG = ("drop", "truncate")
 
 
@@ -31,8 +31,8 @@ def default_config():
   c.vocab_size = 1000  # shared SentencePiece BPE vocabulary (paper: 37000 EN-DE, 32000 EN-FR)
   c.vocab_path = ""  # SentencePiece model ('' = <workdir>/vocab/<dataset>-<langs>-<size>.model)
   c.tokenizer_sample_size = 200_000  # training pairs (evenly spaced) the vocabulary is trained on
-  c.batch_mode = "tokens"  # 'tokens': length-bucketed batches (paper); 'packed': packed rows
-  c.tokens_per_batch = 4096  # 'tokens': max source and max target tokens (padding included) per global batch
+  c.batch_mode = "tokens"  # 'tokens': length-bucketed batches (paper); 'packed': packed rows; 'padded': every row max_source/target_length long (one shape)
+  c.tokens_per_batch = 4096  # 'tokens', 'padded': max source and max target tokens (padding included) per global batch
   c.batch_size = 32  # 'packed': rows per global batch
   c.max_length = 128  # 'packed': tokens per row
   c.max_source_length = 72  # training pairs with more source tokens (EOS included) are over-long

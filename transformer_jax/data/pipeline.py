@@ -305,8 +305,9 @@ def make_train_loader(data_config, tokenizer, *, seed, shard_index, shard_count)
   lengths = np.minimum(lengths, caps)
   common = dict(lengths=lengths, ids=ids, seed=int(seed), shard_index=shard_index,
                 shard_count=shard_count)
-  if c.batch_mode == "tokens":
-    buckets = bucket_lengths(int(caps.max()))
+  if c.batch_mode in ("tokens", "padded"):
+    longest = int(caps.max())
+    buckets = bucket_lengths(longest) if c.batch_mode == "tokens" else (longest,)
     rows = [c.tokens_per_batch // length // multiple * multiple for length in buckets]
     if not rows[-1]:
       raise ValueError(

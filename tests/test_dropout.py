@@ -1,0 +1,60 @@
+"""Dropout: the drop rate, the scale, independence across elements and keys, sharding."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec
+
+from transformer_jax import layers
+
+SHAPE = (32, 128, 128)  # 524,288 elements: a rate's standard error is below 5e-4.
+
+
+def dropped(rate, seed, shape=SHAPE):
+  return np.asarray(layers.dropout(jnp.ones(shape), rate, jax.random.key(seed))) == 0
+
+
+@pytest.mark.parametrize("rate", [0.1, 0.3, 0.5])
+def test_drops_at_the_rate_and_scales_the_rest(rate):
+  out = np.asarray(layers.dropout(jnp.ones(SHAPE), rate, jax.random.key(0)))
+  standard_error = np.sqrt(rate * (1 - rate) / out.size)
+  assert abs(np.mean(out == 0) - rate) < 5 * standard_error
+  np.testing.assert_allclose(out[out != 0], 1 / (1 - rate), rtol=1e-6)
+  assert abs(np.mean(out) - 1.0) < 5 * standard_error / (1 - rate), "the expectation is kept"
+
+
+def test_rate_zero_is_the_identity():
+  x = jnp.arange(12.0).reshape(3, 4)
+  assert layers.dropout(x, 0.0, jax.random.key(0)) is x
+
+
+def test_same_key_same_mask_other_key_independent_mask():
+  a, b, c = dropped(0.5, 1), dropped(0.5, 1), dropped(0.5, 2)
+  np.testing.assert_array_equal(a, b)
+  assert abs(np.mean(a & c) - 0.25) < 0.004, "two keys' masks overlap as independent ones do"
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2])
+def test_neighbours_along_every_axis_are_independent(axis):
+  mask = dropped(0.5, 3)
+  first = np.take(mask, range(mask.shape[axis] - 1), axis=axis)
+  second = np.take(mask, range(1, mask.shape[axis]), axis=axis)
+  assert abs(np.mean(first & second) - 0.25) < 0.004
+
+
+def test_every_bit_is_fair():
+  bits = np.asarray(layers.hashed_bits(jax.random.key(4), (1 << 18,)))
+  ones = [(bits >> b & 1).mean() for b in range(32)]
+  assert max(abs(p - 0.5) for p in ones) < 0.005
+
+
+def test_same_bits_on_any_sharding():
+  mesh = jax.make_mesh((jax.device_count(),), ("data",),
+                       axis_types=(jax.sharding.AxisType.Auto,))
+  key = jax.random.key(5)
+  whole = layers.hashed_bits(key, (16, 24))
+  sharded = jax.jit(lambda k: layers.hashed_bits(k, (16, 24)),
+                    out_shardings=NamedSharding(mesh, PartitionSpec("data")))(key)
+  assert len(sharded.sharding.device_set) == jax.device_count()
+  np.testing.assert_array_equal(np.asarray(sharded), np.asarray(whole))
