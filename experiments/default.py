@@ -10,7 +10,8 @@ pre-LN, which trains at twice the learning rate that stalls the paper's post-LN
 here (step 300: loss 1.71 pre-LN at scale 1.0; post-LN 2.25 at scale 0.5 and
 3.64 at 1.0). Checkpoints every 50 steps, so that the last 5 (what
 `--mode=average` averages) are the last 200 steps. `./launch.sh` with no
-arguments trains it into ./workdir/default and evaluates it on the test split.
+arguments trains it into ./workdir/default, averages the last 5 checkpoints
+and evaluates the average on the test split.
 """
 
 from transformer_jax import training

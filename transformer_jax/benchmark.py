@@ -76,7 +76,8 @@ def define_flags():
   flags.DEFINE_string("json", None, "Also write the results to this JSON file.")
   config_flags.DEFINE_config_file(
       "experiment", None, "Measure this experiment's model on its own data in every batch mode "
-      "(experiments/default.py); replaces --config, --scan_layers and --remat.")
+      "(experiments/default.py): the model, dtype and batches are the experiment's, so "
+      "--config, --dtype, --scan_layers, --remat, --vs, --warmup and --block do not apply.")
   flags.DEFINE_string("workdir", "/tmp/transformer_jax_benchmark",
                       "--experiment: where its vocabulary is made and kept.")
 
@@ -181,7 +182,7 @@ def run(workload: Workload, *, steps: int, warmup: int, decode_runs: int, dtype:
   while len(times["ours"]) < steps:
     # Blocks of `block` timed steps, alternating, so both see the same machine
     # conditions; each block starts with an untimed step, since a step right
-    # after the other framework's (or any pause) runs up to 30% slower.
+    # after the other framework's (or any pause) runs slower (up to 1.8x here).
     for name, fn in runs.items():
       fn()
       times[name] += [_timed(fn) for _ in range(min(block, steps - len(times[name])))]
@@ -195,11 +196,12 @@ def run(workload: Workload, *, steps: int, warmup: int, decode_runs: int, dtype:
              "device": str(jax.local_devices()[0].device_kind), "devices": jax.device_count(),
              "matmul_flops_per_s": matmul_rate, "train_flops_per_step": flops,
              "real_tokens_per_step": real_tokens}
-  for name in ("ours", "torch") if theirs else ("ours",):
+  devices = {"ours": jax.device_count(), "torch": 1}  # torch runs on the host's CPU
+  for name in runs:
     step = _summary(times[name])
     results[name] = {"first_step_s": first[name], "step_s": step,
                      "tokens_per_s": real_tokens / step["median"],
-                     "mfu": flops / step["median"] / matmul_rate}
+                     "mfu": flops / step["median"] / (matmul_rate * devices[name])}
   memory, memory_kind = peak_memory_bytes()
   results["ours"]["peak_memory_bytes"], results["peak_memory_kind"] = memory, memory_kind
   results["ours"]["decode_s"] = measure_decoding(trainer, state.params, decode_runs)
@@ -261,14 +263,18 @@ def run_experiment(config, workdir: str, *, steps: int, decode_runs: int) -> dic
              "matmul_flops_per_s": matmul_rate, "modes": {}}
   shard_index, shard_count = trainer.data_shard
   for mode in data.config.BATCH_MODES:
-    data_config = config.data.copy_and_resolve_references()
-    data_config.batch_mode = mode
+    mode_config = config.copy_and_resolve_references()
+    mode_config.data.batch_mode = mode
+    training.validate_config(mode_config)  # e.g. rows that fit the model's positions
+    data_config = mode_config.data
     iterator = iter(data.make_train_loader(data_config, tokenizer, seed=config.seed,
                                            shard_index=shard_index, shard_count=shard_count))
     batches = [next(iterator) for _ in range(steps)]
     iterator.close()
     figures, state = measure_batch_mode(trainer, state, batches)
-    figures["mfu"] = figures.pop("flops_per_s") / (matmul_rate * jax.device_count())
+    hosts = jax.process_count()  # Each host counted its own rows.
+    figures["tokens_per_s"] *= hosts
+    figures["mfu"] = hosts * figures.pop("flops_per_s") / (matmul_rate * jax.device_count())
     results["modes"][mode] = figures
   results["decode_s"] = measure_decoding(trainer, state.params, decode_runs)
   return results

@@ -232,7 +232,7 @@ def hashed_bits(key, shape):
   index = jnp.zeros(shape, jnp.uint32)
   stride = 1
   for axis in reversed(range(len(shape))):
-    index = index + jax.lax.broadcasted_iota(jnp.uint32, shape, axis) * jnp.uint32(stride)
+    index = index + jax.lax.broadcasted_iota(jnp.uint32, shape, axis) * jnp.uint32(stride % 2**32)
     stride *= shape[axis]
   return _mix32(_mix32(index ^ seeds[0]) + seeds[1])
 
@@ -247,13 +247,16 @@ def dropout(x, rate: float, key):
   """
   if rate == 0:
     return x
+  if rate >= 1:
+    return jnp.zeros_like(x)
   threshold = min(round(rate * 2**32), 2**32 - 1)
   keep = hashed_bits(key, x.shape) >= jnp.uint32(threshold)
   return jnp.where(keep, x * jnp.asarray(1.0 / (1.0 - rate), x.dtype), jnp.zeros((), x.dtype))
 
 
 class Dropout(nn.Module):
-  """`dropout` as a Flax module, a drop-in for `nn.Dropout`: its key comes from the "dropout" stream."""
+  """`dropout` as a Flax module, called like `nn.Dropout(rate)(x, deterministic)`; its key comes
+  from the "dropout" RNG stream."""
 
   rate: float
 
