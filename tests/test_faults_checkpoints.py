@@ -210,8 +210,10 @@ def test_inspect_checkpoints_lists_the_steps_and_finds_the_broken_one(saved, tmp
   for step in (1, 2):
     assert re.fullmatch(rf"step {step}: [\d.]+ MB, \d+ arrays \([\d,]+ parameters\), data "
                         rf'position {{"next_index": {step}}}, verified', lines[step - 1]), lines
-  assert lines[2].startswith("step 3: ") and lines[2].endswith(
-      "UNUSABLE: the arrays differ from those saved"), lines
+  # The flipped byte lands in array data (read back as other numbers, caught by the
+  # fingerprints) or in a chunk's framing (a read error), depending on the file's layout.
+  assert re.fullmatch(r"step 3: [\d.]+ MB, .*UNUSABLE: (the arrays differ from those saved"
+                      r"|.*error while reading.*)", lines[2]), lines
   assert lines[3] == "4.orbax-checkpoint-tmp: an interrupted write (the next run removes it)"
   # The command line: the same lines, and status 1.
   workdir = tmp_path_factory.mktemp("inspect")
