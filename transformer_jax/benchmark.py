@@ -292,7 +292,8 @@ def format_experiment_table(results: dict) -> str:
                  f"{m['shapes']:>8}{100 * m['mfu']:>8.1f}")
   decode = results["decode_s"]
   lines.append(f"beam 4: {decode['beam4']['median']:.3f} s/batch, greedy: "
-               f"{decode['greedy']['median']:.3f} s/batch (16 sentences of 32 tokens -> 48)")
+               f"{decode['greedy']['median']:.3f} s/batch ({DECODE_SENTENCES} sentences of "
+               f"{DECODE_SOURCE_LENGTH} tokens -> {DECODE_OUTPUT_LENGTH})")
   lines.append(f"matmul rate: {results['matmul_flops_per_s'] / 1e9:.1f} GFLOP/s on "
                f"{results['device']}")
   return "\n".join(lines)

@@ -185,8 +185,7 @@ def evaluate(config, workdir: str, checkpoint: str = "latest") -> dict:
   stem = os.path.join(checkpointing.absolute(workdir), EVAL_DIR,
                       f"{split}-{loaded.label}-{search}")
   record["hypotheses"] = stem + ".txt"
-  if jax.process_index() == 0:
-    translate.write_lines(stem + ".txt", hypotheses)
+  translate.write_lines(stem + ".txt", hypotheses)
   validation.write_json(stem + ".json", record)
   return record
 
@@ -203,6 +202,5 @@ def translate_file(config, workdir: str, checkpoint: str, input_path: str | None
   start = time.perf_counter()
   translations = loaded.translator(config.decode).translate(loaded.params, lines)
   seconds = time.perf_counter() - start
-  if jax.process_index() == 0:
-    translate.write_lines(output_path, translations)
+  translate.write_lines(output_path, translations)
   return {"lines": len(lines), "seconds": seconds}

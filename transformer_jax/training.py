@@ -252,9 +252,7 @@ class Trainer:
     boxed = jax.eval_shape(self._init_boxed, jax.random.key(0))
     self.state_shardings = sharding.tree_shardings(boxed, mesh, rules)
     sharding.check_divisible(boxed, self.state_shardings)
-    self.abstract_state = jax.tree.map(
-        lambda leaf, s: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=s),
-        nn.unbox(boxed), self.state_shardings)
+    self.abstract_state = checkpointing.abstract_tree(nn.unbox(boxed), self.state_shardings)
     self.batch_sharding = sharding.batch_sharding(mesh, rules)
     self.batch_shards = sharding.num_batch_shards(dict(mesh.shape), rules)
     self.data_shard = sharding.data_shard(self.batch_sharding)
@@ -332,6 +330,14 @@ def measure_matmul_flops(dtype=jnp.float32, device: jax.Device | None = None) ->
 _add_metrics = jax.jit(lambda a, b: jax.tree.map(jnp.add, a, b))
 
 
+def _per_token(sums: Mapping[str, float]) -> dict:
+  """Loss and NLL per target token and the perplexity, from summed metrics."""
+  tokens = max(float(sums["tokens"]), 1.0)
+  nll = float(sums["nll"]) / tokens
+  return {"loss": float(sums["loss"]) / tokens, "nll": nll,
+          "perplexity": float(np.exp(min(nll, 50.0)))}
+
+
 class TrainLogger:
   """What the user sees of a run: log lines, TensorBoard scalars and a terminal progress bar.
 
@@ -370,14 +376,11 @@ class TrainLogger:
     `sums` are the summed step metrics. With `compiling`, the time includes
     compilation, so speeds are not reported.
     """
-    tokens = max(float(sums["tokens"]), 1.0)
     self.tokens += float(sums["tokens"])
     skipped = int(sums.get("nonfinite", 0))
     self.skipped += skipped
     scalars = {
-        "loss": float(sums["loss"]) / tokens,
-        "nll": float(sums["nll"]) / tokens,
-        "perplexity": float(np.exp(min(float(sums["nll"]) / tokens, 50.0))),
+        **_per_token(sums),
         "learning_rate": float(self.learning_rate_fn(step - 1)),
         "grad_norm": float(sums["grad_norm"]) / max(steps - skipped, 1),
         "nonfinite_steps": float(skipped),
@@ -410,11 +413,9 @@ class TrainLogger:
   def evaluation(self, step: int, split: str, sums: Mapping[str, float]) -> dict:
     """Report dev-set loss sums (and `bleu`, if there) at `step`; returns loss, nll, perplexity
     (and bleu)."""
-    tokens = max(float(sums["tokens"]), 1.0)
-    scalars = {"loss": float(sums["loss"]) / tokens, "nll": float(sums["nll"]) / tokens}
-    scalars["perplexity"] = float(np.exp(min(scalars["nll"], 50.0)))
+    scalars = _per_token(sums)
     line = (f"eval ({split}) at step {step} | loss {scalars['loss']:.4f} | "
-            f"ppl {scalars['perplexity']:.2f} | {int(tokens):,} target tokens")
+            f"ppl {scalars['perplexity']:.2f} | {int(sums['tokens']):,} target tokens")
     if "bleu" in sums:
       scalars["bleu"] = float(sums["bleu"])
       line += f" | BLEU {scalars['bleu']:.2f}"

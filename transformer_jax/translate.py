@@ -135,8 +135,11 @@ def read_lines(path: str | None) -> list[str]:
 def write_lines(path: str | None, lines) -> None:
   """Write `lines`, each ending in '\\n', as UTF-8 to the file at `path` (stdout for None or '-').
 
-  The file's directory is made if needed; `path` may be a URL such as gs://.
+  Process 0 only. The file's directory is made if needed; `path` may be a URL
+  such as gs://.
   """
+  if jax.process_index() != 0:
+    return
   data = "".join(line + "\n" for line in lines).encode("utf-8")
   if path in (None, "-"):
     sys.stdout.buffer.write(data)
