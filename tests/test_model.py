@@ -8,7 +8,7 @@ import pytest
 
 import numpy_reference as ref
 from layouts import stack_layers
-from transformer_jax import layers
+from test_layers import record_dropout_inputs
 from transformer_jax.model import (
     PRESETS, Transformer, TransformerConfig, count_params, shift_right,
 )
@@ -164,15 +164,7 @@ def test_packed_examples_equal_separate_examples(tiny):
 def test_embeddings_get_sqrt_d_scaling_positions_and_dropout(tiny):
   model, variables, _ = tiny
   inputs = tokens(11, 1, 5)
-  seen = []
-
-  def interceptor(next_fun, args, kwargs, context):
-    if isinstance(context.module, layers.Dropout):
-      seen.append(np.asarray(args[0], np.float64))
-    return next_fun(*args, **kwargs)
-
-  with nn.intercept_methods(interceptor):
-    model.apply(variables, inputs, method=model.encode)
+  seen = record_dropout_inputs(lambda: model.apply(variables, inputs, method=model.encode))
   table = np.asarray(nn.meta.unbox(variables["params"])["embed"]["embedding"], np.float64)
   pe = np.array([[ref.sinusoid(p, j, 16) for j in range(16)] for p in range(5)])
   np.testing.assert_allclose(seen[0][0], table[np.asarray(inputs[0])] * 4.0 + pe, atol=1e-5)

@@ -135,48 +135,6 @@ def test_model_config_follows_presets_and_builds_the_model_config():
   assert (c2.num_layers, c2.dtype, c2.d_k) == (4, "bfloat16", 64)
 
 
-@pytest.mark.parametrize("field, value, message", [
-    ("num_train_steps", 0, "config.num_train_steps must be a positive integer"),
-    ("learning_rate", -1.0, "config.learning_rate must be a number > 0"),
-    ("label_smoothing", 1.0, r"config.label_smoothing must be a number in \[0, 1\)"),
-    ("grad_accum_steps", 2.5, "config.grad_accum_steps must be a positive integer"),
-    ("sharding_rules", "zero3", "config.sharding_rules='zero3' is not understood"),
-    ("sharding_rules", "batch=data,embed=fsdb", "unknown mesh axis 'fsdb'"),
-])
-def test_bad_config_values_are_named(field, value, message):
-  config = training.default_config()
-  with config.unlocked(), config.ignore_type():
-    config[field] = value
-  with pytest.raises(ValueError, match=message):
-    training.validate_config(config)
-
-
-def test_bad_model_fields_and_unknown_fields_are_named():
-  config = training.default_config()
-  config.model.num_heads = 7
-  with pytest.raises(ValueError, match=r"config.model.*num_heads=7"):
-    training.validate_config(config)
-  config = training.default_config()
-  config.model.dropout_rate = 1.5
-  with pytest.raises(ValueError, match=r"config.model.dropout_rate must be"):
-    training.validate_config(config)
-  config = training.default_config()
-  with config.unlocked():
-    config.num_train_step = 5
-  with pytest.raises(ValueError, match="config.num_train_step is not a known field"):
-    training.validate_config(config)
-
-
-def test_a_mesh_that_does_not_match_the_devices_is_named():
-  config = training.default_config()
-  config.mesh.data = 3
-  with pytest.raises(ValueError, match=r"config.mesh=.*needs 3 devices but 8 are present"):
-    training.validate_config(config)
-  config.mesh.data, config.mesh.tensor = -1, 3
-  with pytest.raises(ValueError, match="does not divide the 8 devices"):
-    training.validate_config(config)
-
-
 def test_bfloat16_computation_keeps_float32_parameters_and_adam_state():
   config = tiny_model_config(dtype="bfloat16")
   model = training.Transformer(config)

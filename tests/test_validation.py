@@ -55,6 +55,8 @@ def test_every_field_rejects_a_value_of_the_wrong_type_naming_the_field(field):
     ({"learning_rate": -1.0}, "config.learning_rate must be a number > 0"),
     ({"adam_b2": 1.0}, r"config.adam_b2 must be a number in \[0, 1\)"),
     ({"label_smoothing": True}, "config.label_smoothing must be a number"),
+    ({"label_smoothing": 1.0}, r"config.label_smoothing must be a number in \[0, 1\)"),
+    ({"grad_accum_steps": 2.5}, "config.grad_accum_steps must be a positive integer"),
     ({"max_consecutive_nonfinite_steps": 0}, "config.max_consecutive_nonfinite_steps must be"),
     ({"on_checkpoint_save_error": "retry"}, "config.on_checkpoint_save_error must be 'stop' or"),
     ({"on_bad_checkpoints": "ignore"}, "config.on_bad_checkpoints must be 'stop' or 'start_over'"),
@@ -87,6 +89,7 @@ def test_every_field_rejects_a_value_of_the_wrong_type_naming_the_field(field):
     ({"data__source_lang": "de"}, r"config.data.source_lang='de' is invalid: allowed a "
                                   r"language of embedded"),
     ({"sharding_rules": "batch=data,heads=cores"}, "unknown mesh axis 'cores'"),
+    ({"sharding_rules": "zero3"}, "config.sharding_rules='zero3' is not understood"),
 ])
 def test_bad_values_and_combinations_name_the_field(changes, message):
   with pytest.raises(ValueError, match=message):
