@@ -8,7 +8,7 @@
 #   ./launch.sh MODE [FLAGS...]          any other --mode of transformer_jax.main: average,
 #                                        eval, translate (--input=FILE --output=FILE)
 #   ./launch.sh test [PYTEST_ARGS...]    run the test suite on the CPU
-#   ./launch.sh bench [FLAGS...]         python -m transformer_jax.benchmark (--config=small|base|big,
+#   ./launch.sh bench [FLAGS...]         python -m transformer_jax.tools.benchmark (--config=small|base|big,
 #                                        --vs=torch needs: .venv/bin/pip install -e '.[bench]')
 #   ./launch.sh setup                    only create/refresh the virtual environment
 #
@@ -97,7 +97,7 @@ case "$mode" in
     ;;
   bench)
     setup
-    exec "$PY" -m transformer_jax.benchmark "$@"
+    exec "$PY" -m transformer_jax.tools.benchmark "$@"
     ;;
   -h|--help|help)
     awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"

@@ -14,12 +14,12 @@ arguments trains it into ./workdir/default, averages the last 5 checkpoints
 and evaluates the average on the test split.
 """
 
-from transformer_jax import training
+from transformer_jax import config as config_lib
 
 
 def get_config():
-  config = training.default_config()
-  config.model = training.model_config(
+  config = config_lib.default_config()
+  config.model = config_lib.model_fields(
       "base", num_layers=3, d_model=128, d_ff=512, num_heads=4, max_len=128, norm="pre",
       dropout_rate=0.0)
   config.data.name = "embedded"

@@ -13,8 +13,8 @@ the end) without checkpoint averaging.
 import importlib.util
 import os
 
-from transformer_jax import training
-from transformer_jax.model import PRESETS
+from transformer_jax import config as config_lib
+from transformer_jax.model.transformer import PRESETS
 
 ROWS = tuple(PRESETS)  # base, A1..A4, B1, B2, C1..C7, D1..D4, E, big.
 LABEL_SMOOTHING = {"D3": 0.0, "D4": 0.2}
@@ -33,6 +33,6 @@ def get_config(row: str = "base"):
   if row not in ROWS:
     raise ValueError(f"experiments/table3.py: unknown row {row!r}; rows: {', '.join(ROWS)}")
   config = _wmt14().get_config("big" if row == "big" else "base")
-  config.model = training.model_config(row, dtype="bfloat16", max_len=256)
+  config.model = config_lib.model_fields(row, dtype="bfloat16", max_len=256)
   config.label_smoothing = LABEL_SMOOTHING.get(row, 0.1)
   return config

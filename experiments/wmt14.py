@@ -19,7 +19,7 @@ reports sacrebleu and the paper's tokenized BLEU. Every 5000 steps training
 scores greedy BLEU on 1000 sentences of newstest2013 and keeps the best.
 """
 
-from transformer_jax import training
+from transformer_jax import config as config_lib
 
 VARIANTS = ("base", "big", "big_enfr")
 
@@ -28,10 +28,10 @@ def get_config(variant: str = "base"):
   if variant not in VARIANTS:
     raise ValueError(f"experiments/wmt14.py: unknown variant {variant!r}; "
                      f"variants: {', '.join(VARIANTS)}")
-  config = training.default_config()
+  config = config_lib.default_config()
   big = variant.startswith("big")
   # EN-FR big keeps P_drop = 0.1 (paper, section 6.1).
-  config.model = training.model_config(
+  config.model = config_lib.model_fields(
       "big" if big else "base", dtype="bfloat16", max_len=256,
       **({"dropout_rate": 0.1} if variant == "big_enfr" else {}))
   if variant == "big_enfr":

@@ -48,3 +48,51 @@ def sinusoid(pos, j, d_model):
   """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d))."""
   angle = pos / 10000 ** ((j - j % 2) / d_model)
   return math.sin(angle) if j % 2 == 0 else math.cos(angle)
+
+
+def encoder_layer(params, x, mask, pre_norm=False):
+  """Self-attention then feed-forward, each `LayerNorm(x + sublayer(x))` (pre-LN:
+  `x + sublayer(LayerNorm(x))`); no dropout."""
+  attend = lambda y: multi_head(params["self_attention"], y, y, mask)
+  ffn = lambda y: feed_forward(params["feed_forward"], y)
+  ln1 = lambda y: layer_norm(params["self_attention_norm"], y)
+  ln2 = lambda y: layer_norm(params["feed_forward_norm"], y)
+  if pre_norm:
+    x = x + attend(ln1(x))
+    return x + ffn(ln2(x))
+  x = ln1(x + attend(x))
+  return ln2(x + ffn(x))
+
+
+def decoder_layer(params, y, encoded, self_mask, cross_mask):
+  """Post-LN masked self-attention, attention over the encoder output, feed-forward."""
+  y = layer_norm(params["self_attention_norm"],
+                 y + multi_head(params["self_attention"], y, y, self_mask))
+  y = layer_norm(params["cross_attention_norm"],
+                 y + multi_head(params["cross_attention"], y, encoded, cross_mask))
+  return layer_norm(params["feed_forward_norm"], y + feed_forward(params["feed_forward"], y))
+
+
+def transformer_logits(params, inputs, targets, num_layers):
+  """Logits [b, t, vocab] of the paper's post-LN model with a shared embedding: 0 is padding and
+  the decoder's start token; targets are shifted right inside."""
+  embedding = np.asarray(params["embed"]["embedding"], np.float64)
+  d_model = embedding.shape[1]
+
+  def embed(ids):
+    positions = np.array([[sinusoid(p, j, d_model) for j in range(d_model)]
+                          for p in range(ids.shape[1])])
+    return embedding[ids] * math.sqrt(d_model) + positions
+
+  real_in, real_out = inputs != 0, targets != 0
+  causal = np.tril(np.ones((targets.shape[1],) * 2, bool))
+  x = embed(inputs)
+  for i in range(num_layers):
+    x = encoder_layer(params["encoder"][f"layer_{i}"], x,
+                      real_in[:, None, :, None] & real_in[:, None, None, :])
+  y = embed(np.pad(targets, ((0, 0), (1, 0)))[:, :-1])
+  for i in range(num_layers):
+    y = decoder_layer(params["decoder"][f"layer_{i}"], y, x,
+                      causal & real_out[:, None, :, None] & real_out[:, None, None, :],
+                      real_out[:, None, :, None] & real_in[:, None, None, :])
+  return y @ embedding.T

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import numpy_reference
-from transformer_jax import attention
+from transformer_jax.model import attention
 
 
 def random_qkv(seed, b=2, q_len=5, k_len=7, h=3, d_k=8, d_v=8):

@@ -6,8 +6,10 @@ The reference is numpy's float64 mean of hand-made parameter trees.
 import jax
 import numpy as np
 
-from transformer_jax import checkpointing, decoding
-from test_checkpointing import _random_state, _trainer
+from helpers import make_trainer as _trainer, random_state as _random_state
+from transformer_jax.checkpoints import store
+from transformer_jax.checkpoints.average import average_params
+from transformer_jax.decode import search as decoding
 
 
 def _leaves(tree):
@@ -17,27 +19,28 @@ def _leaves(tree):
 def test_the_average_of_two_checkpoints_is_their_mean_parameter_by_parameter(tmp_path):
   trainer = _trainer({"fsdp": 8}, "fsdp")
   states = [_random_state(trainer, seed) for seed in (10, 11)]
-  manager = checkpointing.make_manager(str(tmp_path / "checkpoints"))
+  manager = store.make_manager(str(tmp_path / "checkpoints"))
   for step, state in zip((100, 200), states):
-    checkpointing.save(manager, step, state)
+    store.save(manager, step, state)
   manager.wait_until_finished()
 
-  abstract = trainer.abstract_state.params
-  averaged = checkpointing.average_params(manager, [100, 200], abstract)
+  abstract = trainer.placement.abstract_params
+  averaged = average_params(manager, [100, 200], abstract)
   for got, a, b in zip(_leaves(averaged), _leaves(states[0].params), _leaves(states[1].params)):
     np.testing.assert_allclose(got, (a + b) / 2, rtol=1e-6, atol=1e-7)
   for leaf, target in zip(jax.tree.leaves(averaged), jax.tree.leaves(abstract)):
     assert leaf.dtype == np.float32 and leaf.sharding.is_equivalent_to(target.sharding, leaf.ndim)
 
   # Saved alone, it restores as it was (without any optimizer state) and decodes.
-  out = checkpointing.make_params_manager(str(tmp_path / "averaged"))
-  checkpointing.save_params(out, 200, averaged, steps=[100, 200])
-  assert out.metadata(200).custom_metadata == {"steps": [100, 200]}
-  restored = checkpointing.restore_params(out, abstract)
+  out = store.make_params_manager(str(tmp_path / "averaged"))
+  store.save_params(out, 200, averaged, steps=[100, 200])
+  assert store.saved_info(out, 200) == {"steps": [100, 200]}
+  restored = store.restore_params(out, abstract)
   for got, want in zip(_leaves(restored), _leaves(averaged)):
     np.testing.assert_array_equal(got, want)
   inputs = np.array([[5, 6, 7, 1], [8, 9, 1, 0]], np.int32)
-  decoded = [decoding.greedy_decode(trainer.model, {"params": p}, inputs, max_len=8).tokens
+  model = trainer.placement.model
+  decoded = [decoding.greedy_decode(model, {"params": p}, inputs, max_len=8).tokens
              for p in (restored, averaged)]
   np.testing.assert_array_equal(decoded[0], decoded[1])
   assert decoded[0].shape == (2, 8)
@@ -46,24 +49,24 @@ def test_the_average_of_two_checkpoints_is_their_mean_parameter_by_parameter(tmp
 def test_restore_params_reads_a_train_checkpoint_without_its_optimizer_state(tmp_path):
   trainer = _trainer({"data": 8}, "dp")
   state = _random_state(trainer, 12)
-  manager = checkpointing.make_manager(str(tmp_path))
-  checkpointing.save(manager, 7, state)
+  manager = store.make_manager(str(tmp_path))
+  store.save(manager, 7, state)
   manager.wait_until_finished()
-  params = checkpointing.restore_params(manager, trainer.abstract_state.params)
+  params = store.restore_params(manager, trainer.placement.abstract_params)
   assert jax.tree.structure(params) == jax.tree.structure(state.params)
   for got, want in zip(_leaves(params), _leaves(state.params)):
     np.testing.assert_array_equal(got, want)
-  metadata = checkpointing.params_metadata(manager, 7)
-  assert metadata["embed"]["embedding"].shape == state.params["embed"]["embedding"].shape
+  arrays = store.saved_arrays(manager, 7)
+  assert arrays["params/embed/embedding"].shape == state.params["embed"]["embedding"].shape
 
 
 def test_saving_params_again_at_the_same_step_replaces_them(tmp_path):
   trainer = _trainer({"data": 8}, "dp")
-  manager = checkpointing.make_params_manager(str(tmp_path))
+  manager = store.make_params_manager(str(tmp_path))
   first, second = (_random_state(trainer, seed).params for seed in (13, 14))
-  checkpointing.save_params(manager, 5, first)
-  checkpointing.save_params(manager, 5, second)
-  restored = checkpointing.restore_params(manager, trainer.abstract_state.params)
+  store.save_params(manager, 5, first)
+  store.save_params(manager, 5, second)
+  restored = store.restore_params(manager, trainer.placement.abstract_params)
   np.testing.assert_array_equal(restored["embed"]["embedding"], second["embed"]["embedding"])
-  checkpointing.save_params(manager, 6, first)
+  store.save_params(manager, 6, first)
   assert manager.all_steps() == [6]  # One params-only checkpoint at a time.

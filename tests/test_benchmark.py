@@ -6,7 +6,7 @@ import pathlib
 import numpy as np
 import pytest
 
-from transformer_jax import benchmark
+from transformer_jax.tools import benchmark
 
 TINY = benchmark.Workload(dict(vocab_size=64, num_layers=1, d_model=32, d_ff=64, num_heads=2),
                           batch=8, source_length=8, target_length=12)

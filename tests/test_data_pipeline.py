@@ -15,7 +15,10 @@ import orbax.checkpoint as ocp
 import pytest
 
 from transformer_jax import data
+from transformer_jax.conventions import BATCH_KEYS, EOS_ID
+from transformer_jax.data import config as data_config
 from transformer_jax.data import pipeline
+from transformer_jax.errors import FieldError
 
 N = 400
 
@@ -94,7 +97,7 @@ def unpack(batch):
         assert (pos[where] == np.arange(len(where))).all()
         ids = tokens[where]
         # Every token of the pair, in order: its id repeated, then EOS (unless cut).
-        body = ids[:-1] if ids[-1] == data.EOS_ID else ids
+        body = ids[:-1] if ids[-1] == EOS_ID else ids
         assert len(body) and (body == body[0]).all()
         segments.append((pair_id(body[0]), len(where)))
       side[key] = segments
@@ -129,7 +132,7 @@ def test_every_pair_exactly_once_in_order_with_segments_and_positions(corpus, mo
   for pid, s, t in found:
     assert (s, t) == (src_len[pid], tgt_len[pid]), "nothing cut"
   for b in batches:
-    assert set(b) == set(pipeline.KEYS)
+    assert set(b) == set(BATCH_KEYS)
     assert all(v.dtype == np.int32 and v.shape == b["inputs"].shape for v in b.values())
     if mode == "packed":
       assert b["inputs"].shape == (8, 64)
@@ -202,7 +205,7 @@ def test_host_shards_are_disjoint_and_make_up_the_global_batch(corpus, mode):
     ids1 = {f[0] for f in unpack(host1)}
     assert not ids0 & ids1
     assert ids0 | ids1 == {f[0] for f in unpack(batch)}
-    for key in pipeline.KEYS:
+    for key in BATCH_KEYS:
       np.testing.assert_array_equal(np.concatenate([host0[key], host1[key]]), batch[key])
 
 
@@ -226,7 +229,7 @@ def test_resume_through_orbax_sees_the_same_batches(corpus, tmp_path, mode, work
   got = [next(fresh) for _ in range(10)]
   fresh.close()
   for a, b in zip(expected, got):
-    for key in pipeline.KEYS:
+    for key in BATCH_KEYS:
       np.testing.assert_array_equal(a[key], b[key])
 
 
@@ -257,7 +260,7 @@ def test_eval_shards_are_consecutive_parts_of_the_same_batches(corpus):
   assert len(parts[0]) == len(parts[1]) == len(whole)
   for (batch, src, _), (b0, s0, _), (b1, s1, _) in zip(whole, *parts):
     assert s0 + s1 == src
-    for key in pipeline.KEYS:
+    for key in BATCH_KEYS:
       np.testing.assert_array_equal(np.concatenate([b0[key], b1[key]]), batch[key])
 
 
@@ -293,20 +296,20 @@ def test_layout_packs_by_hand():
 def test_config_errors_name_the_field(field, value, allowed):
   c = data.default_config()
   setattr(c, field, value)
-  with pytest.raises(ValueError, match=f"data.{field}=.*{allowed}"):
+  with pytest.raises(FieldError, match=f"data.{field}=.*{allowed}"):
     data.validate_config(c)
 
 
 def test_loader_rejects_a_budget_below_one_longest_row(corpus):
   c = config(corpus, tokens_per_batch=100)
-  with pytest.raises(ValueError, match="data.tokens_per_batch=100 is too small"):
+  with pytest.raises(FieldError, match="data.tokens_per_batch=100 is too small"):
     data.make_train_loader(c, WordIds(), seed=0, shard_index=0, shard_count=1)
 
 
 def test_default_config_is_valid_and_documented():
   c = data.default_config()
   assert data.validate_config(c) is c
-  source = open(data.config.__file__).read()
+  source = open(data_config.__file__).read()
   for field in c:
     line = next(l for l in source.splitlines() if f"c.{field} = " in l)
     assert "  # " in line, f"data.{field} has a comment"

@@ -1,7 +1,10 @@
-"""Sources: plain text files, the embedded builder, and the WMT path up to the network."""
+"""Sources: plain text files (and every way they can be bad), the embedded builder, and the WMT
+path up to the network."""
 
 import importlib
+import logging
 import os
+import re
 
 import pytest
 import tensorflow_datasets as tfds
@@ -9,6 +12,7 @@ import tensorflow_datasets as tfds
 from transformer_jax import data
 from transformer_jax.data import embedded
 from transformer_jax.data import sources
+from transformer_jax.errors import FieldError
 
 
 def text_config(tmp_path, lines_en, lines_de, **overrides):
@@ -52,20 +56,20 @@ def test_text_conversion_is_reused_not_repeated(tmp_path, monkeypatch):
 
 def test_text_files_of_different_lengths_are_refused(tmp_path):
   c = text_config(tmp_path, ["a", "b", "c"], ["x", "y"])
-  with pytest.raises(ValueError, match=r"train.de has 3 lines but .*train.en has 2|"
+  with pytest.raises(data.DataError, match=r"train.de has 3 lines but .*train.en has 2|"
                                        r"train.de has 2 lines but .*train.en has 3"):
     sources.open_split(c, "train")
 
 
 def test_missing_text_file_names_the_field(tmp_path):
   c = text_config(tmp_path, ["a"], ["x"], text_validation=str(tmp_path / "nope"))
-  with pytest.raises(FileNotFoundError, match="data.text_validation="):
+  with pytest.raises(FieldError, match="data.text_validation="):
     sources.open_split(c, "train")
 
 
 def test_unknown_split_lists_the_splits(tmp_path):
   c = text_config(tmp_path, ["a"], ["x"])
-  with pytest.raises(ValueError, match="has no split 'test': it has train"):
+  with pytest.raises(data.DataError, match="has no split 'test': it has train"):
     sources.open_split(c, "test")
 
 
@@ -144,3 +148,46 @@ def test_wmt_with_every_file_in_the_manual_dir_goes_on_to_prepare(tmp_path, offl
   finally:
     builder.url_infos.pop(giga, None)
     builder.url_infos.pop("http://www.statmt.org/wmt13/training-parallel-un.tgz", None)
+
+
+def _text(tmp_path, source: bytes, target: bytes):
+  (tmp_path / "corpus.en").write_bytes(source)
+  (tmp_path / "corpus.de").write_bytes(target)
+  c = data.default_config()
+  c.name, c.source_lang, c.target_lang = "text", "en", "de"
+  c.text_train, c.data_dir = str(tmp_path / "corpus"), str(tmp_path / "tfds")
+  return c
+
+
+def test_a_missing_file_names_the_field_and_the_path(tmp_path):
+  c = _text(tmp_path, b"a\n", b"b\n")
+  c.text_validation = str(tmp_path / "nowhere")
+  with pytest.raises(FieldError, match=r"data.text_validation=.* no file .*nowhere.de"):
+    sources.open_split(c, "train")
+
+
+def test_an_empty_file_is_an_error_naming_it(tmp_path):
+  with pytest.raises(data.DataError, match=r"corpus.de is empty"):
+    sources.open_split(_text(tmp_path, b"a\nb\n", b""), "train")
+
+
+def test_files_of_different_line_counts_are_an_error_naming_both(tmp_path):
+  with pytest.raises(data.DataError, match=r"corpus.de has 1 lines but .*corpus.en has 2"):
+    sources.open_split(_text(tmp_path, b"a\nb\n", b"x\n"), "train")
+
+
+def test_lines_not_utf8_or_too_long_are_skipped_counted_and_logged(tmp_path, caplog):
+  long_line = b"word " * 20_000  # 100k bytes.
+  source = b"one\n\xff\xfe broken\nthree\n" + long_line + b"\nfive\n"
+  target = b"eins\nzwei\ndrei\nvier\nf\xc3\xbcnf\n"
+  with caplog.at_level(logging.WARNING):
+    split = sources.open_split(_text(tmp_path, source, target), "train")
+  assert split.pairs(range(len(split))) == [("one", "eins"), ("three", "drei"), ("five", "fünf")]
+  assert re.search(r"corpus.de, .*corpus.en: skipped 1 line pairs not UTF-8 \(lines 2\)",
+                   caplog.text)
+  assert re.search(r"skipped 1 line pairs with a line over 16384 bytes \(lines 4\)", caplog.text)
+
+
+def test_a_split_left_without_pairs_is_an_error(tmp_path):
+  with pytest.raises(data.DataError, match=r"corpus.de, .*corpus.en: no usable line pairs"):
+    sources.open_split(_text(tmp_path, b"\xff\n", b"x\n"), "train")

@@ -9,6 +9,7 @@ import pytest
 import sentencepiece as spm
 
 from transformer_jax import data
+from transformer_jax.conventions import EOS_ID, PAD_ID, UNK_ID
 from transformer_jax.data import embedded
 from transformer_jax.data import pipeline
 from transformer_jax.data import sources
@@ -19,22 +20,22 @@ TINY = {"train": 2_000, "validation": 200, "test": 200}
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-  """(config, workdir, tokenizer) for the tiny embedded corpus, vocabulary of 400."""
+  """(config, vocabulary directory, tokenizer) for the tiny embedded corpus, vocabulary of 400."""
   root = tmp_path_factory.mktemp("tok")
   c = data.default_config()
   c.name, c.data_dir, c.vocab_size = "embedded_tiny", str(root / "tfds"), 400
-  workdir = str(root / "work")
-  return c, workdir, data.get_tokenizer(c, workdir)
+  vocab_dir = str(root / "work" / "vocab")
+  return c, vocab_dir, data.get_tokenizer(c, vocab_dir)
 
 
-def test_trained_once_saved_in_the_workdir_with_the_fixed_ids(setup):
-  c, workdir, tok = setup
-  path = os.path.join(workdir, "vocab", "embedded_tiny-en-sy-400.model")
+def test_trained_once_saved_in_the_vocabulary_directory_with_the_fixed_ids(setup):
+  c, vocab_dir, tok = setup
+  path = os.path.join(vocab_dir, "embedded_tiny-en-sy-400.model")
   assert tok.path == path and os.path.isfile(path)
   assert tok.vocab_size == 400
   sp = spm.SentencePieceProcessor(model_file=path)
   assert [sp.id_to_piece(i) for i in range(3)] == ["<pad>", "</s>", "<unk>"]
-  assert (data.PAD_ID, data.EOS_ID, data.UNK_ID) == (0, 1, 2) and sp.bos_id() == -1
+  assert (PAD_ID, EOS_ID, UNK_ID) == (0, 1, 2) and sp.bos_id() == -1
 
 
 def test_round_trip_on_both_sides_of_unseen_pairs(setup):
@@ -42,8 +43,8 @@ def test_round_trip_on_both_sides_of_unseen_pairs(setup):
   for src, tgt in embedded.generate_corpus(1, TINY)["test"]:
     for text in (src, tgt):
       ids = tok.encode(text)
-      assert data.EOS_ID not in ids and data.PAD_ID not in ids
-      assert data.UNK_ID not in ids, "one vocabulary covers both languages"
+      assert EOS_ID not in ids and PAD_ID not in ids
+      assert UNK_ID not in ids, "one vocabulary covers both languages"
       assert tok.decode(ids) == text
 
 
@@ -57,15 +58,15 @@ def test_decode_stops_at_eos_and_ignores_padding(setup):
   _, _, tok = setup
   text = "The dog sees the cat."
   ids = tok.encode(text)
-  assert tok.decode(np.array(ids + [data.EOS_ID] + ids + [0, 0], np.int32)) == text
+  assert tok.decode(np.array(ids + [EOS_ID] + ids + [0, 0], np.int32)) == text
   assert tok.decode([0] + ids[:2] + [0] + ids[2:]) == text
-  assert tok.decode([data.EOS_ID] + ids) == ""
+  assert tok.decode([EOS_ID] + ids) == ""
 
 
 def test_second_call_loads_instead_of_training(setup, monkeypatch):
-  c, workdir, tok = setup
+  c, vocab_dir, tok = setup
   monkeypatch.setattr(tokenizer_lib, "train_model", None)  # would fail if called
-  again = data.get_tokenizer(c, workdir)
+  again = data.get_tokenizer(c, vocab_dir)
   assert again.digest == tok.digest
 
 
@@ -91,7 +92,7 @@ def test_rejects_a_model_with_other_special_ids():
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(["a b c d e f g"] * 10), model_writer=buffer,
         vocab_size=12, model_type="bpe", logstream=quiet)
-  with pytest.raises(ValueError, match=r"\(pad, eos, unk, bos\) ids \(-1, 2, 0, 1\)"):
+  with pytest.raises(data.DataError, match=r"\(pad, eos, unk, bos\) ids \(-1, 2, 0, 1\)"):
     data.Tokenizer(buffer.getvalue())
 
 
@@ -121,7 +122,7 @@ def test_end_to_end_batches_decode_to_the_corpus(setup, mode):
     for k in range(1, batch["inputs_segmentation"][row].max() + 1):
       src = batch["inputs"][row][batch["inputs_segmentation"][row] == k]
       tgt = batch["targets"][row][batch["targets_segmentation"][row] == k]
-      assert src[-1] == tgt[-1] == data.EOS_ID
+      assert src[-1] == tgt[-1] == EOS_ID
       assert (tok.decode(src), tok.decode(tgt)) in pairs
 
 

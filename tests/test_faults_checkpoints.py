@@ -18,31 +18,15 @@ import jax
 import numpy as np
 import pytest
 
-from transformer_jax import checkpointing, inspect_checkpoints, recovery, sharding, training
-from test_training import tiny_model_config
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
-
-
-def _trainer(vocab_size=40):
-  config = tiny_model_config(vocab_size=vocab_size)
-  schedule = training.learning_rate_schedule(d_model=config.d_model, warmup_steps=10)
-  optimizer = training.make_optimizer(schedule, b1=0.9, b2=0.98, eps=1e-9)
-  return training.Trainer(config, optimizer, sharding.make_mesh({"data": 1}, jax.devices()[:1]),
-                          sharding.logical_rules("dp"), label_smoothing=0.1)
+from helpers import REPO, make_trainer, random_state as _state
+from transformer_jax.checkpoints import inspect as inspect_checkpoints
+from transformer_jax.checkpoints import recovery
+from transformer_jax.checkpoints import store
 
 
 @pytest.fixture(scope="module")
 def trainer():
-  return _trainer()
-
-
-def _state(trainer, seed):
-  rng = np.random.default_rng(seed)
-  return jax.tree.map(
-      lambda a: jax.device_put(rng.normal(size=a.shape).astype(a.dtype) if a.dtype != np.int32
-                               else np.array(seed, np.int32), a.sharding),
-      trainer.abstract_state)
+  return make_trainer()
 
 
 def _iterator():
@@ -52,11 +36,11 @@ def _iterator():
 @pytest.fixture
 def saved(trainer, tmp_path):
   """The checkpoint directory with steps 1, 2, 3; after step s the data iterator has yielded s batches."""
-  manager = checkpointing.make_manager(str(tmp_path))
+  manager = store.make_manager(str(tmp_path))
   data = _iterator()
   for step in (1, 2, 3):
     next(data)
-    checkpointing.save(manager, step, _state(trainer, step), data)
+    store.save(manager, step, _state(trainer, step), data)
   manager.close()
   return tmp_path
 
@@ -100,7 +84,7 @@ def _equal(a, b):
 def test_a_broken_newest_checkpoint_is_reported_and_the_one_before_is_used(
     trainer, saved, damage, caplog):
   DAMAGE[damage](saved / "3")
-  manager = checkpointing.make_manager(str(saved))
+  manager = store.make_manager(str(saved))
   data = _iterator()
   with caplog.at_level(logging.WARNING):
     state = recovery.resume(manager, trainer.abstract_state, data)
@@ -121,7 +105,7 @@ def test_without_a_good_checkpoint_the_run_refuses_to_start_over_unless_asked(
     trainer, saved, caplog):
   for step in ("1", "2", "3"):
     DAMAGE["altered array data"](saved / step)
-  manager = checkpointing.make_manager(str(saved))
+  manager = store.make_manager(str(saved))
   with pytest.raises(recovery.UnusableCheckpointsError,
                      match=r"none of the 3 checkpoints in .* \(steps 1, 2, 3\) can be restored.*"
                            r"--config.on_bad_checkpoints=start_over"):
@@ -137,17 +121,17 @@ def test_without_a_good_checkpoint_the_run_refuses_to_start_over_unless_asked(
 
 
 def test_a_checkpoint_of_another_model_is_a_config_error_not_a_broken_file(saved):
-  manager = checkpointing.make_manager(str(saved))
-  with pytest.raises(recovery.CheckpointMismatchError, match=(
-      r"embed/embedding: \(40, 32\) in the checkpoint, \(48, 32\) in this run")):
-    recovery.resume(manager, _trainer(vocab_size=48).abstract_state, _iterator())
+  manager = store.make_manager(str(saved))
+  with pytest.raises(store.CheckpointMismatchError, match=(
+      r"embed/embedding: \(40, 32\) in the checkpoint, \(48, 32\) expected.*Was config.model")):
+    recovery.resume(manager, make_trainer(vocab_size=48).abstract_state, _iterator())
   assert sorted(os.listdir(saved)) == ["1", "2", "3"]
 
 
 def test_only_interrupted_writes_means_a_fresh_start(trainer, tmp_path, caplog):
   (tmp_path / "2.orbax-checkpoint-tmp-99" / "state").mkdir(parents=True)
   with caplog.at_level(logging.WARNING):
-    manager = checkpointing.make_manager(str(tmp_path))
+    manager = store.make_manager(str(tmp_path))
     assert recovery.resume(manager, trainer.abstract_state) is None
   assert "2.orbax-checkpoint-tmp-99" in caplog.text and os.listdir(tmp_path) == []
 
@@ -169,7 +153,7 @@ def _mend_directory(directory: pathlib.Path, aside: pathlib.Path):
 def test_a_failed_save_is_reported_and_leaves_the_good_checkpoints_intact(
     trainer, tmp_path, on_error, caplog):
   directory = tmp_path / "checkpoints"
-  manager = checkpointing.make_manager(str(directory))
+  manager = store.make_manager(str(directory))
   writer = recovery.CheckpointWriter(manager, on_error=on_error, keep=2)
   data = _iterator()
   for step in (1, 2):
@@ -192,9 +176,9 @@ def test_a_failed_save_is_reported_and_leaves_the_good_checkpoints_intact(
         assert f"could not save the checkpoint of step {step}" in caplog.text
   _mend_directory(directory, aside)
   assert sorted(os.listdir(directory)) == ["1", "2"]
-  fresh = checkpointing.make_manager(str(directory))
+  fresh = store.make_manager(str(directory))
   for step in (1, 2):
-    _equal(checkpointing.restore(fresh, trainer.abstract_state, step=step), _state(trainer, step))
+    _equal(store.restore(fresh, trainer.abstract_state, step=step), _state(trainer, step))
   if on_error == "continue":  # Saving works again once the disk does, keeping the last 2.
     manager.reload()
     writer.save(5, _state(trainer, 5), data)
@@ -219,7 +203,7 @@ def test_inspect_checkpoints_lists_the_steps_and_finds_the_broken_one(saved, tmp
   workdir = tmp_path_factory.mktemp("inspect")
   shutil.copytree(saved, workdir / "checkpoints")
   result = subprocess.run(
-      [sys.executable, "-m", "transformer_jax.inspect_checkpoints", f"--workdir={workdir}",
+      [sys.executable, "-m", "transformer_jax.checkpoints.inspect", f"--workdir={workdir}",
        "--verify"], cwd=REPO, capture_output=True, text=True, timeout=300,
       env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert result.returncode == 1, result.stderr[-3000:]

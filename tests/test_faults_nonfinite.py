@@ -12,17 +12,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax import checkpointing, sharding, training
-from test_training import synthetic_batch, tiny_model_config
+from helpers import make_trainer, synthetic_batch
+from transformer_jax.checkpoints import store
+from transformer_jax.train import loop, step
+from transformer_jax.train.reporting import TrainLogger
 
 
 @pytest.fixture(scope="module")
 def trainer():
-  config = tiny_model_config()
-  schedule = training.learning_rate_schedule(d_model=config.d_model, warmup_steps=10)
-  optimizer = training.make_optimizer(schedule, b1=0.9, b2=0.98, eps=1e-9)
-  return training.Trainer(config, optimizer, sharding.make_mesh({"data": 1}, jax.devices()[:1]),
-                          sharding.logical_rules("dp"), label_smoothing=0.1)
+  return make_trainer()
 
 
 def _poisoned(seed: int) -> dict:
@@ -63,29 +61,29 @@ def test_a_poisoned_batch_skips_the_update_and_the_next_batch_trains(trainer):
 @pytest.mark.parametrize("bad", ["loss", "grad_norm"])
 @pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
 def test_skip_nonfinite_keeps_the_old_state_for_a_bad_loss_or_gradient(bad, value):
-  old = training.TrainState(step=jnp.int32(4), params={"w": jnp.ones(3)}, opt_state=(jnp.zeros(3),))
-  new = training.TrainState(step=jnp.int32(5), params={"w": jnp.full(3, 2.0)},
+  old = step.TrainState(step=jnp.int32(4), params={"w": jnp.ones(3)}, opt_state=(jnp.zeros(3),))
+  new = step.TrainState(step=jnp.int32(5), params={"w": jnp.full(3, 2.0)},
                             opt_state=(jnp.ones(3),))
   metrics = {"loss": jnp.float32(3.0), "nll": jnp.float32(2.0), "tokens": jnp.float32(7.0),
              "grad_norm": jnp.float32(0.5), "flops": jnp.float32(1.0)}
-  kept, out = jax.jit(training.skip_nonfinite)(old, new, {**metrics, bad: jnp.float32(value)})
+  kept, out = jax.jit(step.skip_nonfinite)(old, new, {**metrics, bad: jnp.float32(value)})
   assert int(kept.step) == 5
   np.testing.assert_array_equal(kept.params["w"], np.ones(3))
   np.testing.assert_array_equal(kept.opt_state[0], np.zeros(3))
   assert float(out["nonfinite"]) == 1.0 and float(out["loss"]) == 0.0
-  taken, out = jax.jit(training.skip_nonfinite)(old, new, metrics)
+  taken, out = jax.jit(step.skip_nonfinite)(old, new, metrics)
   np.testing.assert_array_equal(taken.params["w"], np.full(3, 2.0))
   assert float(out["nonfinite"]) == 0.0 and float(out["loss"]) == 3.0
 
 
 def _fit(trainer, batches, tmp_path, **kwargs):
-  logger = training.TrainLogger(str(tmp_path), total_steps=len(batches), start_step=0,
-                                learning_rate_fn=lambda step: 1e-3, peak_flops=1e9)
-  manager = checkpointing.make_manager(str(tmp_path / "checkpoints"))
+  logger = TrainLogger(str(tmp_path / "tensorboard"), total_steps=len(batches), start_step=0,
+                       learning_rate_fn=lambda step: 1e-3, peak_flops=1e9)
+  manager = store.make_manager(str(tmp_path / "checkpoints"))
   iterator = iter(grain.MapDataset.source(batches).to_iter_dataset())
   try:
-    return training.fit(trainer, trainer.init(), iterator, num_train_steps=len(batches),
-                        logger=logger, manager=manager, **kwargs)
+    settings = loop.FitSettings(num_train_steps=len(batches), **kwargs)
+    return loop.fit(trainer, trainer.init(), iterator, settings, logger=logger, manager=manager)
   finally:
     manager.close()
 
@@ -95,7 +93,7 @@ def test_skipped_updates_are_counted_in_the_logs(trainer, tmp_path, caplog):
              synthetic_batch(5)]
   with caplog.at_level(logging.INFO):
     state = _fit(trainer, batches, tmp_path, log_every_steps=3, checkpoint_every_steps=100,
-                 max_consecutive_nonfinite=3)
+                 max_consecutive_nonfinite_steps=3)
   assert int(jax.device_get(state.step)) == 6
   assert "step 3/6 | " in caplog.text and "skipped 1 non-finite update (1 this run)" in caplog.text
   assert "skipped 2 non-finite updates (3 this run)" in caplog.text
@@ -104,15 +102,15 @@ def test_skipped_updates_are_counted_in_the_logs(trainer, tmp_path, caplog):
 
 def test_too_many_in_a_row_stop_the_run_with_a_clear_message(trainer, tmp_path):
   batches = [synthetic_batch(0), synthetic_batch(1)] + [_poisoned(s) for s in range(2, 8)]
-  with pytest.raises(training.NonFiniteError,
+  with pytest.raises(loop.NonFiniteError,
                      match=r"3 updates in a row, the last at step 5, had a non-finite loss or "
                            r"gradient.*config.max_consecutive_nonfinite_steps=3.*latest "
                            r"checkpoint in \S+ is step 4"):
     _fit(trainer, batches, tmp_path, log_every_steps=1, checkpoint_every_steps=2,
-         max_consecutive_nonfinite=3)
+         max_consecutive_nonfinite_steps=3)
   # Steps 3 and 4 were skipped: the checkpoint of step 4 holds the parameters of step 2.
-  manager = checkpointing.make_manager(str(tmp_path / "checkpoints"))
-  two, four = (_host(checkpointing.restore(manager, trainer.abstract_state, step=s))
+  manager = store.make_manager(str(tmp_path / "checkpoints"))
+  two, four = (_host(store.restore(manager, trainer.abstract_state, step=s))
                for s in (2, 4))
   assert int(four.step) == 4
   _assert_equal(four.params, two.params)

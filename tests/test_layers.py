@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import numpy_reference as ref
-from transformer_jax import attention, layers
+from helpers import record_dropout_inputs
+from transformer_jax.model import attention, layers
 
 
 def init(module, *args, **kwargs):
@@ -87,18 +88,6 @@ def test_feed_forward_matches_formula():
                              rtol=1e-5, atol=1e-5)
 
 
-def encoder_layer_reference(params, x, mask, pre_norm):
-  attend = lambda y: ref.multi_head(params["self_attention"], y, y, mask)
-  ffn = lambda y: ref.feed_forward(params["feed_forward"], y)
-  ln1 = lambda y: ref.layer_norm(params["self_attention_norm"], y)
-  ln2 = lambda y: ref.layer_norm(params["feed_forward_norm"], y)
-  if pre_norm:
-    x = x + attend(ln1(x))
-    return x + ffn(ln2(x))
-  x = ln1(x + attend(x))
-  return ln2(x + ffn(x))
-
-
 @pytest.mark.parametrize("pre_norm", [False, True])
 def test_encoder_layer_matches_formula(pre_norm):
   x = randn(8, 2, 6, 16)
@@ -107,7 +96,7 @@ def test_encoder_layer_matches_formula(pre_norm):
   layer = layers.EncoderLayer(num_heads=2, d_k=8, d_v=8, d_ff=32, pre_norm=pre_norm)
   variables, params = init(layer, x, mask)
   got = np.asarray(layer.apply(variables, x, mask))
-  want = encoder_layer_reference(params, np.float64(x), mask, pre_norm)
+  want = ref.encoder_layer(params, np.float64(x), mask, pre_norm)
   real = np.array([[1, 1, 1, 1, 0, 0], [1] * 6], bool)
   np.testing.assert_allclose(got[real], want[real], rtol=1e-4, atol=1e-4)
 
@@ -120,27 +109,8 @@ def test_decoder_layer_matches_formula():
   layer = layers.DecoderLayer(num_heads=2, d_k=8, d_v=8, d_ff=32)
   variables, params = init(layer, x, enc, self_mask, cross_mask)
   got = layer.apply(variables, x, enc, self_mask, cross_mask)
-  y = np.float64(x)
-  y = ref.layer_norm(params["self_attention_norm"],
-                     y + ref.multi_head(params["self_attention"], y, y, self_mask))
-  y = ref.layer_norm(params["cross_attention_norm"],
-                     y + ref.multi_head(params["cross_attention"], y, enc, cross_mask))
-  y = ref.layer_norm(params["feed_forward_norm"], y + ref.feed_forward(params["feed_forward"], y))
-  np.testing.assert_allclose(got, y, rtol=1e-4, atol=1e-4)
-
-
-def record_dropout_inputs(fn):
-  """Run fn() and return the arrays every layers.Dropout was applied to, in order."""
-  seen = []
-
-  def interceptor(next_fun, args, kwargs, context):
-    if isinstance(context.module, layers.Dropout) and context.method_name == "__call__":
-      seen.append(np.asarray(args[0], np.float64))
-    return next_fun(*args, **kwargs)
-
-  with nn.intercept_methods(interceptor):
-    fn()
-  return seen
+  want = ref.decoder_layer(params, np.float64(x), enc, self_mask, cross_mask)
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("pre_norm", [False, True])

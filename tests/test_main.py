@@ -1,139 +1,171 @@
-"""End to end through the command line, on a test-sized override of experiments/default.py.
+"""End to end through the command line, on tiny runs (`helpers.Run`); and what a user sees when
+something goes wrong: one `error:` line for their mistakes, a traceback for a bug.
 
-Every run is a fresh `python -m transformer_jax.main` process on one CPU
-device; losses are read back from the TensorBoard event files it writes.
+Losses are read back from the TensorBoard event files a run writes.
 """
 
-import glob
 import os
-import pathlib
 import signal
-import struct
 import subprocess
 import sys
 
 import numpy as np
-import orbax.checkpoint as ocp
 import pytest
-from tensorboardX.proto import event_pb2
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-ENV = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1",
-           PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+import helpers
+from transformer_jax import config as config_lib
+from transformer_jax import data, main
+from transformer_jax.checkpoints import recovery, store
+from transformer_jax.errors import FieldError, UserError
+from transformer_jax.train.loop import NonFiniteError
 
 
 @pytest.fixture(scope="module")
-def flags(tmp_path_factory):
-  """Flags for a tiny run of the default experiment: the tiny embedded corpus, packed rows,
-  a 2+2-layer d_model-32 model, no evaluation; corpus and vocabulary are shared by all runs."""
-  shared = tmp_path_factory.mktemp("shared")
-  return [
-      "--config=experiments/default.py",
-      "--config.data.name=embedded_tiny", f"--config.data.data_dir={shared / 'tfds'}",
-      f"--config.data.vocab_path={shared / 'vocab.model'}", "--config.data.vocab_size=200",
-      "--config.data.batch_mode=packed", "--config.data.batch_size=8",
-      "--config.data.max_length=64", "--config.data.max_source_length=64",
-      "--config.data.max_target_length=64",
-      "--config.model.num_layers=2", "--config.model.d_model=32", "--config.model.d_ff=64",
-      "--config.warmup_steps=10", "--config.log_every_steps=1",
-      "--config.peak_flops_per_device=1e9", "--config.eval_every_steps=0",
-  ]
+def shared(tmp_path_factory):
+  return helpers.shared_dir(tmp_path_factory)
 
 
-def _main(flags, workdir, *extra):
-  return subprocess.Popen(
-      [sys.executable, "-m", "transformer_jax.main", f"--workdir={workdir}", *flags, *extra],
-      cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def _run(shared, workdir, *extra, **overrides):
+  """A tiny run that checkpoints only at the end (the default experiment's every 50 steps)."""
+  return helpers.Run(shared, workdir, *extra, **{"checkpoint_every_steps": 50,
+                                                 "keep_checkpoints": 5, **overrides})
 
 
-def _finish(process, timeout=300):
-  output, _ = process.communicate(timeout=timeout)
-  assert process.returncode == 0, output[-4000:]
-  return output
-
-
-def _scalars(workdir, tag):
-  """{step: value} of one TensorBoard scalar, from every event file of the run."""
-  values = {}
-  for path in sorted(glob.glob(f"{workdir}/tensorboard/events.out.tfevents.*")):
-    with open(path, "rb") as f:
-      while header := f.read(12):  # uint64 length, uint32 length CRC
-        record = f.read(struct.unpack("<Q", header[:8])[0])
-        f.read(4)  # data CRC
-        event = event_pb2.Event.FromString(record)
-        values.update({event.step: v.simple_value for v in event.summary.value if v.tag == tag})
-  return values
-
-
-def _checkpoint(workdir, step):
-  with ocp.StandardCheckpointer() as checkpointer:
-    return checkpointer.restore(os.path.join(workdir, "checkpoints", str(step), "state"))
-
-
-def test_the_default_experiment_learns(flags, tmp_path):
-  output = _finish(_main(flags, tmp_path, "--config.num_train_steps=40",
-                         "--config.learning_rate=2.0", "--config.eval_every_steps=40"))
-  losses = _scalars(tmp_path, "train/loss")
+def test_the_default_experiment_learns(shared, tmp_path):
+  output = _run(shared, tmp_path, num_train_steps=40, learning_rate=2.0,
+                eval_every_steps=40).succeed()
+  losses = helpers.scalars(tmp_path, "train/loss")
   assert sorted(losses) == list(range(1, 41))
   # From above log(vocab) at the start to well below it (the unigram level) in 40 steps.
   first, last = losses[1], np.mean([losses[s] for s in range(36, 41)])
   assert first > np.log(200) and last < first - 0.8, (first, last)
-  assert set(_scalars(tmp_path, "eval_validation/perplexity")) == {40}
+  assert set(helpers.scalars(tmp_path, "eval_validation/perplexity")) == {40}
   assert "ETA" in output and "MFU" in output and "done: step 40/40" in output
   assert sorted(os.listdir(tmp_path / "checkpoints")) == ["40"]
+  # The terminal shows progress, not the config (it is in the work directory).
+  assert "num_train_steps: 40" in (tmp_path / "config.txt").read_text()
+  assert "adam_b1" not in output and "Unable to initialize backend" not in output
 
 
-def test_three_steps_then_a_restart_equal_six_straight(flags, tmp_path):
+def test_three_steps_then_a_restart_equal_six_straight(shared, tmp_path):
   straight, split = tmp_path / "straight", tmp_path / "split"
-  runs = [_main(flags, straight, "--config.num_train_steps=6"),
-          _main(flags, split, "--config.num_train_steps=3")]
+  runs = [_run(shared, straight, num_train_steps=6), _run(shared, split, num_train_steps=3)]
   for run in runs:
-    _finish(run)
-  output = _finish(_main(flags, split, "--config.num_train_steps=6"))
+    run.succeed()
+  output = _run(shared, split, num_train_steps=6).succeed()
   assert "resumed from" in output and "at step 3" in output
-  straight_losses, split_losses = (_scalars(d, "train/loss") for d in (straight, split))
+  straight_losses, split_losses = (helpers.scalars(d, "train/loss") for d in (straight, split))
   assert sorted(straight_losses) == sorted(split_losses) == list(range(1, 7))
   for step in range(1, 7):
     assert split_losses[step] == straight_losses[step], step
-  a, b = _checkpoint(straight, 6), _checkpoint(split, 6)
+  a, b = helpers.restore_state(straight, 6), helpers.restore_state(split, 6)
   assert int(a["step"]) == int(b["step"]) == 6
-  for x, y in zip(_leaves(a), _leaves(b)):
+  for x, y in zip(helpers.leaves(a), helpers.leaves(b)):
     np.testing.assert_array_equal(x, y)
 
 
-def _leaves(tree):
-  if isinstance(tree, dict):
-    return [leaf for key in sorted(tree) for leaf in _leaves(tree[key])]
-  if isinstance(tree, (list, tuple)):
-    return [leaf for item in tree for leaf in _leaves(item)]
-  return [np.asarray(tree)]
-
-
-def test_sigterm_saves_a_checkpoint_and_stops(flags, tmp_path):
-  run = _main(flags, tmp_path, "--config.num_train_steps=100000",
-              "--config.checkpoint_every_steps=100000")
-  lines = []
-  for line in run.stdout:
-    lines.append(line)
-    if "step 3/100000" in line:
-      run.send_signal(signal.SIGTERM)
-      break
-  output = "".join(lines) + _finish(run)
-  assert "stopped at step" in output
+def test_sigterm_saves_a_checkpoint_and_stops(shared, tmp_path):
+  run = _run(shared, tmp_path, num_train_steps=100000, checkpoint_every_steps=100000)
+  run.wait_for(r"step 3/100000")
+  run.process.send_signal(signal.SIGTERM)
+  assert "stopped at step" in run.succeed()
   steps = [int(s) for s in os.listdir(tmp_path / "checkpoints")]
   assert len(steps) == 1 and 3 <= steps[0] < 100000
 
 
-def test_bad_flags_fail_before_compiling(flags, tmp_path):
+def test_bad_flags_fail_before_compiling(shared, tmp_path):
   cases = {
       "--config.num_train_steps=0": "config.num_train_steps must be a positive integer; got 0",
       "--config.mesh.data=3": "needs 3 devices but 1 are present",
       "--config.data.batch_mode=rows": "config.data.batch_mode='rows' is invalid",
       "--config.num_train_step=5": "num_train_step",
   }
-  runs = {flag: _main(flags, tmp_path / str(i), flag) for i, flag in enumerate(cases)}
+  runs = {flag: helpers.Run(shared, tmp_path / str(i), flag) for i, flag in enumerate(cases)}
   for flag, run in runs.items():
-    output, _ = run.communicate(timeout=120)
-    assert run.returncode != 0, flag
-    assert cases[flag] in output, (flag, output[-2000:])
-    assert "compiling" not in output
+    assert run.finish(timeout=120) != 0, flag
+    assert cases[flag] in run.output, (flag, run.output[-2000:])
+    assert "compiling" not in run.output
+
+
+def test_the_command_line_shows_one_error_line_for_each_user_mistake(shared, tmp_path):
+  (tmp_path / "uneven.en").write_text("a\nb\n")
+  (tmp_path / "uneven.de").write_text("x\n")
+  broken = tmp_path / "broken" / "checkpoints" / "5"
+  broken.mkdir(parents=True)
+  (broken / "state").write_text("junk")
+  (tmp_path / "a_file").write_text("not a directory")
+  text = {"data__name": "text", "data__source_lang": "en", "data__target_lang": "de",
+          "data__vocab_path": tmp_path / "text.model"}
+  cases = {
+      "config.model.d_k: d_model=32 is not divisible by num_heads=5": {"model__num_heads": 5},
+      "data.text_train=": {**text, "data__text_train": tmp_path / "missing"},
+      "uneven.de has 1 lines but": {**text, "data__text_train": tmp_path / "uneven"},
+      "--config.on_bad_checkpoints=start_over": {"workdir": tmp_path / "broken"},
+      "cannot make the directory: Not a directory": {"workdir": tmp_path / "a_file" / "run"},
+  }
+  runs = {}
+  for number, (message, overrides) in enumerate(cases.items()):
+    workdir = overrides.pop("workdir", tmp_path / str(number))
+    runs[message] = helpers.Run(shared, workdir, **overrides)
+  for message, run in runs.items():
+    assert message in run.fail(), (message, run.output[-3000:])
+    assert "compiling" not in run.output, run.output[-3000:]
+
+
+@pytest.mark.parametrize("error", [
+    config_lib.ConfigError("config.seed must be an integer >= 0; got -1"),
+    FieldError("data", "text_train", "='x': no file x.en"),
+    data.DataError("x.de has 1 lines but x.en has 2"),
+    data.DataUnavailableError("wmt14 is not prepared and cannot be downloaded"),
+    store.CheckpointMismatchError("checkpoint 5 does not fit the model"),
+    recovery.UnusableCheckpointsError("none of the 2 checkpoints can be restored"),
+    recovery.CheckpointSaveError("could not save the checkpoint of step 4"),
+    NonFiniteError("3 updates in a row had a non-finite loss"),
+    UserError("no checkpoint in /tmp/x"),
+])
+def test_main_turns_a_user_error_into_one_line_and_status_1(error):
+  def fail():
+    raise error
+  with pytest.raises(SystemExit) as exit_info:
+    main.reports_user_errors(fail)()
+  assert exit_info.value.code == f"error: {error}"  # Printed to stderr; the status is 1.
+
+
+@pytest.mark.parametrize("error", [KeyError("a bug"), ValueError("a bug inside JAX"),
+                                   OSError("a bug in a library")])
+def test_any_other_error_keeps_its_traceback(error):
+  def fail():
+    raise error
+  with pytest.raises(type(error)):
+    main.reports_user_errors(fail)()
+
+
+_FAILING_MAIN = """
+import sys
+from absl import app
+from transformer_jax import errors, main
+from transformer_jax.train import run
+
+def fail(config, workdir):
+  raise {error}
+
+run.train = fail
+app.run(main.main)
+"""
+
+
+@pytest.mark.parametrize("error, user_error", [
+    ("ValueError('a bug inside JAX')", False), ("errors.UserError('a user mistake')", True)])
+def test_through_the_command_line_a_bug_shows_its_traceback_and_a_mistake_one_line(
+    shared, tmp_path, error, user_error):
+  result = subprocess.run(
+      [sys.executable, "-c", _FAILING_MAIN.format(error=error), "--config=experiments/default.py",
+       f"--workdir={tmp_path}"], cwd=helpers.REPO, env=helpers.environment(shared),
+      capture_output=True, text=True, timeout=120)
+  assert result.returncode == 1, result.stderr[-3000:]
+  errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+  if user_error:
+    assert errors == ["error: a user mistake"] and "Traceback" not in result.stderr
+  else:
+    assert not errors and "Traceback" in result.stderr, result.stderr[-3000:]
+    assert result.stderr.rstrip().endswith("ValueError: a bug inside JAX")

@@ -9,6 +9,7 @@ from hypothesis import given, settings, strategies as st
 import numpy as np
 import pytest
 
+from transformer_jax.conventions import EOS_ID, PAD_ID, UNK_ID
 from transformer_jax.data import pipeline
 from transformer_jax.data import tokenizer as tokenizer_lib
 
@@ -107,10 +108,10 @@ def test_whitespace_comes_back_normalized_to_single_spaces(tokenizer, parts, end
 @given(text=st.text(max_size=60))
 def test_any_text_encodes_to_valid_ids_with_unknown_characters_as_unk(tokenizer, text):
   ids = tokenizer.encode(text)
-  assert all(0 < i < tokenizer.vocab_size and i != tokenizer_lib.EOS_ID for i in ids)
+  assert all(0 < i < tokenizer.vocab_size and i != EOS_ID for i in ids)
   assert isinstance(tokenizer.decode(ids), str)
   if set(text) <= set(ALPHABET + " \t\n"):
-    assert tokenizer_lib.UNK_ID not in ids
+    assert UNK_ID not in ids
 
 
 @settings(max_examples=100, deadline=None)
@@ -118,5 +119,5 @@ def test_any_text_encodes_to_valid_ids_with_unknown_characters_as_unk(tokenizer,
        padding=st.integers(0, 5))
 def test_decode_stops_at_eos_and_ignores_padding(tokenizer, text, tail, padding):
   ids = tokenizer.encode(text)
-  padded = [tokenizer_lib.PAD_ID] * padding + ids + [tokenizer_lib.EOS_ID] + tail
+  padded = [PAD_ID] * padding + ids + [EOS_ID] + tail
   assert tokenizer.decode(np.asarray(padded)) == text

@@ -8,8 +8,8 @@ import numpy as np
 import optax
 from flax import nnx
 
-from transformer_jax import attention
-from transformer_jax.layers import EncoderLayer, MultiHeadAttention
+from transformer_jax.model import attention
+from transformer_jax.model.layers import EncoderLayer, MultiHeadAttention
 
 
 def toy_task(seed=0, batch=16, length=6, vocab=8):

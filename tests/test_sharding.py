@@ -1,4 +1,5 @@
-"""Meshes, rules, and the train step sharded over 8 simulated devices and over 2 processes.
+"""Meshes, rules, every logical axis name, and the train step sharded over 8 simulated devices
+and over 2 processes.
 
 The reference for every sharded run is the same step on one device.
 Run as a script, this file is one worker of the two-process test.
@@ -10,15 +11,17 @@ import socket
 import subprocess
 import sys
 
+import flax.linen as nn
 import jax
 from jax.experimental import multihost_utils
 import numpy as np
 import pytest
 
-from transformer_jax import sharding, training
-from test_training import synthetic_batch, tiny_model_config
+from helpers import REPO, make_trainer, synthetic_batch, tiny_model_config
+from transformer_jax import sharding
+from transformer_jax.conventions import BATCH_KEYS
+from transformer_jax.errors import FieldError
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 STEPS = 2
 
 
@@ -26,11 +29,11 @@ def test_mesh_shape_fills_in_the_rest_and_rejects_mismatches():
   assert sharding.resolve_mesh_shape({"data": -1}, 8) == (8, 1, 1)
   assert sharding.resolve_mesh_shape({"data": 2, "fsdp": -1, "tensor": 2}, 8) == (2, 2, 2)
   assert sharding.resolve_mesh_shape({"data": 1, "fsdp": 1, "tensor": 1}, 1) == (1, 1, 1)
-  with pytest.raises(ValueError, match="at most one axis may be -1"):
+  with pytest.raises(FieldError, match="at most one axis may be -1"):
     sharding.resolve_mesh_shape({"data": -1, "fsdp": -1}, 8)
-  with pytest.raises(ValueError, match="config.mesh.tensor must be a positive integer or -1"):
+  with pytest.raises(FieldError, match="mesh.tensor must be a positive integer or -1"):
     sharding.resolve_mesh_shape({"tensor": 0}, 8)
-  with pytest.raises(ValueError, match="unknown axes"):
+  with pytest.raises(FieldError, match="unknown axes"):
     sharding.resolve_mesh_shape({"pipeline": 2}, 8)
 
 
@@ -38,15 +41,12 @@ def test_rules_from_presets_and_explicit_specs():
   assert sharding.logical_rules("fsdp") == sharding.RULE_PRESETS["fsdp"]
   assert sharding.logical_rules("batch=data+fsdp, heads=tensor, kv=") == (
       ("batch", ("data", "fsdp")), ("heads", "tensor"), ("kv", None))
-  with pytest.raises(ValueError, match="unknown logical axis 'head'"):
+  with pytest.raises(FieldError, match="unknown logical axis 'head'"):
     sharding.logical_rules("head=tensor")
 
 
-def _trainer(config, mesh_shape, rules, devices=None):
-  schedule = training.learning_rate_schedule(d_model=config.d_model, warmup_steps=10)
-  optimizer = training.make_optimizer(schedule, b1=0.9, b2=0.98, eps=1e-9)
-  return training.Trainer(config, optimizer, sharding.make_mesh(mesh_shape, devices),
-                          sharding.logical_rules(rules), label_smoothing=0.1, seed=3)
+def _trainer(mesh_shape, rules, devices=None, **model_overrides):
+  return make_trainer(mesh_shape, rules, devices, seed=3, **model_overrides)
 
 
 def _run(trainer, batches):
@@ -65,13 +65,13 @@ def batches():
 
 @pytest.fixture(scope="module")
 def one_device(batches):
-  return _run(_trainer(tiny_model_config(), {"data": 1}, "dp", jax.devices()[:1]), batches)
+  return _run(_trainer({"data": 1}, "dp", jax.devices()[:1]), batches)
 
 
 @pytest.fixture(scope="module")
 def data_parallel_8(batches):
   """The 8-device data-parallel run, shared by two tests."""
-  return _run(_trainer(tiny_model_config(), {"data": 8}, "dp"), batches)
+  return _run(_trainer({"data": 8}, "dp"), batches)
 
 
 def test_data_parallel_step_matches_one_device(data_parallel_8, one_device):
@@ -83,7 +83,7 @@ def test_data_parallel_step_matches_one_device(data_parallel_8, one_device):
     ({"data": 4, "tensor": 2}, "tp", ("fsdp", "tensor", None)),
 ])
 def test_sharded_step_matches_one_device(batches, one_device, mesh_shape, rules, expected_spec):
-  trainer = _trainer(tiny_model_config(), mesh_shape, rules)
+  trainer = _trainer(mesh_shape, rules)
   query = trainer.state_shardings.params["encoder"]["layer_0"]["self_attention"]["query"]
   assert tuple(query.spec) + (None,) * (3 - len(query.spec)) == expected_spec
   _assert_same_run(_run(trainer, batches), one_device)
@@ -110,13 +110,44 @@ def _assert_same_run(run, reference):
 
 def test_a_dimension_that_does_not_split_is_named():
   with pytest.raises(ValueError, match=r"\['embed'\]\['embedding'\].*dimension 0 \(41\)"):
-    _trainer(tiny_model_config(vocab_size=41), {"data": 4, "tensor": 2}, "tp")
+    _trainer({"data": 4, "tensor": 2}, "tp", vocab_size=41)
 
 
 def test_a_batch_that_does_not_split_is_named():
-  trainer = _trainer(tiny_model_config(), {"data": 8}, "dp")
+  trainer = _trainer({"data": 8}, "dp")
   with pytest.raises(ValueError, match="the global batch has 6 rows, not a multiple of 8"):
     trainer.check_batch(synthetic_batch(0, rows=6))
+
+
+def test_every_logical_axis_name_of_the_model_is_known_to_the_rules():
+  """A misspelled name would leave its axis unsharded without a word; so would an unknown one."""
+  names = set()
+
+  def collect(boxed):
+    if isinstance(boxed, nn.LogicallyPartitioned):
+      names.update(n for n in boxed.names if n is not None)
+    return boxed
+
+  constraints = []
+  original = nn.with_logical_constraint
+
+  def recording(x, logical_axis_resources, *args, **kwargs):
+    constraints.append(tuple(logical_axis_resources))
+    return original(x, logical_axis_resources, *args, **kwargs)
+
+  for config in (tiny_model_config(), tiny_model_config(positional="learned", scan_layers=True)):
+    placement = sharding.Placement(config, sharding.make_mesh({"data": -1}),
+                                   sharding.logical_rules("dp"))
+    boxed = jax.eval_shape(placement.boxed_params, jax.random.key(0))
+    jax.tree.map(collect, boxed, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))
+    with pytest.MonkeyPatch.context() as patch:
+      patch.setattr(nn, "with_logical_constraint", recording)
+      batch = synthetic_batch(0)
+      jax.eval_shape(lambda p: placement.model.apply(
+          {"params": p}, *(batch[k] for k in BATCH_KEYS)), nn.unbox(boxed))
+  names |= {n for axes in constraints for n in axes if n is not None}
+  assert constraints and {"layers", "vocab", "mlp", "heads", "kv", "embed", "batch"} <= names
+  assert names <= set(sharding.LOGICAL_AXES), names - set(sharding.LOGICAL_AXES)
 
 
 def _free_port() -> int:
@@ -160,8 +191,8 @@ def _worker(process_id: int, port: int, out_dir: str):
   layouts = {"dp": ({"data": -1}, "dp", None),
              "tp_across": ({"data": 4, "tensor": 2}, "tp", interleaved)}
   for name, (mesh_shape, rules, devices) in layouts.items():
-    trainer = _trainer(tiny_model_config(), mesh_shape, rules, devices)
-    index, count = trainer.data_shard
+    trainer = _trainer(mesh_shape, rules, devices)
+    index, count = trainer.placement.data_shard
     state, losses = trainer.init(), []
     for seed in range(STEPS):
       batch = synthetic_batch(seed, rows=8)

@@ -16,7 +16,9 @@ Unknown or invalid values stop the run before anything compiles. On several
 processes (one per host), `jax.distributed.initialize()` connects them first;
 see `--distributed`. A user's mistake (bad config, missing or bad data,
 unusable checkpoints) or a run that must stop (non-finite losses, a failed
-checkpoint save) ends with one error line and exit status 1, not a traceback.
+checkpoint save), each a `UserError`, ends with one error line and exit
+status 1; anything else is a bug and keeps its traceback. The config is
+logged at `--verbosity=1` and written to <workdir>/config.txt by training.
 """
 
 import functools
@@ -29,8 +31,10 @@ from absl import app, flags, logging
 import jax
 from ml_collections import config_flags
 
-from transformer_jax import data, inference, recovery, training
+from transformer_jax import config as config_lib
+from transformer_jax.decode import modes
 from transformer_jax.errors import UserError
+from transformer_jax.train import run as train_run
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None,
@@ -84,8 +88,13 @@ def initialize_distributed(mode: str) -> None:
                jax.process_count(), jax.local_device_count(), jax.device_count())
 
 
+_QUIET_PACKAGES = ("orbax", "grain", "asyncio", "tensorflow_datasets",
+                   os.path.join("jax", "_src"))
+
+
 class _LibraryLogFilter(std_logging.Filter):
-  """Drops INFO and below from Orbax and Grain, which log every checkpoint file they touch.
+  """Drops INFO and below from Orbax and Grain, which log every checkpoint file they touch, from
+  TFDS (every dataset it opens) and from JAX's backend probe ("Unable to initialize backend").
 
   Below verbosity 1 it also drops the tracebacks that Orbax and asyncio attach
   to the errors of a failed background checkpoint write (their message
@@ -94,7 +103,7 @@ class _LibraryLogFilter(std_logging.Filter):
 
   def filter(self, record):
     if not any(f"{os.sep}{package}{os.sep}" in record.pathname
-               for package in ("orbax", "grain", "asyncio")):
+               for package in _QUIET_PACKAGES):
       return True
     if record.levelno < std_logging.WARNING:
       return False
@@ -106,12 +115,12 @@ class _LibraryLogFilter(std_logging.Filter):
 def run(mode: str, config, workdir: str) -> None:
   """Run one mode; results meant for the user go to stdout (translations, or one summary line)."""
   if mode == "train":
-    training.train(config, workdir)
+    train_run.train(config, workdir)
   elif mode == "average":
-    result = inference.average(config, workdir)
+    result = modes.average(config, workdir)
     print(f"averaged steps {', '.join(map(str, result['steps']))} into {result['directory']}")
   elif mode == "eval":
-    record = inference.evaluate(config, workdir, _CHECKPOINT.value)
+    record = modes.evaluate_split(config, workdir, _CHECKPOINT.value)
     print(f"{record['split']} BLEU {record['bleu']:.2f}" + (
         f" (tokenized {record['bleu_tokenized']:.2f})" if "bleu_tokenized" in record else "")
         + f" | perplexity {record['perplexity']:.3f} | {record['checkpoint']} | "
@@ -119,27 +128,22 @@ def run(mode: str, config, workdir: str) -> None:
         f"{record['hypotheses']}")
     logging.info("eval record: %s", json.dumps(record))
   elif mode == "translate":
-    result = inference.translate_file(config, workdir, _CHECKPOINT.value, _INPUT.value,
-                                      _OUTPUT.value)
+    result = modes.translate_file(config, workdir, _CHECKPOINT.value, _INPUT.value,
+                                  _OUTPUT.value)
     logging.info("translated %d lines in %.1f s", result["lines"], result["seconds"])
 
 
-# What a user can fix: config and data errors, files, checkpoints, and runs that must stop.
-USER_ERRORS = (UserError, ValueError, OSError, data.DataUnavailableError,
-               recovery.UnusableCheckpointsError, recovery.CheckpointSaveError,
-               training.NonFiniteError)
-
-
 def reports_user_errors(fn):
-  """Wrap `fn` so that USER_ERRORS end the program with `error: <message>` on stderr and status 1.
+  """Wrap `fn` so that a UserError (config, data, checkpoints, a run that must stop) ends the
+  program with `error: <message>` on stderr and status 1; any other exception propagates.
 
-  The traceback is logged at verbosity 1 (`--verbosity=1` shows it).
+  The traceback of a UserError is logged at verbosity 1 (`--verbosity=1` shows it).
   """
   @functools.wraps(fn)
   def wrapped(*args, **kwargs):
     try:
       return fn(*args, **kwargs)
-    except USER_ERRORS as error:
+    except UserError as error:
       logging.debug("traceback of the error below", exc_info=True)
       logging.flush()
       sys.exit(f"error: {error}")  # One line on stderr, exit status 1.
@@ -153,8 +157,8 @@ def main(argv):
   logging.get_absl_handler().addFilter(_LibraryLogFilter())
   initialize_distributed(_DISTRIBUTED.value)  # Before anything touches the devices.
   config = _CONFIG.value
-  logging.info("config %s:\n%s", config_flags.get_config_filename(flags.FLAGS["config"]), config)
-  training.validate_config(config)  # Its messages name the field and what it allows.
+  logging.debug("config %s:\n%s", config_flags.get_config_filename(flags.FLAGS["config"]), config)
+  config_lib.validate(config)  # Its messages name the field and what it allows.
   run(_MODE.value, config, _WORKDIR.value)
 
 

@@ -1,8 +1,8 @@
-"""Device mesh, logical-axis rules and the shardings of the train state and batches.
+"""Device mesh, logical-axis rules, shardings, and a model placed on a mesh (`Placement`).
 
 The mesh has three axes, `('data', 'fsdp', 'tensor')`. Parameters and
 activations carry logical axis names (`batch, length, embed, heads, kv, mlp,
-vocab`, see `transformer_jax.layers`); a table of rules maps them to mesh
+vocab`, see `transformer_jax.model.layers`); a table of rules maps them to mesh
 axes, so data parallelism, FSDP and tensor parallelism are a choice of rules
 and mesh shape, not code. Rules are tried in order and a mesh axis is used at
 most once per array (Flax's priority semantics), which is how `embed` is
@@ -15,8 +15,13 @@ import math
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 import numpy as np
+
+from transformer_jax.conventions import BATCH_KEYS
+from transformer_jax.errors import FieldError
+from transformer_jax.model.transformer import Transformer, TransformerConfig
 
 MESH_AXES = ("data", "fsdp", "tensor")
 LOGICAL_AXES = ("batch", "length", "embed", "heads", "kv", "mlp", "vocab", "layers")
@@ -54,31 +59,28 @@ def _axes(entry) -> tuple[str, ...]:
 def resolve_mesh_shape(shape: Mapping[str, int], num_devices: int) -> tuple[int, int, int]:
   """Sizes of `('data', 'fsdp', 'tensor')` from a mapping where one size may be -1 (the rest).
 
-  Raises ValueError naming `config.mesh` when the sizes cannot cover exactly
+  Raises FieldError (owner `mesh`) when the sizes cannot cover exactly
   `num_devices` devices.
   """
   unknown = set(shape) - set(MESH_AXES)
   if unknown:
-    raise ValueError(
-        f"config.mesh has unknown axes {sorted(unknown)}; allowed: {', '.join(MESH_AXES)}")
+    raise FieldError("mesh", "", f" has unknown axes {sorted(unknown)}; allowed: "
+                     f"{', '.join(MESH_AXES)}")
   sizes = [shape.get(axis, 1) for axis in MESH_AXES]
   for axis, size in zip(MESH_AXES, sizes):
     if isinstance(size, bool) or not isinstance(size, int) or (size < 1 and size != -1):
-      raise ValueError(
-          f"config.mesh.{axis} must be a positive integer or -1 (the rest); got {size!r}")
+      raise FieldError("mesh", axis, f" must be a positive integer or -1 (the rest); got {size!r}")
   if sizes.count(-1) > 1:
-    raise ValueError("config.mesh: at most one axis may be -1 (the rest of the devices)")
+    raise FieldError("mesh", "", ": at most one axis may be -1 (the rest of the devices)")
   known = math.prod(s for s in sizes if s != -1)
   if -1 in sizes:
     if num_devices % known:
-      raise ValueError(
-          f"config.mesh={dict(zip(MESH_AXES, sizes))}: the fixed axes use {known} devices, "
-          f"which does not divide the {num_devices} devices present")
+      raise FieldError("mesh", "", f"={dict(zip(MESH_AXES, sizes))}: the fixed axes use {known} "
+                       f"devices, which does not divide the {num_devices} devices present")
     sizes[sizes.index(-1)] = num_devices // known
   elif known != num_devices:
-    raise ValueError(
-        f"config.mesh={dict(zip(MESH_AXES, sizes))} needs {known} devices but "
-        f"{num_devices} are present; set one axis to -1 to take the rest")
+    raise FieldError("mesh", "", f"={dict(zip(MESH_AXES, sizes))} needs {known} devices but "
+                     f"{num_devices} are present; set one axis to -1 to take the rest")
   return tuple(sizes)
 
 
@@ -99,27 +101,25 @@ def logical_rules(spec: str) -> Rules:
   The explicit form lists `logical=mesh_axes` pairs in priority order,
   separated by commas, with `+` joining several mesh axes and nothing after
   `=` for "not sharded": `batch=data+fsdp,heads=tensor,mlp=tensor,embed=fsdp`.
-  Raises ValueError naming `config.sharding_rules` for anything else.
+  Raises FieldError (owner `sharding_rules`) for anything else.
   """
   if spec in RULE_PRESETS:
     return RULE_PRESETS[spec]
   allowed = (f"allowed: a preset ({', '.join(RULE_PRESETS)}) or pairs like "
              "'batch=data+fsdp,heads=tensor,embed=fsdp'")
   if not isinstance(spec, str) or "=" not in spec:
-    raise ValueError(f"config.sharding_rules={spec!r} is not understood; {allowed}")
+    raise FieldError("sharding_rules", "", f"={spec!r} is not understood; {allowed}")
   table = []
   for pair in spec.split(","):
     logical, _, mesh_axes = (part.strip() for part in pair.partition("="))
     if logical not in LOGICAL_AXES:
-      raise ValueError(
-          f"config.sharding_rules: unknown logical axis {logical!r}; logical axes: "
-          f"{', '.join(LOGICAL_AXES)}")
+      raise FieldError("sharding_rules", "", f": unknown logical axis {logical!r}; logical "
+                       f"axes: {', '.join(LOGICAL_AXES)}")
     names = tuple(a.strip() for a in mesh_axes.split("+") if a.strip())
     for name in names:
       if name not in MESH_AXES:
-        raise ValueError(
-            f"config.sharding_rules: unknown mesh axis {name!r} for {logical!r}; mesh axes: "
-            f"{', '.join(MESH_AXES)}")
+        raise FieldError("sharding_rules", "", f": unknown mesh axis {name!r} for {logical!r}; "
+                         f"mesh axes: {', '.join(MESH_AXES)}")
     table.append((logical, names[0] if len(names) == 1 else (names or None)))
   return tuple(table)
 
@@ -146,7 +146,7 @@ def check_divisible(abstract_tree, shardings) -> None:
         raise ValueError(
             f"{jax.tree_util.keystr(path)} has shape {leaf.shape}: dimension {dim} "
             f"({size}) cannot be split over mesh axes {axes} ({shards} shards); change "
-            "the model size, config.mesh or config.sharding_rules")
+            "the model size, the mesh shape or the sharding rules")
 
 
 def batch_sharding(mesh: Mesh, rules: Rules) -> NamedSharding:
@@ -179,6 +179,15 @@ def data_shard(sharding: NamedSharding) -> tuple[int, int]:
   return lo // block, shards // block
 
 
+def abstract_tree(tree, shardings=None):
+  """`jax.ShapeDtypeStruct` leaves of `tree` (arrays or abstract leaves), with `shardings` if given."""
+  if shardings is None:
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                        tree)
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                      tree, shardings)
+
+
 def global_batch(local_batch: Mapping[str, np.ndarray], sharding: NamedSharding) -> dict:
   """Global `jax.Array`s from this process's rows of every `[local_batch, length]` array.
 
@@ -189,3 +198,41 @@ def global_batch(local_batch: Mapping[str, np.ndarray], sharding: NamedSharding)
       key: jax.make_array_from_process_local_data(sharding, np.asarray(value))
       for key, value in local_batch.items()
   }
+
+
+class Placement:
+  """A Transformer placed on a mesh: the model, its shardings and the context to run it in.
+
+  `param_shardings` and `abstract_params` (ShapeDtypeStructs with their
+  shardings) follow the parameters' logical axis names through `rules`;
+  batches are `[batch, length]` along the mesh axes of `batch`
+  (`batch_sharding`, split into `batch_shards` pieces, of which this process
+  reads block `data_shard`). Raises ValueError naming a parameter whose
+  dimension does not split evenly. The trainer, the translator and the
+  evaluation modes all hold one.
+  """
+
+  def __init__(self, model_config: TransformerConfig, mesh: Mesh, rules: Rules):
+    self.model = Transformer(model_config)
+    self.mesh, self.rules = mesh, rules
+    boxed = jax.eval_shape(self.boxed_params, jax.random.key(0))
+    self.param_shardings = tree_shardings(boxed, mesh, rules)
+    check_divisible(boxed, self.param_shardings)
+    self.abstract_params = abstract_tree(nn.unbox(boxed), self.param_shardings)
+    self.batch_sharding = batch_sharding(mesh, rules)
+    self.batch_shards = num_batch_shards(dict(mesh.shape), rules)
+    self.data_shard = data_shard(self.batch_sharding)
+
+  def boxed_params(self, key):
+    """Freshly initialized parameters from `key`, boxed with their logical axis names."""
+    dummy = jnp.ones((1, 1), jnp.int32)
+    return self.model.init({"params": key}, dummy, dummy)["params"]
+
+  def run(self, fn, *args):
+    """`fn(*args)` inside the mesh and the logical-axis rules, so the model's constraints apply."""
+    with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
+      return fn(*args)
+
+  def global_batch(self, local_batch: Mapping[str, np.ndarray]) -> dict:
+    """This process's numpy rows (the `BATCH_KEYS` of a batch) -> the sharded global batch."""
+    return global_batch({k: local_batch[k] for k in BATCH_KEYS}, self.batch_sharding)

@@ -2,6 +2,8 @@
 
 import ml_collections
 
+from transformer_jax.errors import FieldError
+
 DATASETS = {
     # name: the language pair it holds
     "embedded": ("en", "sy"),
@@ -46,7 +48,7 @@ def default_config():
 
 
 def _fail(field, value, allowed):
-  raise ValueError(f"data.{field}={value!r} is invalid: allowed {allowed}.")
+  raise FieldError("data", field, f"={value!r} is invalid: allowed {allowed}.")
 
 
 _STRINGS = ("name", "source_lang", "target_lang", "data_dir", "manual_dir", "text_train",
@@ -55,14 +57,15 @@ _STRINGS = ("name", "source_lang", "target_lang", "data_dir", "manual_dir", "tex
 
 
 def validate_config(c):
-  """Raises ValueError naming the field `data.xxx` and what it allows; returns `c`."""
+  """Raises FieldError naming the field `data.xxx` and what it allows; returns `c`."""
   known = default_config()
   unknown = sorted(set(c) - set(known))
   if unknown:
-    raise ValueError(f"data.{unknown[0]} is not a known field; known fields: {', '.join(known)}.")
+    raise FieldError("data", unknown[0], f" is not a known field; known fields: "
+                     f"{', '.join(known)}.")
   missing = [field for field in known if field not in c]
   if missing:
-    raise ValueError(f"data.{missing[0]} is missing.")
+    raise FieldError("data", missing[0], " is missing.")
   for field in _STRINGS:
     if not isinstance(getattr(c, field), str):
       _fail(field, getattr(c, field), "a string")

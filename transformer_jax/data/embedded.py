@@ -379,13 +379,10 @@ def render(sentence):
 
 
 def generate_corpus(seed, sizes):
-  """Unique (source, target) pairs per split, disjoint across splits.
+  """{split name: list of unique (English, target) string pairs}, disjoint across splits.
 
-  Args:
-    seed: the corpus seed; the same seed gives the same corpus.
-    sizes: {split name: number of pairs}, e.g. {'train': 100_000, ...}.
-  Returns:
-    {split name: list of (English, target) string pairs}.
+  `sizes` is {split name: number of pairs}, e.g. {'train': 100_000, ...}; the
+  same `seed` gives the same corpus.
   """
   gen = _Generator(random.Random(seed))
   seen, pairs, total = set(), [], sum(sizes.values())

@@ -32,12 +32,11 @@ from absl import logging
 import grain
 import numpy as np
 
+from transformer_jax.conventions import BATCH_KEYS, EOS_ID
 from transformer_jax.data import config as config_lib
 from transformer_jax.data import sources
-from transformer_jax.data.tokenizer import EOS_ID
+from transformer_jax.errors import FieldError
 
-KEYS = ("inputs", "targets", "inputs_segmentation", "targets_segmentation",
-        "inputs_position", "targets_position")
 _CHUNK = 4096  # pairs read and tokenized at a time when counting lengths
 
 
@@ -78,7 +77,7 @@ class Plan:
 
 def layout(examples, rows, num_rows, length):
   """The batch dict [num_rows, length] of (source ids, target ids) examples placed in `rows`."""
-  batch = {k: np.zeros((num_rows, length), np.int32) for k in KEYS}
+  batch = {k: np.zeros((num_rows, length), np.int32) for k in BATCH_KEYS}
   cursor = {"inputs": np.zeros(num_rows, np.int64), "targets": np.zeros(num_rows, np.int64)}
   segment = np.zeros(num_rows, np.int32)
   for (src, tgt), row in zip(examples, rows):
@@ -300,8 +299,8 @@ def make_train_loader(data_config, tokenizer, *, seed, shard_index, shard_count)
                "dropped" if c.overlong == "drop" else "truncated")
   ids = np.flatnonzero(~overlong) if c.overlong == "drop" else np.arange(len(lengths))
   if not len(ids):
-    raise ValueError(f"No training pair of {c.name} fits data.max_source_length / "
-                     "data.max_target_length.")
+    raise sources.DataError(f"No training pair of {c.name} fits data.max_source_length / "
+                            "data.max_target_length.")
   lengths = np.minimum(lengths, caps)
   common = dict(lengths=lengths, ids=ids, seed=int(seed), shard_index=shard_index,
                 shard_count=shard_count)
@@ -310,14 +309,14 @@ def make_train_loader(data_config, tokenizer, *, seed, shard_index, shard_count)
     buckets = bucket_lengths(longest) if c.batch_mode == "tokens" else (longest,)
     rows = [c.tokens_per_batch // length // multiple * multiple for length in buckets]
     if not rows[-1]:
-      raise ValueError(
-          f"data.tokens_per_batch={c.tokens_per_batch} is too small: the longest "
+      raise FieldError(
+          "data", "tokens_per_batch", f"={c.tokens_per_batch} is too small: the longest "
           f"bucket ({buckets[-1]} tokens) needs at least {buckets[-1] * multiple} "
           f"for {multiple} rows (data.batch_multiple x shard count).")
     planner = _TokenPlanner(buckets, rows, **common)
   else:
     if c.batch_size % multiple:
-      raise ValueError(f"data.batch_size={c.batch_size} must be a multiple of "
+      raise FieldError("data", "batch_size", f"={c.batch_size} must be a multiple of "
                        f"{multiple} (data.batch_multiple x shard count).")
     planner = _PackPlanner(c.max_length, c.batch_size, **common)
   plans = (grain.MapDataset.range(len(ids)).shuffle(int(seed)).repeat()
@@ -343,11 +342,9 @@ def make_eval_batches(data_config, tokenizer, split, *, shard_index=0, shard_cou
   c = config_lib.validate_config(data_config)
   multiple = _rows_multiple(c, shard_index, shard_count)
   if c.eval_batch_size % multiple:
-    raise ValueError(f"data.eval_batch_size={c.eval_batch_size} must be a multiple "
+    raise FieldError("data", "eval_batch_size", f"={c.eval_batch_size} must be a multiple "
                      f"of {multiple} (data.batch_multiple x shard count).")
-  source = sources.open_split(c, split)
-  pairs = [p for start in range(0, len(source), _CHUNK)
-           for p in source.pairs(range(start, min(start + _CHUNK, len(source))))]
+  pairs = sources.open_split(c, split).all_pairs(_CHUNK)
   examples = tokenize_pairs(tokenizer, pairs)
   local = c.eval_batch_size // shard_count
   out = []

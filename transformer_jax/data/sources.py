@@ -25,6 +25,7 @@ from absl import logging
 import tensorflow_datasets as tfds
 
 from transformer_jax.data import embedded
+from transformer_jax.errors import FieldError, UserError
 
 MAX_LINE_BYTES = 16_384  # Far beyond any sentence; longer lines are not sentences.
 
@@ -34,7 +35,11 @@ _WMT_MODULES = {
 }
 
 
-class DataUnavailableError(RuntimeError):
+class DataError(UserError):
+  """The user's data cannot be used: the message names the file or split and what is wrong."""
+
+
+class DataUnavailableError(UserError):
   """A dataset is not prepared and cannot be made: the message says how to provide it."""
 
 
@@ -57,6 +62,11 @@ class ParallelSource:
     records = self.records.__getitems__([int(i) for i in ids])
     return [(r[self.source_lang].decode("utf-8"), r[self.target_lang].decode("utf-8"))
             for r in records]
+
+  def all_pairs(self, chunk: int = 4096):
+    """Every (source text, target text) of the split, in order, read `chunk` at a time."""
+    return [pair for start in range(0, len(self), chunk)
+            for pair in self.pairs(range(start, min(start + chunk, len(self))))]
 
 
 class EmbeddedConfig(tfds.core.BuilderConfig):
@@ -149,7 +159,7 @@ class TransformerJaxParallelText(tfds.core.GeneratorBasedBuilder):
         logging.warning("%s, %s: skipped %d line pairs %s (lines %s%s)", *paths, len(lines),
                         reason, ", ".join(map(str, lines[:10])), ", ..." * (len(lines) > 10))
     if not kept:
-      raise ValueError(f"{paths[0]}, {paths[1]}: no usable line pairs (see the warnings above).")
+      raise DataError(f"{paths[0]}, {paths[1]}: no usable line pairs (see the warnings above).")
 
 
 def _text_builder(c):
@@ -162,8 +172,8 @@ def _text_builder(c):
     paths = tuple(f"{os.path.abspath(prefix)}.{lang}" for lang in languages)
     for p in paths:
       if not os.path.isfile(p):
-        raise FileNotFoundError(
-            f"data.text_{split}={prefix!r}: no file {p} (expected <prefix>.<lang>).")
+        raise FieldError("data", f"text_{split}",
+                         f"={prefix!r}: no file {p} (expected <prefix>.<lang>).")
     files[split] = paths
   config = ParallelTextConfig(files=files, languages=languages)
   return TransformerJaxParallelText(config=config, data_dir=c.data_dir or None,
@@ -175,9 +185,9 @@ def _check_line_counts(path_a, path_b):
     counts = sum(1 for _ in fa), sum(1 for _ in fb)
   for path, count in zip((path_a, path_b), counts):
     if not count:
-      raise ValueError(f"{path} is empty: a text dataset needs one sentence per line.")
+      raise DataError(f"{path} is empty: a text dataset needs one sentence per line.")
   if counts[0] != counts[1]:
-    raise ValueError(f"{path_a} has {counts[0]} lines but {path_b} has {counts[1]}: "
+    raise DataError(f"{path_a} has {counts[0]} lines but {path_b} has {counts[1]}: "
                      "line i of one file must translate line i of the other.")
 
 
@@ -276,11 +286,17 @@ def get_builder(c):
   return builder
 
 
+def split_texts(c, split) -> tuple[list[str], list[str]]:
+  """`(sources, targets)`: the texts of every pair of `split`, in order."""
+  pairs = open_split(c, split).all_pairs()
+  return [source for source, _ in pairs], [target for _, target in pairs]
+
+
 def open_split(c, split):
   """The `split` of dataset `data.name` as a ParallelSource in the configured direction."""
   builder = get_builder(c)
   if split not in builder.info.splits:
-    raise ValueError(f"{builder.info.full_name} has no split {split!r}: it has "
+    raise DataError(f"{builder.info.full_name} has no split {split!r}: it has "
                      f"{' | '.join(builder.info.splits)}.")
   records = builder.as_data_source(split=split)
   fingerprint = (f"{builder.info.full_name}:{builder.data_dir}:{split}:"

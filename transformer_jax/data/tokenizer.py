@@ -1,7 +1,8 @@
 """SentencePiece BPE with one vocabulary shared by source and target.
 
-Ids: PAD_ID = 0 (also the decoder's start token), EOS_ID = 1, UNK_ID = 2, no BOS.
-`encode` adds no EOS; the pipeline appends it.
+Ids (`transformer_jax.conventions`): PAD_ID = 0 (also the decoder's start
+token), EOS_ID = 1, UNK_ID = 2, no BOS. `encode` adds no EOS; the pipeline
+appends it.
 """
 
 import hashlib
@@ -14,12 +15,9 @@ from absl import logging
 import numpy as np
 import sentencepiece as spm
 
+from transformer_jax.conventions import EOS_ID, PAD_ID, UNK_ID
 from transformer_jax.data import config as config_lib
 from transformer_jax.data import sources
-
-PAD_ID = 0
-EOS_ID = 1
-UNK_ID = 2
 
 
 class Tokenizer:
@@ -35,7 +33,7 @@ class Tokenizer:
     self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
     ids = (self._sp.pad_id(), self._sp.eos_id(), self._sp.unk_id(), self._sp.bos_id())
     if ids != (PAD_ID, EOS_ID, UNK_ID, -1):
-      raise ValueError(f"SentencePiece model {path or ''} has (pad, eos, unk, bos) "
+      raise sources.DataError(f"SentencePiece model {path or ''} has (pad, eos, unk, bos) "
                        f"ids {ids}; this project needs {(PAD_ID, EOS_ID, UNK_ID, -1)}.")
 
   @property
@@ -73,15 +71,15 @@ def train_model(sentences, vocab_size):
   return buffer.getvalue()
 
 
-def default_vocab_path(data_config, workdir):
-  """<workdir>/vocab/<dataset>-<languages>-<vocab size>.model (same for both directions)."""
+def default_vocab_path(data_config, vocab_dir):
+  """<vocab_dir>/<dataset>-<languages>-<vocab size>.model (same for both directions)."""
   c = data_config
   name = re.sub(r"[^A-Za-z0-9_.]+", "_", c.name)
   if c.name == "text":
     prefix = os.path.abspath(c.text_train)
     name += "_" + hashlib.sha1(prefix.encode()).hexdigest()[:8]
   langs = "-".join(sorted((c.source_lang, c.target_lang)))
-  return os.path.join(workdir, "vocab", f"{name}-{langs}-{c.vocab_size}.model")
+  return os.path.join(vocab_dir, f"{name}-{langs}-{c.vocab_size}.model")
 
 
 def _training_sentences(data_config):
@@ -95,10 +93,11 @@ def _training_sentences(data_config):
       yield tgt
 
 
-def get_tokenizer(data_config, workdir):
-  """Loads the vocabulary at `data.vocab_path`, training and saving it first if absent."""
+def get_tokenizer(data_config, vocab_dir):
+  """Loads the vocabulary at `data.vocab_path` (default: `default_vocab_path` in `vocab_dir`),
+  training and saving it first if absent."""
   c = config_lib.validate_config(data_config)
-  path = c.vocab_path or default_vocab_path(c, workdir)
+  path = c.vocab_path or default_vocab_path(c, vocab_dir)
   if not os.path.exists(path):
     logging.info("Training a %d-token SentencePiece BPE vocabulary on %d pairs of %s",
                  c.vocab_size, c.tokenizer_sample_size, c.name)

@@ -1,0 +1,324 @@
+"""What several test modules share: a tiny model and trainer, tiny command-line runs, readers of
+what a run writes (TensorBoard scalars, checkpoints), and small tree utilities.
+
+Tiny runs are the default experiment shrunk to a 2+2-layer d_model-32 model on
+the tiny embedded corpus, one CPU device per process. The corpus, the
+vocabulary and a JAX compilation cache are shared by all runs of a test
+session (`shared_dir`), so a run starts in seconds.
+"""
+
+import glob
+import os
+import pathlib
+import re
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tensorboardX.proto import event_pb2
+
+from transformer_jax import data, sharding
+from transformer_jax.checkpoints import store
+from transformer_jax.conventions import BATCH_KEYS, EOS_ID
+from transformer_jax.model import dropout
+from transformer_jax.model.transformer import Transformer, TransformerConfig
+from transformer_jax.train import objective
+from transformer_jax.train.step import Trainer
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+# The model and batches.
+
+
+def tiny_model_config(**overrides) -> TransformerConfig:
+  fields = dict(vocab_size=40, num_layers=2, d_model=32, d_ff=64, num_heads=4, max_len=16)
+  return TransformerConfig(**{**fields, **overrides})
+
+
+def synthetic_batch(seed: int, rows: int = 8, length: int = 12, vocab: int = 40) -> dict:
+  """Packed rows as the data pipeline makes them: one or two examples per row, then padding."""
+  rng = np.random.default_rng(seed)
+  batch = {k: np.zeros((rows, length), np.int32) for k in BATCH_KEYS}
+  for row in range(rows):
+    for side in ("inputs", "targets"):
+      start = 0
+      for segment in (1, 2)[: 1 + row % 2]:
+        size = int(rng.integers(2, length // 2))
+        span = slice(start, start + size)
+        batch[side][row, span] = rng.integers(3, vocab, size)
+        batch[side][row, start + size - 1] = 1  # EOS
+        batch[f"{side}_segmentation"][row, span] = segment
+        batch[f"{side}_position"][row, span] = np.arange(size)
+        start += size
+  return batch
+
+
+# A tiny search vocabulary (pad 0, EOS 1, words 2..4), and source sentences of a 16-token one.
+VOCAB = 5
+SOURCES_16 = np.array([[2, 3, 4, 5, 6, 7, 0, 0], [3, 3, 9, 0, 0, 0, 0, 0],
+                       [4, 2, 2, 2, 12, 13, 14, 15], [5, 6, 7, 8, 9, 10, 11, 0]], np.int32)
+
+
+def eos_biased_model(eos_bias=0.0, seed=0, vocab=VOCAB):
+  """2+2 layers, d_model 32, with `eos_bias` added to the EOS logit at every position.
+
+  The bias goes into the last decoder LayerNorm's offset along a direction `u`
+  with `embedding @ u = one_hot(EOS)`, so only the EOS logit moves.
+  """
+  cfg = TransformerConfig(vocab_size=vocab, num_layers=2, d_model=32, d_ff=64, num_heads=4,
+                          max_len=32, dropout_rate=0.0)
+  model = Transformer(cfg)
+  variables = nn.unbox(model.init(
+      jax.random.key(seed), jnp.ones((1, 4), jnp.int32), jnp.ones((1, 4), jnp.int32)))
+  params = variables["params"]
+  embedding = np.asarray(params["embed"]["embedding"], np.float64)
+  direction = np.linalg.pinv(embedding) @ np.eye(vocab)[EOS_ID]
+  norm = params["decoder"]["layer_1"]["feed_forward_norm"]
+  norm["bias"] = norm["bias"] + jnp.asarray(eos_bias * direction, jnp.float32)
+  return model, variables
+
+
+def make_trainer(mesh_shape=None, rules: str = "dp", devices=None, *, seed: int = 0,
+                 **model_overrides) -> Trainer:
+  """A Trainer of `tiny_model_config(**model_overrides)` with the paper's Adam (warmup 10), label
+  smoothing 0.1; on one device unless a mesh shape is given."""
+  if mesh_shape is None:
+    mesh_shape, devices = {"data": 1}, jax.devices()[:1]
+  config = tiny_model_config(**model_overrides)
+  schedule = objective.learning_rate_schedule(d_model=config.d_model, warmup_steps=10)
+  optimizer = objective.make_optimizer(schedule, b1=0.9, b2=0.98, eps=1e-9)
+  placement = sharding.Placement(config, sharding.make_mesh(mesh_shape, devices),
+                                 sharding.logical_rules(rules))
+  return Trainer(placement, optimizer, label_smoothing=0.1, seed=seed)
+
+
+def random_state(trainer: Trainer, seed: int):
+  """A state with distinct random values in every float leaf and `seed` in the integer ones,
+  placed as the trainer shards it."""
+  rng = np.random.default_rng(seed)
+  return jax.tree.map(
+      lambda a: jax.device_put(rng.normal(size=a.shape).astype(a.dtype) if a.dtype != np.int32
+                               else np.array(seed, np.int32), a.sharding),
+      trainer.abstract_state)
+
+
+def stack_layers(params, num_layers):
+  """The looped model's params in the scanned layout: layer_i subtrees stacked on axis 0."""
+  out = {}
+  for name, sub in params.items():
+    if isinstance(sub, dict) and "layer_0" in sub:
+      layers = [sub[f"layer_{i}"] for i in range(num_layers)]
+      rest = {k: v for k, v in sub.items() if not k.startswith("layer_")}
+      out[name] = {**rest, "layers": {"layer": jax.tree_util.tree_map(
+          lambda *xs: jnp.stack(xs), *layers)}}
+    else:
+      out[name] = sub
+  return out
+
+
+def record_dropout_inputs(fn):
+  """Run fn() and return the arrays every `Dropout` module was applied to, in order."""
+  seen = []
+
+  def interceptor(next_fun, args, kwargs, context):
+    if isinstance(context.module, dropout.Dropout) and context.method_name == "__call__":
+      seen.append(np.asarray(args[0], np.float64))
+    return next_fun(*args, **kwargs)
+
+  with nn.intercept_methods(interceptor):
+    fn()
+  return seen
+
+
+def leaves(tree) -> list:
+  """The leaves of nested dicts/lists in a fixed order (sorted keys), as numpy arrays."""
+  if isinstance(tree, dict):
+    return [leaf for key in sorted(tree) for leaf in leaves(tree[key])]
+  if isinstance(tree, (list, tuple)):
+    return [leaf for item in tree for leaf in leaves(item)]
+  return [np.asarray(tree)]
+
+
+# Tiny runs of `python -m transformer_jax.main`.
+
+
+def shared_dir(tmp_path_factory) -> pathlib.Path:
+  """The session's shared corpus, vocabulary and compilation cache, prepared on first use."""
+  shared = tmp_path_factory.getbasetemp() / "runs_shared"
+  if not (shared / "vocab.model").exists():
+    c = data.default_config()
+    c.name, c.data_dir, c.vocab_size = "embedded_tiny", str(shared / "tfds"), 200
+    c.vocab_path = str(shared / "vocab.model")
+    data.get_tokenizer(c, str(shared))
+  return shared
+
+
+def tiny_data_config(shared: pathlib.Path):
+  """The `config.data` of tiny runs (without their vocabulary path)."""
+  c = data.default_config()
+  c.name, c.data_dir = "embedded_tiny", str(shared / "tfds")
+  return c
+
+
+def flags(shared: pathlib.Path, **overrides) -> list[str]:
+  """Command-line flags of a tiny run; `overrides` set `--config.<name>=<value>` (`__` for `.`)."""
+  config = {
+      "data.name": "embedded_tiny", "data.data_dir": shared / "tfds",
+      "data.vocab_path": shared / "vocab.model", "data.vocab_size": 200,
+      "data.batch_mode": "packed", "data.batch_size": 8, "data.max_length": 64,
+      "data.max_source_length": 64, "data.max_target_length": 64,
+      "model.num_layers": 2, "model.d_model": 32, "model.d_ff": 64,
+      "warmup_steps": 10, "log_every_steps": 1, "peak_flops_per_device": 1e9,
+      "eval_every_steps": 0, "checkpoint_every_steps": 2, "keep_checkpoints": 3,
+  }
+  config.update({k.replace("__", "."): v for k, v in overrides.items()})
+  return ["--config=experiments/default.py", *(f"--config.{k}={v}" for k, v in config.items())]
+
+
+def environment(shared: pathlib.Path, devices: int = 1) -> dict:
+  return dict(os.environ, JAX_PLATFORMS="cpu",
+              XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+              PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+              JAX_COMPILATION_CACHE_DIR=str(shared / "jax_cache"),
+              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+              JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+
+
+class Run:
+  """One `python -m transformer_jax.main` process with a tiny run's flags (`flags`).
+
+  `extra_flags` come after those flags (`--mode=eval`, `--checkpoint=best`);
+  `overrides` are `flags`' config overrides; `stdin` is fed to the process.
+  Threads collect its output: `stdout` (bytes, what the program prints) and
+  `lines` (stdout and stderr lines as text, as they come).
+  """
+
+  def __init__(self, shared, workdir, *extra_flags, stdin: bytes | None = None,
+               preexec_fn=None, **overrides):
+    self.process = subprocess.Popen(
+        [sys.executable, "-m", "transformer_jax.main", f"--workdir={workdir}",
+         *flags(shared, **overrides), *extra_flags],
+        cwd=REPO, env=environment(shared), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, preexec_fn=preexec_fn)
+    self.lines, self.stdout = [], b""
+    self._changed = threading.Condition()
+    self._readers = [threading.Thread(target=self._read, args=(stream, keep), daemon=True)
+                     for stream, keep in ((self.process.stdout, True),
+                                          (self.process.stderr, False))]
+    for reader in self._readers:
+      reader.start()
+    if stdin:
+      self.process.stdin.write(stdin)
+    self.process.stdin.close()
+
+  def _read(self, stream, keep: bool):
+    for raw in stream:
+      with self._changed:
+        if keep:
+          self.stdout += raw
+        self.lines.append(raw.decode(errors="replace"))
+        self._changed.notify_all()
+    with self._changed:
+      self._changed.notify_all()
+
+  @property
+  def output(self) -> str:
+    return "".join(self.lines)
+
+  def wait_for(self, pattern: str, timeout: float = 300) -> re.Match:
+    """The first match of `pattern` in a line of output, waiting for it."""
+    deadline = time.monotonic() + timeout
+    seen = 0
+    with self._changed:
+      while True:
+        for line in self.lines[seen:]:
+          if match := re.search(pattern, line):
+            return match
+        seen = len(self.lines)
+        if not any(r.is_alive() for r in self._readers) or time.monotonic() > deadline:
+          raise AssertionError(f"no line matches {pattern!r}; output:\n{self.output[-4000:]}")
+        self._changed.wait(timeout=1)
+
+  def finish(self, timeout: float = 300) -> int:
+    """Wait for the process to end; returns its exit status."""
+    self.process.wait(timeout=timeout)
+    for reader in self._readers:
+      reader.join(timeout=30)
+    return self.process.returncode
+
+  def succeed(self, timeout: float = 300) -> str:
+    assert self.finish(timeout) == 0, self.output[-4000:]
+    return self.output
+
+  def fail(self, timeout: float = 300) -> str:
+    """The output of a run that must end with status 1 and one `error:` line, no traceback."""
+    assert self.finish(timeout) == 1, self.output[-4000:]
+    errors = [line for line in self.lines if line.startswith("error: ")]
+    assert len(errors) == 1 and "Traceback" not in self.output, self.output[-4000:]
+    return errors[0]
+
+
+def logged_steps(output: str) -> list[int]:
+  """The steps a run's output reports as done (its log lines `step k/N | loss ...`)."""
+  return [int(m) for m in re.findall(r"\] step (\d+)/\d+ \| loss", output)]
+
+
+# What a run leaves in its work directory.
+
+
+def scalars_per_run(workdir, tag: str = "train/loss") -> list[dict]:
+  """[{step: value}] of one TensorBoard scalar, one dict per event file (per run), oldest first.
+
+  A record cut short by a killed process ends its file's reading.
+  """
+  runs = []
+  for path in sorted(glob.glob(f"{workdir}/tensorboard/events.out.tfevents.*")):
+    values = {}
+    with open(path, "rb") as f:
+      while len(header := f.read(12)) == 12:  # uint64 length, uint32 length CRC
+        length = struct.unpack("<Q", header[:8])[0]
+        record = f.read(length)
+        if len(record) < length or len(f.read(4)) < 4:  # data CRC
+          break
+        event = event_pb2.Event.FromString(record)
+        values.update({event.step: v.simple_value for v in event.summary.value if v.tag == tag})
+    runs.append(values)
+  return runs
+
+
+def scalars(workdir, tag: str = "train/loss") -> dict:
+  """{step: value} of one TensorBoard scalar over all runs (a later run's value wins)."""
+  merged = {}
+  for run in scalars_per_run(workdir, tag):
+    merged.update(run)
+  return merged
+
+
+def committed_steps(workdir) -> list[int]:
+  """The step directories of `workdir/checkpoints` (committed checkpoints), sorted."""
+  return sorted(int(name) for name in _names(workdir) if name.isdigit())
+
+
+def partial_writes(workdir) -> list[str]:
+  """The interrupted (uncommitted) checkpoint writes in `workdir/checkpoints`."""
+  return sorted(name for name in _names(workdir) if ".orbax-checkpoint-tmp" in name)
+
+
+def _names(workdir) -> list[str]:
+  directory = pathlib.Path(workdir) / "checkpoints"
+  try:
+    return os.listdir(directory)
+  except FileNotFoundError:
+    return []
+
+
+def restore_state(workdir, step: int) -> dict:
+  """The train state saved at `step`, as numpy arrays in nested dicts."""
+  manager = store.make_manager(os.path.join(workdir, "checkpoints"), read_only=True)
+  return store.read_state_on_host(manager, step)

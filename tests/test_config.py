@@ -1,0 +1,126 @@
+"""The experiment config: every field checked before anything compiles, errors naming the field.
+
+The references are hand-written: each field's allowed values, and the
+messages a user reads.
+"""
+
+import pathlib
+import re
+
+import ml_collections
+import pytest
+
+from transformer_jax import config as config_lib
+from transformer_jax.model.transformer import TransformerConfig
+
+
+def _leaf_fields(config, prefix="") -> list[str]:
+  """Dotted names of every leaf field of a config."""
+  names = []
+  for key, value in config.items():
+    if isinstance(value, ml_collections.ConfigDict):
+      names += _leaf_fields(value, f"{prefix}{key}.")
+    else:
+      names.append(f"{prefix}{key}")
+  return names
+
+
+def _with(**changes) -> ml_collections.ConfigDict:
+  """The default config with `changes` (`a__b` for `a.b`), of any type (no type checks)."""
+  tree = config_lib.default_config().to_dict()
+  for dotted, value in changes.items():
+    *parents, leaf = dotted.split("__")
+    node = tree
+    for parent in parents:
+      node = node[parent]
+    node[leaf] = value
+  return ml_collections.ConfigDict(tree)
+
+
+def test_the_default_config_is_valid():
+  config_lib.validate(config_lib.default_config())
+
+
+@pytest.mark.parametrize("field", _leaf_fields(config_lib.default_config()))
+def test_every_field_rejects_a_value_of_the_wrong_type_naming_the_field(field):
+  with pytest.raises(config_lib.ConfigError, match=re.escape(f"config.{field}")):
+    config_lib.validate(_with(**{field.replace(".", "__"): ["not", "a", "value"]}))
+
+
+@pytest.mark.parametrize("changes,message", [
+    # Ranges.
+    ({"num_train_steps": 0}, "config.num_train_steps must be a positive integer; got 0"),
+    ({"learning_rate": -1.0}, "config.learning_rate must be a number > 0"),
+    ({"adam_b2": 1.0}, r"config.adam_b2 must be a number in \[0, 1\)"),
+    ({"label_smoothing": True}, "config.label_smoothing must be a number"),
+    ({"label_smoothing": 1.0}, r"config.label_smoothing must be a number in \[0, 1\)"),
+    ({"grad_accum_steps": 2.5}, "config.grad_accum_steps must be a positive integer"),
+    ({"max_consecutive_nonfinite_steps": 0}, "config.max_consecutive_nonfinite_steps must be"),
+    ({"on_checkpoint_save_error": "retry"}, "config.on_checkpoint_save_error must be 'stop' or"),
+    ({"on_bad_checkpoints": "ignore"}, "config.on_bad_checkpoints must be 'stop' or 'start_over'"),
+    ({"preemption_grace_seconds": -5}, "config.preemption_grace_seconds must be a number >= 0"),
+    ({"model__dropout_rate": 1.5}, r"config.model.dropout_rate must be a number in \[0, 1\)"),
+    ({"data__vocab_size": 8}, "config.data.vocab_size=8 is invalid: allowed at least 16"),
+    # Unknown and missing fields.
+    ({"num_train_step": 5}, "config.num_train_step is not a known field"),
+    ({"model__layers": 5}, "config.model.layers is not a model field"),
+    ({"data__vocab": 5}, "config.data.vocab is not a known field"),
+    ({"mesh__pipeline": 2}, r"config.mesh has unknown axes \['pipeline'\]"),
+    # Combinations.
+    ({"mesh__data": 3}, "config.mesh=.* needs 3 devices but 8 are present"),
+    ({"mesh__data": 2, "mesh__fsdp": 2}, "config.mesh=.* needs 4 devices but 8"),
+    ({"mesh__tensor": 3}, "the fixed axes use 3 devices, which does not divide the 8"),
+    ({"data__batch_multiple": 4, "data__eval_batch_size": 64},
+     r"config.data.batch_multiple=4 must be a multiple of 8 = 8 batch shards"),
+    ({"grad_accum_steps": 3}, r"must be a multiple of 24 = 8 batch shards .* x "
+                              r"config.grad_accum_steps=3"),
+    ({"model__d_model": 30}, r"config.model.d_k: d_model=30 is not divisible by num_heads=8"),
+    ({"model__num_heads": 7}, r"d_model=512 is not divisible by num_heads=7"),
+    ({"model__max_len": 64},
+     r"config.data.max_source_length=72 is longer than config.model.max_len=64, the positions"),
+    ({"data__batch_mode": "packed", "model__max_len": 100},
+     r"config.data.max_length=128 is longer than config.model.max_len=100"),
+    ({"data__batch_mode": "packed", "data__max_length": 64},
+     r"config.data.max_source_length=72 is invalid: allowed at most data.max_length=64"),
+    ({"data__batch_mode": "packed", "data__batch_size": 12},
+     r"config.data.batch_size=12 is invalid: allowed a multiple of data.batch_multiple=8"),
+    ({"data__source_lang": "de"}, r"config.data.source_lang='de' is invalid: allowed a "
+                                  r"language of embedded"),
+    ({"sharding_rules": "batch=data,heads=cores"}, "unknown mesh axis 'cores'"),
+    ({"sharding_rules": "zero3"}, "config.sharding_rules='zero3' is not understood"),
+])
+def test_bad_values_and_combinations_name_the_field(changes, message):
+  with pytest.raises(config_lib.ConfigError, match=message):
+    config_lib.validate(_with(**changes))
+
+
+
+
+def test_model_fields_follow_the_presets_and_build_the_model():
+  config = config_lib.default_config()
+  config.model = config_lib.model_fields("big")
+  assert config_lib.transformer_config(config, vocab_size=37000) == TransformerConfig.preset("big")
+  config.model = config_lib.model_fields("C2", dtype="bfloat16")
+  c2 = config_lib.transformer_config(config, vocab_size=100)
+  assert (c2.num_layers, c2.dtype, c2.d_k) == (4, "bfloat16", 64)
+  with pytest.raises(config_lib.ConfigError, match="config.model.preset: unknown preset 'huge'"):
+    config_lib.model_fields("huge")
+  with pytest.raises(config_lib.ConfigError, match="config.model.heads is not a model field"):
+    config_lib.model_fields("base", heads=4)
+
+
+def test_every_field_has_a_help_line_and_is_in_the_readme():
+  readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+  for prefix, fields in (("", config_lib.FIELDS), ("decode.", config_lib.DECODE_FIELDS)):
+    for name, field in fields.items():
+      assert field.help and field.check(field.default), name
+      assert f"`{prefix}{name}`" in readme, f"README lacks config.{prefix}{name}"
+
+
+def test_a_parameter_that_does_not_split_over_the_mesh_is_a_config_error():
+  config = config_lib.default_config()
+  config.mesh.update(data=4, tensor=2)
+  config.sharding_rules = "tp"
+  with pytest.raises(config_lib.ConfigError, match=r"config.mesh with config.sharding_rules: "
+                     r"\['embed'\]\['embedding'\] has shape \(41, 512\)"):
+    config_lib.placement(config, vocab_size=41)

@@ -1,0 +1,341 @@
+"""Decoding: cache vs teacher forcing, greedy and beam search vs brute force, limits, sharding.
+
+References are independent of the code under test: the teacher-forced forward
+pass, numpy float64 formulas, and exhaustive enumeration of every hypothesis.
+Random tiny Transformers tend to end at once or never, so the searches are
+also checked on `MarkovModel`, a stand-in whose next-token table makes
+EOS likelier with position and gives optima of every length.
+"""
+
+import dataclasses
+import functools
+import itertools
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from helpers import SOURCES_16, VOCAB, eos_biased_model as tiny_model, stack_layers
+from transformer_jax.conventions import EOS_ID as EOS
+from transformer_jax.decode import search as decoding
+from transformer_jax.model.transformer import Transformer, TransformerConfig
+WORDS = range(2, VOCAB)
+
+
+# --- models and references -------------------------------------------------
+
+class MarkovModel(nn.Module):
+  """Stand-in with the Transformer's encode/decode methods: logits `table[position, previous]`.
+
+  The table `[max_len, vocab, vocab]` is the "table" param; the cache holds
+  one value per row, so it is reordered like a real cache.
+  """
+
+  config: Any
+
+  def encode(self, inputs):
+    return jnp.zeros(inputs.shape + (1,))
+
+  @nn.compact
+  def decode(self, encoded, inputs, targets, targets_position=None, decode=False):
+    self.variable("cache", "rows", jnp.zeros, targets.shape[:1])
+    return self.get_variable("params", "table")[targets_position, targets]
+
+
+def markov_model(seed, slope):
+  """Random table whose EOS logit grows by `slope` per position: (model, variables, table)."""
+  cfg = TransformerConfig(vocab_size=VOCAB, max_len=16)
+  table = np.random.default_rng(seed).normal(size=(16, VOCAB, VOCAB)).astype(np.float32)
+  table[:, :, EOS] += slope * (np.arange(16)[:, None] - 2.5)
+  return MarkovModel(cfg), {"params": {"table": jnp.asarray(table)}}, table
+
+
+def markov_log_prob(table, tokens):
+  """Summed log-probability of a token list under the table, in float64."""
+  table = table.astype(np.float64)
+  total, previous = 0.0, 0
+  for position, token in enumerate(tokens):
+    logits = table[position, previous]
+    total += logits[token] - np.log(np.exp(logits).sum())
+    previous = token
+  return total
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _forward_log_probs(model, variables, inputs, targets):
+  return jax.nn.log_softmax(model.apply(variables, inputs, targets))
+
+
+def teacher_forced_log_probs(model, variables, inputs, targets):
+  """float64 log-softmax of the full forward pass: `[b, t, vocab]`."""
+  return np.asarray(_forward_log_probs(model, variables, inputs, targets), np.float64)
+
+
+def transformer_log_probs(model, variables, source, hypotheses):
+  """Summed log-probability of each hypothesis (lists of ids) given one source row."""
+  targets = np.zeros((len(hypotheses), max(len(h) for h in hypotheses)), np.int32)
+  for i, h in enumerate(hypotheses):
+    targets[i, :len(h)] = h
+  inputs = np.repeat(np.asarray(source)[None], len(hypotheses), axis=0)
+  log_probs = teacher_forced_log_probs(model, variables, inputs, targets)
+  picked = np.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+  return np.sum(np.where(targets != 0, picked, 0.0), axis=1)
+
+
+def gnmt_penalty(length, alpha):
+  return ((5.0 + np.asarray(length, np.float64)) / 6.0) ** alpha
+
+
+def all_hypotheses(limit):
+  """Every complete output of at most `limit` tokens: words then EOS, or `limit` words cut off."""
+  hyps = [list(p) + [EOS] for n in range(limit) for p in itertools.product(WORDS, repeat=n)]
+  return hyps + [list(p) for p in itertools.product(WORDS, repeat=limit)]
+
+
+def brute_force_best(log_prob_of, limit, alpha):
+  """(best hypothesis, its score) over `all_hypotheses(limit)`; asserts there is no near-tie."""
+  hyps = all_hypotheses(limit)
+  scores = np.array([log_prob_of(hyps)]).ravel() / gnmt_penalty([len(h) for h in hyps], alpha)
+  best, runner_up = np.argsort(-scores)[:2]
+  assert scores[best] - scores[runner_up] > 1e-4, "fixture has a near-tie"
+  return hyps[best], scores[best]
+
+
+def source_lengths(inputs):
+  return (np.asarray(inputs) != 0).sum(axis=1)
+
+
+def output_lengths(tokens):
+  """Tokens per row, EOS included (decoders never emit the pad id 0)."""
+  return (np.asarray(tokens) != 0).sum(axis=1)
+
+
+def hypothesis(tokens, b):
+  return list(np.asarray(tokens)[b, :output_lengths(tokens)[b]])
+
+
+# --- pure helpers -----------------------------------------------------------
+
+def test_length_penalty_matches_gnmt_formula():
+  lengths = np.arange(0, 60)
+  for alpha in (0.0, 0.6, 1.0, 2.0):
+    np.testing.assert_allclose(
+        decoding.length_penalty(lengths, alpha), gnmt_penalty(lengths, alpha), rtol=1e-6)
+
+
+def test_max_lengths_adds_extra_to_source_length_and_caps():
+  inputs = jnp.array([[5, 6, 7, 0], [5, 0, 0, 0], [0, 0, 0, 0], [5, 6, 7, 8]])
+  np.testing.assert_array_equal(decoding.max_lengths(inputs, 50, 53), [53, 51, 0, 53])
+  np.testing.assert_array_equal(decoding.max_lengths(inputs, 2, 64), [5, 3, 0, 6])
+
+
+def test_gather_beams_and_reorder_cache():
+  x = jnp.arange(2 * 3 * 2).reshape(2, 3, 2)
+  indices = jnp.array([[2, 2, 0], [1, 0, 1]])
+  expected = np.stack([np.asarray(x)[b][np.asarray(indices)[b]] for b in range(2)])
+  np.testing.assert_array_equal(decoding.gather_beams(x, indices), expected)
+
+  rows = jnp.arange(6 * 4).reshape(6, 4)
+  cache = {"layer": {"cached_key": rows, "cache_index": jnp.int32(3), "static_key": rows}}
+  out = decoding.reorder_cache(cache, indices)
+  flat = np.array([2, 2, 0, 4, 3, 4])  # sentence-major rows: sentence * 3 + beam
+  np.testing.assert_array_equal(out["layer"]["cached_key"], np.asarray(rows)[flat])
+  np.testing.assert_array_equal(out["layer"]["static_key"], rows)
+  assert int(out["layer"]["cache_index"]) == 3
+
+
+def test_top_extensions_ranks_every_beam_token_pair():
+  rng = np.random.default_rng(0)
+  alive = np.array([[-1.0, -0.5, -np.inf], [0.0, -2.0, -3.0]], np.float32)
+  log_probs = np.log(rng.dirichlet(np.ones(4), size=(2, 3))).astype(np.float32)
+  got_scores, got_beams, got_tokens = decoding.top_extensions(jnp.asarray(alive), log_probs, 4)
+  for b in range(2):
+    pairs = sorted(((alive[b, i] + log_probs[b, i, t], i, t) for i in range(3) for t in range(4)),
+                   reverse=True)[:4]
+    np.testing.assert_allclose(got_scores[b], [p[0] for p in pairs], rtol=1e-6)
+    assert list(zip(got_beams[b].tolist(), got_tokens[b].tolist())) == [p[1:] for p in pairs]
+
+
+def test_expand_beams_is_sentence_major():
+  x = jnp.array([[1, 2], [3, 4]])
+  np.testing.assert_array_equal(decoding.expand_beams(x, 3), [[1, 2]] * 3 + [[3, 4]] * 3)
+
+
+def test_trim_cuts_at_eos():
+  tokens = np.array([[4, 2, 1, 0], [3, 3, 3, 3], [1, 0, 0, 0], [0, 0, 0, 0]])
+  assert decoding.trim(tokens) == [[4, 2], [3, 3, 3, 3], [], []]
+
+
+# --- cached decoding vs the teacher-forced forward pass ---------------------
+
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_cached_steps_match_teacher_forcing_including_beam_reorders(scan_layers):
+  model, variables = tiny_model(seed=1)
+  if scan_layers:  # The cache then leads with a layers axis.
+    model = Transformer(dataclasses.replace(model.config, scan_layers=True))
+    variables = {"params": stack_layers(variables["params"], 2)}
+  rng = np.random.default_rng(0)
+  inputs = jnp.array([[2, 3, 4, 2, 0], [4, 4, 0, 0, 0]])
+  k, steps = 3, 6
+  # Each of the 2 * 3 rows feeds its own random tokens; before step 3 the beams
+  # of each sentence are reordered, so later steps continue other rows' prefixes.
+  fed = rng.integers(1, VOCAB, size=(2, k, steps))
+  reorder_at, order = 3, np.array([[2, 0, 0], [1, 2, 1]])
+  history = fed.copy()
+  history[:, :, :reorder_at] = np.stack([fed[b][order[b], :reorder_at] for b in range(2)])
+  beam_inputs = decoding.expand_beams(inputs, k)
+  before, after = fed.reshape(2 * k, steps), history.reshape(2 * k, steps)
+  expected_before = teacher_forced_log_probs(model, variables, beam_inputs, before)
+  expected_after = teacher_forced_log_probs(model, variables, beam_inputs, after)
+
+  encoded = jax.jit(functools.partial(model.apply, method=model.encode))(variables, beam_inputs)
+  cache = jax.jit(decoding.init_cache, static_argnums=(0, 4))(
+      model, variables, encoded, beam_inputs, 8)
+  decode_step = jax.jit(decoding.decode_step, static_argnums=0)
+  for step in range(steps):
+    if step == reorder_at:
+      cache = decoding.reorder_cache(cache, jnp.asarray(order), batch_axis=int(scan_layers))
+    targets, expected = (before, expected_before) if step < reorder_at else (after, expected_after)
+    previous = targets[:, step - 1] if step else np.zeros(2 * k, np.int32)
+    log_probs, cache = decode_step(
+        model, variables, cache, encoded, beam_inputs, jnp.asarray(previous), step)
+    np.testing.assert_allclose(log_probs[:, 1:], expected[:, step, 1:], atol=1e-5)
+    assert np.all(np.isneginf(log_probs[:, 0]))  # the pad id is never emitted
+
+
+# --- greedy decoding ----------------------------------------------------------
+
+def test_greedy_takes_the_teacher_forced_argmax_and_stops_when_all_are_done():
+  model, variables = tiny_model(eos_bias=2.0, seed=3, vocab=16)
+  inputs = jnp.concatenate([SOURCES_16, jnp.zeros((1, 8), jnp.int32)])
+  out = decoding.greedy_decode(model, variables, inputs, max_len=24, max_extra=12)
+  lengths, limits = output_lengths(out.tokens), source_lengths(inputs) + 12
+  all_log_probs = teacher_forced_log_probs(model, variables, inputs, out.tokens)
+  for b in range(4):
+    hyp, log_probs = hypothesis(out.tokens, b), all_log_probs[b, :lengths[b]]
+    np.testing.assert_array_equal(np.argmax(log_probs[:, 1:], axis=-1) + 1, hyp)
+    np.testing.assert_allclose(out.scores[b], log_probs[np.arange(len(hyp)), hyp].sum(),
+                               atol=1e-4)
+    assert (hyp[-1] == EOS) != (lengths[b] == limits[b])  # ends at EOS or is cut at its limit
+  assert EOS in hypothesis(out.tokens, 1)  # this fixture has one sentence that ends early
+  assert lengths[4] == 0 and float(out.scores[4]) == 0.0  # empty source, empty output
+  assert int(out.steps) == lengths.max() < 24  # the loop stops with the last sentence
+
+
+# --- beam search ----------------------------------------------------------------
+
+@pytest.mark.parametrize("fixture", ["transformer_eos_early", "transformer", "markov"])
+def test_beam_of_one_is_greedy(fixture):
+  if fixture == "markov":
+    model, variables, _ = markov_model(seed=1, slope=1.0)
+    inputs = jnp.array([[2, 3, 4, 0], [3, 0, 0, 0], [4, 2, 2, 2], [0, 0, 0, 0]])
+  else:
+    bias, seed = (2.0, 3) if fixture == "transformer_eos_early" else (0.0, 5)
+    model, variables = tiny_model(eos_bias=bias, seed=seed, vocab=16)
+    inputs = SOURCES_16
+  kwargs = dict(max_len=12, max_extra=6)
+  greedy = decoding.greedy_decode(model, variables, inputs, **kwargs)
+  for alpha in (0.6, 0.0):
+    beam = decoding.beam_search(model, variables, inputs, beam_size=1, alpha=alpha, **kwargs)
+    np.testing.assert_array_equal(beam.tokens, greedy.tokens)
+    assert int(beam.steps) == int(greedy.steps)
+  # With alpha = 0 the beam score is the plain summed log-probability.
+  np.testing.assert_allclose(beam.scores, greedy.scores, atol=1e-5)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0])
+@pytest.mark.parametrize("eos_bias, seed", [(0.0, 6), (-0.5, 7), (1.0, 6)])
+def test_transformer_large_beam_finds_the_brute_force_best(alpha, eos_bias, seed):
+  """Limits 3 and 4 (source lengths 1 and 2, max_extra 2), every hypothesis enumerated.
+
+  A beam of 4 * 3**3 = 108 keeps every candidate at every step.
+  """
+  model, variables = tiny_model(eos_bias=eos_bias, seed=seed)
+  inputs = jnp.array([[3, 0, 0], [2, 4, 0]])
+  out = decoding.beam_search(model, variables, inputs, beam_size=108, alpha=alpha,
+                             max_len=6, max_extra=2)
+  for b, limit in enumerate(source_lengths(inputs) + 2):
+    best, score = brute_force_best(
+        lambda hyps, b=b: transformer_log_probs(model, variables, inputs[b], hyps), limit, alpha)
+    assert hypothesis(out.tokens, b) == best
+    np.testing.assert_allclose(out.scores[b], score, rtol=1e-5)
+
+
+def earliest_safe_stop(table, limit, alpha):
+  """First step after which no unfinished hypothesis can beat the best finished one (enumerated)."""
+  for step in range(1, limit):
+    finished = [h for h in all_hypotheses(limit) if len(h) <= step and h[-1] == EOS]
+    best = max((markov_log_prob(table, h) / gnmt_penalty(len(h), alpha) for h in finished),
+               default=-np.inf)
+    alive = max(markov_log_prob(table, p) for p in itertools.product(WORDS, repeat=step))
+    if best >= alive / max(gnmt_penalty(step + 1, alpha), gnmt_penalty(limit, alpha)):
+      return step
+  return limit
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0])
+@pytest.mark.parametrize("seed, slope", [(0, 0.5), (1, 1.0), (3, 1.0), (4, 2.0)])
+def test_markov_large_beam_finds_the_brute_force_best_and_stops_early(alpha, seed, slope):
+  """Limits 5 and 6; a beam of 4 * 3**5 = 972 keeps every candidate at every step.
+
+  The loop must run exactly until both sentences are safe to stop, which the
+  fixtures make happen before the limit in most cases.
+  """
+  model, variables, table = markov_model(seed, slope)
+  inputs = jnp.array([[3, 2, 0], [2, 4, 4]])
+  limits = source_lengths(inputs) + 3
+  out = decoding.beam_search(model, variables, inputs, beam_size=972, alpha=alpha,
+                             max_len=8, max_extra=3)
+  for b, limit in enumerate(limits):
+    best, score = brute_force_best(
+        lambda hyps: [markov_log_prob(table, h) for h in hyps], limit, alpha)
+    assert hypothesis(out.tokens, b) == best
+    np.testing.assert_allclose(out.scores[b], score, rtol=1e-5)
+  assert int(out.steps) == max(earliest_safe_stop(table, limit, alpha) for limit in limits)
+
+
+def test_markov_fixtures_cover_early_stops_and_optima_of_every_length():
+  """Guards the test above against fixtures that no longer exercise anything."""
+  lengths, early = set(), 0
+  for seed, slope in [(0, 0.5), (1, 1.0), (3, 1.0), (4, 2.0)]:
+    _, _, table = markov_model(seed, slope)
+    for alpha in (0.0, 0.6, 2.0):
+      best, _ = brute_force_best(lambda hyps: [markov_log_prob(table, h) for h in hyps], 6, alpha)
+      lengths.add(len(best))
+      early += earliest_safe_stop(table, 6, alpha) < 6
+  assert {2, 3, 5} <= lengths and early >= 6
+
+
+def test_beam_of_four_stops_before_the_limit():
+  model, variables = tiny_model(eos_bias=2.0, seed=3, vocab=16)
+  out = decoding.beam_search(model, variables, SOURCES_16, beam_size=4, max_len=24, max_extra=12)
+  lengths = output_lengths(out.tokens)
+  assert np.all(np.asarray(out.tokens)[np.arange(4), lengths - 1] == EOS)
+  assert int(out.steps) < (source_lengths(SOURCES_16) + 12).max()
+
+
+@pytest.mark.parametrize("search", ["greedy", "beam"])
+def test_outputs_never_exceed_source_length_plus_max_extra(search):
+  model, variables = tiny_model(eos_bias=-30.0, seed=10)  # EOS is never chosen
+  inputs = jnp.array([[2, 3, 4, 0, 0], [3, 0, 0, 0, 0], [0, 0, 0, 0, 0], [4, 2, 2, 2, 3]])
+  kwargs = dict(max_len=7, max_extra=3)
+  if search == "greedy":
+    out = decoding.greedy_decode(model, variables, inputs, **kwargs)
+  else:
+    out = decoding.beam_search(model, variables, inputs, beam_size=4, **kwargs)
+  expected = np.minimum(source_lengths(inputs) + 3, 7) * (source_lengths(inputs) > 0)
+  np.testing.assert_array_equal(output_lengths(out.tokens), expected)  # cut at the limit
+  assert not np.any(np.asarray(out.tokens) == EOS)
+  assert int(out.steps) == expected.max()
+
+
+def test_rejects_max_len_beyond_the_model_positions_and_empty_beams():
+  model, variables = tiny_model()
+  inputs = jnp.ones((1, 3), jnp.int32)
+  with pytest.raises(ValueError, match=r"max_len=40 must be in \[1, 32\]"):
+    decoding.greedy_decode(model, variables, inputs, max_len=40)
+  with pytest.raises(ValueError, match="beam_size must be at least 1"):
+    decoding.beam_search(model, variables, inputs, beam_size=0, max_len=8)

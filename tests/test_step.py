@@ -1,0 +1,57 @@
+"""The train step: gradient accumulation equals the whole batch, micro-batches keep each device's
+rows, bfloat16 computation keeps float32 parameters and Adam state."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from helpers import synthetic_batch, tiny_model_config
+from transformer_jax.model.transformer import Transformer
+from transformer_jax.train import objective, step as step_lib
+
+
+def test_gradient_accumulation_over_4_micro_batches_equals_the_whole_batch():
+  config = tiny_model_config(dropout_rate=0.0)
+  model = Transformer(config)
+  batch = synthetic_batch(1, rows=16)
+  params = jax.jit(model.init)(jax.random.key(0), batch["inputs"], batch["targets"])["params"]
+  optimizer = optax.sgd(1.0)  # The parameter change is minus the gradient itself.
+  state = step_lib.TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                              opt_state=optimizer.init(params))
+  results = []
+  for accum in (1, 4):
+    step = step_lib.make_train_step(model, optimizer, label_smoothing=0.1,
+                                    grad_accum_steps=accum)
+    new_state, metrics = jax.jit(step)(state, batch)
+    results.append((jax.device_get(metrics), jax.device_get(new_state.params)))
+  (whole, whole_params), (accumulated, accumulated_params) = results
+  for key in ("loss", "nll", "tokens", "source_tokens", "grad_norm", "flops"):
+    np.testing.assert_allclose(accumulated[key], whole[key], rtol=1e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), accumulated_params,
+               whole_params)
+
+
+def test_split_micro_batches_keeps_each_devices_rows_together():
+  rows = np.arange(8)[:, None]
+  micro = np.asarray(step_lib.split_micro_batches(jnp.asarray(rows), 2))
+  # Two devices holding rows 0-3 and 4-7: each micro-batch takes 2 rows from each.
+  np.testing.assert_array_equal(micro[:, :, 0], [[0, 2, 4, 6], [1, 3, 5, 7]])
+
+
+def test_bfloat16_computation_keeps_float32_parameters_and_adam_state():
+  config = tiny_model_config(dtype="bfloat16")
+  model = Transformer(config)
+  batch = synthetic_batch(2)
+  params = jax.jit(model.init)(jax.random.key(0), batch["inputs"], batch["targets"])["params"]
+  schedule = objective.learning_rate_schedule(d_model=config.d_model, warmup_steps=10)
+  optimizer = objective.make_optimizer(schedule, b1=0.9, b2=0.98, eps=1e-9, grad_clip_norm=1.0)
+  state = step_lib.TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                              opt_state=optimizer.init(params))
+  step = jax.jit(step_lib.make_train_step(model, optimizer, label_smoothing=0.1))
+  state, metrics = step(state, batch)
+  floats = [x for x in jax.tree.leaves((state.params, state.opt_state)) if x.ndim]
+  assert floats and all(x.dtype == jnp.float32 for x in floats)
+  per_token = float(metrics["loss"]) / float(metrics["tokens"])
+  assert np.isfinite(per_token) and abs(per_token - np.log(config.vocab_size)) < 1.5
+  assert int(state.step) == 1

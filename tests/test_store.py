@@ -1,0 +1,109 @@
+"""Orbax checkpoints: restore across meshes (8 devices to a 1-device process and back), data
+position, keep-last-K, and what a step is read to hold."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import grain
+import jax
+import numpy as np
+import pytest
+
+from helpers import REPO, make_trainer as _trainer, random_state as _random_state
+from transformer_jax.checkpoints import store
+
+
+def _dataset():
+  return grain.MapDataset.range(1000).batch(4).to_iter_dataset()
+
+
+def test_restore_on_another_mesh_and_data_position(tmp_path):
+  fsdp = _trainer({"fsdp": 8}, "fsdp")
+  state = _random_state(fsdp, 0)
+  data = iter(_dataset())
+  next(data), next(data)
+  manager = store.make_manager(str(tmp_path))
+  store.save(manager, 7, state, data)
+  manager.wait_until_finished()
+
+  one = _trainer({"data": 1}, "dp", jax.devices()[:1])
+  data = iter(_dataset())
+  restored = store.restore(store.make_manager(str(tmp_path)), one.abstract_state,
+                                   data)
+  np.testing.assert_array_equal(next(data), [8, 9, 10, 11])  # The third batch.
+  jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
+               restored, state)
+  leaf = restored.params["decoder"]["layer_0"]["feed_forward"]["wi"]
+  assert leaf.sharding.device_set == {jax.devices()[0]}
+
+  # And back: saved on one device, restored sharded over 8.
+  manager = store.make_manager(str(tmp_path / "back"))
+  store.save(manager, 3, restored)
+  manager.wait_until_finished()
+  again = store.restore(store.make_manager(str(tmp_path / "back")),
+                                fsdp.abstract_state)
+  leaf = again.params["decoder"]["layer_0"]["feed_forward"]["wi"]
+  assert len(leaf.sharding.device_set) == 8 and leaf.sharding.spec[0] == "fsdp"
+  assert leaf.addressable_shards[0].data.shape == (32 // 8, 64)
+  jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
+               again, state)
+
+
+def test_a_checkpoint_from_8_devices_loads_in_a_1_device_process(tmp_path):
+  fsdp = _trainer({"fsdp": 8}, "fsdp")
+  state = _random_state(fsdp, 1)
+  manager = store.make_manager(str(tmp_path / "ckpt"))
+  store.save(manager, 5, state)
+  manager.wait_until_finished()
+  np.save(tmp_path / "expected.npy", np.asarray(state.params["embed"]["embedding"]))
+  script = textwrap.dedent(f"""
+      import sys
+      sys.path.insert(0, {str(REPO / 'tests')!r})
+      import jax, numpy as np
+      from transformer_jax.checkpoints import store
+      from helpers import make_trainer
+      assert jax.device_count() == 1
+      trainer = make_trainer({{"data": -1}}, "dp")
+      state = store.restore(store.make_manager({str(tmp_path / 'ckpt')!r}), trainer.abstract_state)
+      assert int(state.step) == {int(state.step)}
+      np.testing.assert_array_equal(np.asarray(state.params["embed"]["embedding"]),
+                                    np.load({str(tmp_path / 'expected.npy')!r}))
+      print("restored on", jax.devices())
+  """)
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1",
+             PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+  result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "restored on [CpuDevice(id=0)]" in result.stdout
+
+
+def test_only_the_last_k_checkpoints_are_kept(tmp_path):
+  trainer = _trainer({"data": 1}, "dp", jax.devices()[:1])
+  state = _random_state(trainer, 2)
+  manager = store.make_manager(str(tmp_path), max_to_keep=2)
+  for step in (10, 20, 30, 40):
+    assert store.save(manager, step, state)
+  assert not store.save(manager, 40, state)  # Already there.
+  manager.wait_until_finished()
+  assert manager.all_steps() == [30, 40]
+  assert sorted(os.listdir(tmp_path)) == ["30", "40"]
+
+
+def test_saved_arrays_and_check_layout_read_names_and_shapes_without_the_data(tmp_path):
+  trainer = _trainer()
+  manager = store.make_manager(str(tmp_path))
+  store.save(manager, 4, _random_state(trainer, 4))
+  manager.wait_until_finished()
+  arrays = store.saved_arrays(manager, 4)
+  assert arrays["params/embed/embedding"].shape == (40, 32)
+  assert arrays["opt_state/0/mu/embed/embedding"].shape == (40, 32) and "step" in arrays
+  store.check_layout(manager, 4, trainer.abstract_state)
+  store.check_layout(manager, 4, trainer.placement.abstract_params, under="params")
+  other = _trainer(vocab_size=48)
+  with pytest.raises(store.CheckpointMismatchError, match=(
+      r"params/embed/embedding: \(40, 32\) in the checkpoint, \(48, 32\) expected.*Use this")):
+    store.check_layout(manager, 4, other.placement.abstract_params, under="params",
+                               hint="Use this")

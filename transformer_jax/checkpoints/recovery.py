@@ -1,0 +1,248 @@
+"""What a run does when its checkpoints are broken or cannot be written.
+
+Resuming (`resume`): leftovers of interrupted writes (Orbax's
+`<step>.orbax-checkpoint-tmp*` directories, never committed) are reported and
+removed; committed steps are tried newest first, each restored and checked
+against its fingerprints; a step that fails is reported and skipped, and once
+a good one is found the bad ones are moved aside to `<step>.unusable-<time>`
+for inspection. When no step is good the run stops, unless asked to start over.
+
+Saving (`CheckpointWriter`): a save that fails (full disk, read-only or vanished
+directory) is reported naming the step and directory; its partial files are
+removed, the earlier checkpoints stay as they were, and the run stops or goes
+on as configured. Old steps are deleted only after a newer one is committed,
+and so that a kill midway leaves a partial write, never a half-deleted step.
+"""
+
+import datetime
+import errno
+import os
+import time
+
+from absl import logging
+from etils import epath
+import jax
+from jax.experimental import multihost_utils
+import orbax.checkpoint as ocp
+
+from transformer_jax.checkpoints import store
+from transformer_jax.errors import UserError
+
+PARTIAL_MARK = ".orbax-checkpoint-tmp"
+UNUSABLE_MARK = ".unusable-"
+
+
+class UnusableCheckpointsError(UserError):
+  """Checkpoints exist but none of them can be restored."""
+
+
+class CheckpointSaveError(UserError):
+  """A checkpoint could not be written."""
+
+
+def _first_line(error: BaseException) -> str:
+  text = str(error).strip().splitlines()
+  return f"{type(error).__name__}: {text[0][:400] if text else ''}"
+
+
+def _on_main_process(fn):
+  """Run `fn()` on process 0 only; every process waits for it."""
+  if jax.process_index() == 0:
+    fn()
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices(f"recovery:{fn.__name__}")
+
+
+def remove_partial_writes(directory, step: int | None = None) -> list[str]:
+  """Delete the uncommitted writes in `directory` (of `step` only, if given); returns their paths."""
+  try:
+    names = [p.name for p in epath.Path(directory).iterdir()]
+  except OSError:  # Missing, or not a directory: nothing to remove.
+    return []
+  found = sorted(os.path.join(directory, name) for name in names
+                 if PARTIAL_MARK in name and (step is None or name.split(".", 1)[0] == str(step)))
+
+  def remove():
+    for path in found:
+      try:
+        epath.Path(path).rmtree()
+      except OSError as error:
+        logging.warning("could not remove the partial checkpoint %s: %s", path, error)
+  _on_main_process(remove)
+  return found
+
+
+def _quarantine(manager: ocp.CheckpointManager, steps) -> list[str]:
+  """Rename the step directories of `steps` to `<step>.unusable-<UTC time>`; returns the new paths."""
+  stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S")
+  moves = [(manager.directory / str(s), manager.directory / f"{s}{UNUSABLE_MARK}{stamp}")
+           for s in steps]
+
+  def move():
+    for source, target in moves:
+      source.rename(target)
+  _on_main_process(move)
+  manager.reload()
+  return [str(target) for _, target in moves]
+
+
+def delete_steps(manager: ocp.CheckpointManager, steps) -> None:
+  """Delete committed `steps`, each first renamed to an uncommitted name.
+
+  A run killed meanwhile leaves a partial write (which the next run removes),
+  never a half-deleted step that looks committed. Failures are logged only.
+  """
+  def delete():
+    for step in steps:
+      doomed = manager.directory / f"{step}{PARTIAL_MARK}-deleting"
+      try:
+        (manager.directory / str(step)).rename(doomed)
+        doomed.rmtree()
+      except OSError as error:
+        logging.warning("could not delete the old checkpoint %s: %s",
+                        manager.directory / str(step), error)
+  if steps:
+    _on_main_process(delete)
+    manager.reload()
+
+
+_MISMATCH_HINT = ("Was config.model, data.vocab_size (or the vocabulary file) or "
+                  "config.grad_clip_norm changed? Use the config it was trained with, or another "
+                  "--workdir")
+
+
+def resume(manager: ocp.CheckpointManager, abstract_state, data_iterator=None, *,
+           start_over: bool = False):
+  """The newest checkpointed state that restores and verifies, or None when there is none to resume.
+
+  `data_iterator` is moved to that checkpoint's data position (and left at
+  its initial position when None is returned). Raises UnusableCheckpointsError
+  when steps exist but none is good, unless `start_over`: then they are moved
+  aside and None is returned. Raises `store.CheckpointMismatchError` when a
+  step's arrays do not fit `abstract_state` (a changed config, not a broken
+  file).
+  """
+  for path in remove_partial_writes(manager.directory):
+    logging.warning("removed %s, left by a checkpoint write (or deletion) that was interrupted",
+                    path)
+  manager.reload()
+  steps = sorted(manager.all_steps(), reverse=True)
+  if not steps:
+    return None
+  initial_position = None if data_iterator is None else data_iterator.get_state()
+  bad = []
+  for step in steps:
+    try:
+      store.check_layout(manager, step, abstract_state, hint=_MISMATCH_HINT)
+      state = store.restore(manager, abstract_state, data_iterator, step=step)
+    except store.CheckpointMismatchError:
+      raise
+    except Exception as error:  # Any failure to read it back makes the step unusable.
+      logging.warning("checkpoint %s is unusable, skipping it: %s", manager.directory / str(step),
+                      _first_line(error))
+      bad.append(step)
+      continue
+    if bad:
+      moved = _quarantine(manager, bad)
+      logging.warning("resuming from step %d, the newest good checkpoint; the unusable ones were "
+                      "moved aside: %s", step, ", ".join(moved))
+    return state
+  if not start_over:
+    raise UnusableCheckpointsError(
+        f"none of the {len(steps)} checkpoints in {manager.directory} (steps "
+        f"{', '.join(map(str, sorted(steps)))}) can be restored; see the warnings above. Move "
+        "them away or fix them, or pass --config.on_bad_checkpoints=start_over to move them "
+        "aside and train from step 0")
+  moved = _quarantine(manager, steps)
+  if data_iterator is not None:
+    data_iterator.set_state(initial_position)
+  logging.warning("starting over from step 0 (config.on_bad_checkpoints='start_over'); the "
+                  "unusable checkpoints were moved aside: %s", ", ".join(moved))
+  return None
+
+
+def _check_writable(directory) -> None:
+  """Raise OSError unless the local `directory` is a directory this process may write in.
+
+  Orbax waits 5 minutes before it reports a step directory it could not
+  create; this check reports a vanished, replaced or read-only directory at once.
+  """
+  path = str(directory)
+  if "://" in path:
+    return
+  if not os.path.isdir(path):
+    raise NotADirectoryError(errno.ENOTDIR, "the checkpoint directory is gone or not a directory",
+                             path)
+  if not os.access(path, os.W_OK):
+    raise PermissionError(errno.EACCES, "the checkpoint directory is not writable", path)
+
+
+class CheckpointWriter:
+  """Saves checkpoints (`store.save`) and deals with saves that fail.
+
+  A save is asynchronous: its failure shows when the next save starts or in
+  `finish`. On a failure the partial files of that step are removed and the
+  error is logged with the step, the directory and the latest good step; then
+  with `on_error='stop'` CheckpointSaveError is raised, and with 'continue'
+  training goes on and the next checkpoint step tries again. `finish` raises
+  CheckpointSaveError if the last save failed, whatever `on_error` says, so a
+  run never ends without its final checkpoint unnoticed. Once a save is
+  committed, the steps before the newest `keep` (0: none) are deleted
+  (`delete_steps`); a failed save deletes nothing.
+  """
+
+  def __init__(self, manager: ocp.CheckpointManager, *, on_error: str = "stop", keep: int = 0):
+    if on_error not in ("stop", "continue"):
+      raise ValueError(f"on_error must be 'stop' or 'continue'; got {on_error!r}")
+    self.manager, self.on_error, self.keep = manager, on_error, keep
+    self.failed_step = None  # The last save, if it failed.
+    self._pending = None  # The step being written in the background.
+
+  def save(self, step: int, state, data_iterator=None) -> None:
+    """Start saving `state` (and the iterator's position) as `step`."""
+    self._wait()
+    try:
+      _check_writable(self.manager.directory)
+      if store.save(self.manager, step, state, data_iterator):
+        self._pending = step
+    except Exception as error:  # Whatever the storage raised.
+      self._failed(step, error)
+
+  def finish(self) -> None:
+    """Wait for the last save; raise CheckpointSaveError if it failed."""
+    self._wait()
+    if self.failed_step is not None:
+      raise CheckpointSaveError(
+          f"the checkpoint of step {self.failed_step} could not be written (see the errors "
+          f"above); the latest good checkpoint in {self.manager.directory} is step "
+          f"{self.manager.latest_step()}")
+
+  def _wait(self):
+    step, self._pending = self._pending, None
+    try:
+      self.manager.wait_until_finished()
+    except Exception as error:  # The background write failed.
+      self._failed(step, error)
+      return
+    if step is not None:
+      self.failed_step = None
+      if self.keep:
+        delete_steps(self.manager, self.manager.all_steps()[:-self.keep])
+
+  def _failed(self, step, error):
+    # Writes of the failed save that were still under way may recreate its directory.
+    for _ in range(10):
+      if not remove_partial_writes(self.manager.directory, step):
+        break
+      time.sleep(0.2)
+    if epath.Path(self.manager.directory).is_dir():  # Else keep what the manager knew.
+      self.manager.reload()
+    self.failed_step = step
+    message = (f"could not save the checkpoint of step {step} in {self.manager.directory}: "
+               f"{_first_line(error)}. The latest good checkpoint is step "
+               f"{self.manager.latest_step()}")
+    if self.on_error == "stop":
+      raise CheckpointSaveError(
+          f"{message}; stopping (config.on_checkpoint_save_error='stop')") from error
+    logging.error("%s; training goes on and tries again at the next checkpoint step "
+                  "(config.on_checkpoint_save_error='continue')", message)

@@ -1,0 +1,64 @@
+"""The text files of the decode modes: lines in, lines out, JSON records; process 0 writes."""
+
+import json
+import sys
+
+from etils import epath
+import jax
+
+from transformer_jax.errors import UserError
+
+
+def read_lines(path: str | None) -> list[str]:
+  """The lines of the file at `path` (stdin for None or '-'), split at '\\n', as UTF-8 text.
+
+  A final '\\n' ends the last line rather than starting an empty one. Raises
+  UserError for an unreadable file, or naming the first line (1-based) that
+  is not valid UTF-8.
+  """
+  name = "stdin" if path in (None, "-") else path
+  try:
+    raw = sys.stdin.buffer.read() if name == "stdin" else epath.Path(path).read_bytes()
+  except OSError as error:
+    raise UserError(f"cannot read the input {name}: {error.strerror}") from None
+  pieces = raw.split(b"\n")
+  if pieces[-1] == b"":
+    pieces.pop()
+  lines = []
+  for number, piece in enumerate(pieces, 1):
+    try:
+      lines.append(piece.decode("utf-8"))
+    except UnicodeDecodeError as error:
+      raise UserError(
+          f"{name}, line {number}: not valid UTF-8 (byte 0x{piece[error.start]:02x} at byte "
+          f"{error.start + 1} of the line); the input must be UTF-8 text") from None
+  return lines
+
+
+def write_lines(path: str | None, lines) -> None:
+  """Write `lines`, each ending in '\\n', as UTF-8 to the file at `path` (stdout for None or '-').
+
+  Process 0 only. The file's directory is made if needed; `path` may be a URL
+  such as gs://.
+  """
+  if jax.process_index() != 0:
+    return
+  data = "".join(line + "\n" for line in lines).encode("utf-8")
+  if path in (None, "-"):
+    sys.stdout.buffer.write(data)
+    sys.stdout.buffer.flush()
+    return
+  try:
+    path = epath.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+  except OSError as error:
+    raise UserError(f"cannot write the output {path}: {error.strerror}") from None
+
+
+def write_json(path: str, record) -> None:
+  """Write `record` as indented JSON to `path` (a local path or a URL such as gs://); process 0 only."""
+  if jax.process_index() == 0:
+    path = epath.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2) + "\n")

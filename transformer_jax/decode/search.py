@@ -1,0 +1,297 @@
+"""Autoregressive decoding with a key/value cache: greedy decoding and beam search.
+
+Both searches run entirely inside `jax.jit` as one `lax.while_loop`, batched
+over sentences. The encoder runs once per batch; the cross-attention
+keys/values are projected once per sentence (per beam) when the cache is
+made, and each step feeds one token per row through the decoder.
+
+Token conventions are `transformer_jax.conventions`': PAD_ID (0) is padding
+and the decoder's start token, `eos_id` (EOS_ID, 1, by default) ends a
+sentence. Decoders never emit PAD_ID.
+
+Output length: sentence `i` gets at most `max_lengths(inputs, max_extra,
+max_len)[i]` tokens, EOS included, i.e. its number of non-pad input tokens
+plus `max_extra` (the paper's input length + 50), capped by the buffer size
+`max_len`. A hypothesis that reaches its limit without EOS ends there. A row
+whose input is all padding decodes to nothing (all zeros, score 0).
+
+Sharding: pass `inputs` sharded along the batch (e.g. `NamedSharding(mesh,
+P('data'))`); beams of a sentence stay next to each other (`[batch * beam]`
+rows, sentence-major), so every gather here is local to a sentence's shard.
+Inside `nn.logical_axis_rules`, the model's `batch` constraints apply to those
+rows; without rules the model's constraints are no-ops.
+"""
+
+import functools
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from transformer_jax.conventions import EOS_ID, PAD_ID
+
+NEG_INF = -jnp.inf
+# Cache entries projected once from the encoder output: identical for every
+# beam of a sentence, so reordering beams leaves them alone.
+STATIC_CACHE_NAMES = ("static_key", "static_value")
+
+
+class Decoded(NamedTuple):
+  """Output of a search.
+
+  tokens: `[batch, max_len]` int32, each row the hypothesis followed by zeros;
+    it ends with EOS unless it was cut at the row's maximum length.
+  scores: `[batch]` float32; greedy: the hypothesis' summed log-probability;
+    beam search: that sum divided by `length_penalty(length, alpha)`.
+  steps: int32 scalar, the number of decoder steps run (the loop stops as soon
+    as every sentence is done, usually before `max_len`).
+  """
+
+  tokens: jax.Array
+  scores: jax.Array
+  steps: jax.Array
+
+
+def length_penalty(length, alpha):
+  """GNMT length penalty `((5 + length) / 6) ** alpha` (float32, same shape as `length`)."""
+  return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
+
+
+def max_lengths(inputs, max_extra: int, max_len: int):
+  """Per-sentence output limit: non-pad input tokens + `max_extra`, capped at `max_len`.
+
+  `inputs` `[batch, src_len]` -> `[batch]` int32; 0 for rows with no real token.
+  """
+  source_lengths = jnp.sum(inputs != PAD_ID, axis=1, dtype=jnp.int32)
+  return jnp.where(source_lengths > 0, jnp.minimum(source_lengths + max_extra, max_len), 0)
+
+
+def init_cache(model, variables, encoded, inputs, max_len: int):
+  """Decoder cache for `max_len` target positions, holding the cross-attention keys/values.
+
+  `encoded` `[n, src_len, d_model]`, `inputs` `[n, src_len]`.
+  """
+  n = inputs.shape[0]
+  targets = jnp.zeros((n, max_len), jnp.int32)
+  _, mutated = model.apply(
+      variables, encoded, inputs, targets, targets_position=jnp.zeros_like(targets),
+      decode=True, method=model.decode, mutable=["cache"])
+  return mutated["cache"]
+
+
+def decode_step(model, variables, cache, encoded, inputs, tokens, position):
+  """One cached decoder step: (log-probs `[n, vocab]`, new cache).
+
+  `tokens` `[n]` are the previous outputs, fed at `position`. Log-probabilities
+  are float32, with the pad id set to -inf (never emitted).
+  """
+  n = tokens.shape[0]
+  logits, mutated = model.apply(
+      {**variables, "cache": cache}, encoded, inputs, tokens[:, None],
+      targets_position=jnp.full((n, 1), position, jnp.int32),
+      decode=True, method=model.decode, mutable=["cache"])
+  log_probs = jax.nn.log_softmax(logits[:, 0].astype(jnp.float32))
+  return log_probs.at[:, PAD_ID].set(NEG_INF), mutated["cache"]
+
+
+def expand_beams(x, beam_size: int):
+  """Repeat each row `beam_size` times, sentence-major: `[b, ...]` -> `[b * beam_size, ...]`."""
+  return jnp.repeat(x, beam_size, axis=0)
+
+
+def gather_beams(x, indices):
+  """Pick beams per sentence: `x` `[b, k, ...]`, `indices` `[b, k']` -> `[b, k', ...]`.
+
+  One `take_along_axis` over each beam's flattened row, which XLA copies as
+  whole rows: on a CPU about 6 times faster than indexing inside a `vmap`,
+  and the beam search reorders its whole cache this way every step.
+  """
+  b, k = x.shape[:2]
+  rows = jnp.take_along_axis(x.reshape(b, k, -1), indices[:, :, None], axis=1)
+  return rows.reshape(indices.shape + x.shape[2:])
+
+
+def top_extensions(alive_log_probs, log_probs, k: int):
+  """The `k` best one-token extensions of each sentence's beams, by summed log-probability.
+
+  `alive_log_probs` `[b, beams]` and next-token `log_probs` `[b, beams, vocab]`
+  -> (summed log-probs, source beam, token), each `[b, k]`, best first.
+  `approx_max_k` with recall target 1 is exact on every backend; unlike
+  `lax.top_k`, XLA keeps it sharded along a sharded batch instead of
+  gathering every sentence's candidates onto every device.
+  """
+  b, beams, vocab = log_probs.shape
+  candidates = (alive_log_probs[:, :, None] + log_probs).reshape(b, beams * vocab)
+  top_log_probs, top = lax.approx_max_k(candidates, k, recall_target=1.0)
+  return top_log_probs, top // vocab, (top % vocab).astype(jnp.int32)
+
+
+def reorder_cache(cache, indices, *, batch_axis: int = 0):
+  """Reorder the `[b * k, ...]` cache rows of every sentence by beam `indices` `[b, k]`.
+
+  The cache index and the cross-attention keys/values, which are the same for
+  all beams of a sentence, are left as they are. `batch_axis` is 1 when the
+  model scans its layers (cache entries then lead with a layers axis).
+  """
+  b, k = indices.shape
+
+  def reorder(path, x):
+    if x.ndim == batch_axis or getattr(path[-1], "key", None) in STATIC_CACHE_NAMES:
+      return x
+    rows = jnp.moveaxis(x, batch_axis, 0)
+    rows = gather_beams(rows.reshape((b, k) + rows.shape[1:]), indices).reshape(rows.shape)
+    return jnp.moveaxis(rows, 0, batch_axis)
+
+  return jax.tree_util.tree_map_with_path(reorder, cache)
+
+
+def _check_args(model, max_len, beam_size=1):
+  """Raise ValueError for a buffer the model cannot position or an empty beam."""
+  if not 0 < max_len <= model.config.max_len:
+    raise ValueError(
+        f"max_len={max_len} must be in [1, {model.config.max_len}] (the model's "
+        "TransformerConfig.max_len, the positions it can encode)")
+  if beam_size < 1:
+    raise ValueError(f"beam_size must be at least 1; got {beam_size}")
+
+
+@functools.partial(jax.jit, static_argnames=("model", "max_len", "max_extra", "eos_id"))
+def greedy_decode(model, variables, inputs, *, max_len: int, max_extra: int = 50,
+                  eos_id: int = EOS_ID) -> Decoded:
+  """Greedy decoding of source ids `[batch, src_len]` -> `Decoded` (tokens `[batch, max_len]`).
+
+  `variables` is the model's variable dict (`{"params": ...}`). At each step
+  every unfinished sentence takes its most probable token.
+  """
+  _check_args(model, max_len)
+  batch = inputs.shape[0]
+  encoded = model.apply(variables, inputs, method=model.encode)
+  limits = max_lengths(inputs, max_extra, max_len)
+
+  def cond(state):
+    step, _, _, done, _ = state
+    return (step < max_len) & ~jnp.all(done)
+
+  def body(state):
+    step, tokens, scores, done, cache = state
+    previous = jnp.where(step > 0, tokens[:, jnp.maximum(step - 1, 0)], PAD_ID)
+    log_probs, cache = decode_step(model, variables, cache, encoded, inputs, previous, step)
+    token = jnp.where(done, PAD_ID, jnp.argmax(log_probs, axis=-1).astype(jnp.int32))
+    token_log_prob = jnp.take_along_axis(log_probs, token[:, None], axis=1)[:, 0]
+    scores = scores + jnp.where(done, 0.0, token_log_prob)
+    tokens = tokens.at[:, step].set(token)
+    done = done | (token == eos_id) | (step + 1 >= limits)
+    return step + 1, tokens, scores, done, cache
+
+  state = (
+      jnp.int32(0),
+      jnp.zeros((batch, max_len), jnp.int32),
+      jnp.zeros((batch,), jnp.float32),
+      limits == 0,
+      init_cache(model, variables, encoded, inputs, max_len),
+  )
+  steps, tokens, scores, _, _ = lax.while_loop(cond, body, state)
+  return Decoded(tokens, scores, steps)
+
+
+def _sentence_done(alive_log_probs, best_scores, step, limits, alpha):
+  """True for sentences where no alive beam can beat the best finished hypothesis: `[b]`.
+
+  Log-probabilities only fall as a hypothesis grows, so an alive beam's best
+  possible score is its log-probability now over the largest penalty of any
+  length it may still end at (between `step + 1` and its sentence's limit).
+  """
+  largest_penalty = jnp.maximum(length_penalty(step + 1, alpha), length_penalty(limits, alpha))
+  bound = jnp.max(alive_log_probs, axis=1) / largest_penalty
+  return best_scores >= bound
+
+
+class BeamState(NamedTuple):
+  """The loop state of `beam_search`, for `batch` sentences of `k` beams and a `max_len` buffer."""
+
+  step: jax.Array  # int32 scalar: positions decoded so far.
+  alive: jax.Array  # [batch, k, max_len] int32: the alive hypotheses.
+  alive_log_probs: jax.Array  # [batch, k] float32: their summed log-probabilities (-inf: none).
+  best_scores: jax.Array  # [batch] float32: the best finished hypothesis' penalized score.
+  best: jax.Array  # [batch, max_len] int32: that hypothesis.
+  cache: Any  # The decoder's key/value cache, `[batch * k, ...]` rows.
+
+
+def _beam_step(model, variables, encoded, beam_inputs, limits, alpha, eos_id,
+               state: BeamState) -> BeamState:
+  """Extend every alive beam by one token, keep the `k` best, and record finished hypotheses."""
+  batch, k = state.alive.shape[:2]
+  step = state.step
+  done = _sentence_done(state.alive_log_probs, state.best_scores, step, limits, alpha)
+  alive_log_probs = jnp.where(done[:, None], NEG_INF, state.alive_log_probs)
+  previous = jnp.where(step > 0, state.alive[:, :, jnp.maximum(step - 1, 0)], PAD_ID)
+  log_probs, cache = decode_step(
+      model, variables, state.cache, encoded, beam_inputs, previous.reshape(-1), step)
+  top_log_probs, beams, tokens = top_extensions(
+      alive_log_probs, log_probs.reshape(batch, k, -1), k)
+  alive = gather_beams(state.alive, beams).at[:, :, step].set(tokens)
+  cache = reorder_cache(cache, beams, batch_axis=int(model.config.scan_layers))
+
+  finished = (tokens == eos_id) | (step + 1 >= limits[:, None])
+  finished_scores = jnp.where(
+      finished, top_log_probs / length_penalty(step + 1, alpha), NEG_INF)
+  step_best = jnp.argmax(finished_scores, axis=1)
+  step_best_scores = jnp.max(finished_scores, axis=1)
+  improved = step_best_scores > state.best_scores
+  best = jnp.where(improved[:, None], gather_beams(alive, step_best[:, None])[:, 0], state.best)
+  return BeamState(step=step + 1, alive=alive,
+                   alive_log_probs=jnp.where(finished, NEG_INF, top_log_probs),
+                   best_scores=jnp.where(improved, step_best_scores, state.best_scores),
+                   best=best, cache=cache)
+
+
+@functools.partial(
+    jax.jit, static_argnames=("model", "beam_size", "max_len", "max_extra", "eos_id"))
+def beam_search(model, variables, inputs, *, beam_size: int = 4, alpha=0.6, max_len: int,
+                max_extra: int = 50, eos_id: int = EOS_ID) -> Decoded:
+  """Beam search over source ids `[batch, src_len]` -> `Decoded`, the best hypothesis per sentence.
+
+  Each step ranks every one-token extension of the alive beams by summed
+  log-probability and keeps the top `beam_size`; those ending in EOS (or
+  reaching the sentence's limit) are finished and scored with the GNMT
+  length penalty (length counts EOS), the others stay alive, so a finished
+  hypothesis uses up its slot for that step only. A sentence stops once no
+  alive beam can beat its best finished hypothesis; the loop stops when
+  every sentence has. With `beam_size=1` this is greedy decoding. `alpha` is
+  traced: changing it does not recompile.
+  """
+  _check_args(model, max_len, beam_size)
+  batch, k = inputs.shape[0], beam_size
+  limits = max_lengths(inputs, max_extra, max_len)
+  encoded = expand_beams(model.apply(variables, inputs, method=model.encode), k)
+  beam_inputs = expand_beams(inputs, k)
+
+  def cond(state: BeamState):
+    done = _sentence_done(state.alive_log_probs, state.best_scores, state.step, limits, alpha)
+    return (state.step < max_len) & ~jnp.all(done)
+
+  body = functools.partial(_beam_step, model, variables, encoded, beam_inputs, limits, alpha,
+                           eos_id)
+  # Every beam starts from the start token; only the first is live, so the
+  # first step expands one hypothesis per sentence.
+  first_beam = jnp.where(jnp.arange(k) == 0, 0.0, NEG_INF).astype(jnp.float32)
+  state = BeamState(
+      step=jnp.int32(0),
+      alive=jnp.zeros((batch, k, max_len), jnp.int32),
+      alive_log_probs=jnp.where(limits[:, None] > 0, first_beam[None, :], NEG_INF),
+      best_scores=jnp.where(limits > 0, NEG_INF, 0.0).astype(jnp.float32),
+      best=jnp.zeros((batch, max_len), jnp.int32),
+      cache=init_cache(model, variables, encoded, beam_inputs, max_len),
+  )
+  final = lax.while_loop(cond, body, state)
+  return Decoded(final.best, final.best_scores, final.step)
+
+
+def trim(tokens, eos_id: int = EOS_ID) -> list[list[int]]:
+  """Host-side: token rows `[batch, max_len]` -> lists of ids, cut before the first EOS or pad."""
+  rows = []
+  for row in jax.device_get(tokens).tolist():
+    end = next((j for j, t in enumerate(row) if t in (eos_id, PAD_ID)), len(row))
+    rows.append(row[:end])
+  return rows

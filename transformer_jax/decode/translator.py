@@ -1,0 +1,122 @@
+"""Translating sentences with a trained model: lines in, the same number of lines out, in order.
+
+`Translator` tokenizes sentences (cutting those longer than the model's
+positions, with a warning naming the line), decodes them in batches of
+similar length with beam search or greedy decoding, sharded along the batch
+over the mesh, and returns the translations in input order. Lines without a
+token (empty, or only spaces) translate to empty lines without decoding.
+"""
+
+import dataclasses
+
+from absl import logging
+import jax
+from jax.experimental import multihost_utils
+import numpy as np
+
+from transformer_jax.conventions import EOS_ID
+from transformer_jax.data.pipeline import padded_length
+from transformer_jax.decode import search
+from transformer_jax.sharding import Placement
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeSettings:
+  """How to decode: the paper's beam search (beam 4, alpha 0.6, input + 50) by default."""
+
+  beam_size: int = 4  # 1 = greedy decoding.
+  alpha: float = 0.6  # GNMT length penalty ((5 + len) / 6) ** alpha.
+  max_extra: int = 50  # A sentence's output has at most its source tokens + this many.
+  batch_size: int = 64  # Sentences per decoding batch (rounded up to the batch shards).
+
+  @classmethod
+  def from_config(cls, config, *, beam_size: int | None = None) -> "DecodeSettings":
+    """The settings of experiment `config` (`config.decode`), with another `beam_size` if given."""
+    decode = config.decode
+    return cls(beam_size=decode.beam_size if beam_size is None else beam_size,
+               alpha=decode.alpha, max_extra=decode.max_extra, batch_size=decode.batch_size)
+
+  @property
+  def search(self) -> str:
+    """The search, as files and records name it: 'greedy' or 'beam4'."""
+    return "greedy" if self.beam_size == 1 else f"beam{self.beam_size}"
+
+
+class Translator:
+  """Translates with a placed model: beam search when `settings.beam_size > 1`, else greedy.
+
+  Sentences are sorted by length and decoded `batch_size` at a time. Batch
+  rows are rounded up to a power of two (times the batch shards) and source
+  lengths to the padded lengths of the data pipeline, and the output buffer
+  follows from the source length, so only a few shapes compile. Sentence `i`
+  gets at most its source tokens (EOS included) + `max_extra` output tokens
+  (the paper: input length + 50), never more than the model's `max_len`.
+  """
+
+  def __init__(self, placement: Placement, tokenizer, settings: DecodeSettings = DecodeSettings()):
+    self.placement, self.tokenizer, self.settings = placement, tokenizer, settings
+    shards = placement.batch_shards
+    self.batch_size = -(-settings.batch_size // shards) * shards
+
+  @property
+  def max_len(self) -> int:
+    """Positions the model can encode: the most tokens (EOS included) a source or output may have."""
+    return self.placement.model.config.max_len
+
+  def encode(self, lines) -> list[list[int]]:
+    """Source ids of each line, EOS appended; `[]` for a line without tokens.
+
+    A line with more tokens than `max_len` is cut to its first `max_len - 1`
+    and EOS, with a warning naming the line (1-based).
+    """
+    sources = []
+    for number, line in enumerate(lines, 1):
+      ids = self.tokenizer.encode(line)
+      if len(ids) >= self.max_len:
+        logging.warning("line %d has %d tokens, more than the model's %d positions allow: "
+                        "translating its first %d", number, len(ids) + 1, self.max_len,
+                        self.max_len - 1)
+        ids = ids[:self.max_len - 1]
+      sources.append(ids + [EOS_ID] if ids else [])
+    return sources
+
+  def translate(self, params, lines) -> list[str]:
+    """Translations of `lines` (strings), one per line, in order."""
+    return [self.tokenizer.decode(ids) for ids in self.translate_ids(params, self.encode(lines))]
+
+  def translate_ids(self, params, sources) -> list[list[int]]:
+    """Output ids (EOS removed) of source id lists (EOS included), in order; `[]` for `[]`.
+
+    Every process passes the same `sources` and gets every output back.
+    """
+    outputs = [[] for _ in sources]
+    order = sorted((i for i, ids in enumerate(sources) if ids), key=lambda i: len(sources[i]))
+    for start in range(0, len(order), self.batch_size):
+      batch = order[start:start + self.batch_size]
+      for i, ids in zip(batch, self._decode(params, [sources[i] for i in batch])):
+        outputs[i] = ids
+    return outputs
+
+  def _decode(self, params, sources) -> list[list[int]]:
+    """One batch: source id lists (at most `batch_size`, none longer than `max_len`) -> output ids."""
+    rows = self.placement.batch_shards
+    while rows < len(sources):
+      rows *= 2
+    rows = min(rows, self.batch_size)
+    length = min(padded_length(max(len(ids) for ids in sources)), self.max_len)
+    host = np.zeros((rows, length), np.int32)
+    for row, ids in enumerate(sources):
+      host[row, :len(ids)] = ids
+    inputs = jax.make_array_from_callback(host.shape, self.placement.batch_sharding,
+                                          lambda index: host[index])
+    settings, model = self.settings, self.placement.model
+    buffer = min(padded_length(length + settings.max_extra), self.max_len)
+    if settings.beam_size > 1:
+      out = self.placement.run(lambda: search.beam_search(
+          model, {"params": params}, inputs, beam_size=settings.beam_size, alpha=settings.alpha,
+          max_len=buffer, max_extra=settings.max_extra))
+    else:
+      out = self.placement.run(lambda: search.greedy_decode(
+          model, {"params": params}, inputs, max_len=buffer, max_extra=settings.max_extra))
+    tokens = multihost_utils.process_allgather(out.tokens, tiled=True)
+    return search.trim(tokens)[:len(sources)]

@@ -1,0 +1,195 @@
+"""Scaled dot-product attention and attention masks, as pure functions.
+
+Nothing here has parameters. Arrays follow the layout
+`[batch, length, heads, head_dim]`; masks are boolean, broadcastable to
+`[batch, heads, query_length, key_length]`, and True where a query may attend
+to a key.
+"""
+
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+
+from transformer_jax.conventions import PAD_ID
+
+Implementation = Literal["auto", "fused", "reference"]
+IMPLEMENTATIONS = ("auto", "fused", "reference")
+
+
+def padding_mask(query_tokens, key_tokens, pad_id: int = PAD_ID):
+  """Mask of real (non-pad) query/key pairs: `[batch, 1, q_len, k_len]`."""
+  query_real = jnp.asarray(query_tokens) != pad_id
+  key_real = jnp.asarray(key_tokens) != pad_id
+  return query_real[:, None, :, None] & key_real[:, None, None, :]
+
+
+def causal_mask(length: int):
+  """Mask letting position i attend to positions <= i: `[1, 1, length, length]`."""
+  return jnp.tril(jnp.ones((length, length), dtype=jnp.bool_))[None, None]
+
+
+def segment_mask(query_segment_ids, key_segment_ids):
+  """Mask keeping packed examples apart: `[batch, 1, q_len, k_len]`.
+
+  Segment ids number the examples packed into a row 1, 2, ...; 0 marks
+  padding, which attends to nothing and is attended by nothing.
+  """
+  q = jnp.asarray(query_segment_ids)[:, None, :, None]
+  k = jnp.asarray(key_segment_ids)[:, None, None, :]
+  return (q == k) & (q != 0) & (k != 0)
+
+
+def combine_masks(*masks):
+  """Logical AND of the given masks (None entries are skipped; all None -> None)."""
+  masks = [m for m in masks if m is not None]
+  if not masks:
+    return None
+  combined = masks[0]
+  for m in masks[1:]:
+    combined = combined & m
+  return combined
+
+
+def _accumulation_dtype(x):
+  """float32 for half- and single-precision inputs, float64 for float64 ones."""
+  return jnp.promote_types(x.dtype, jnp.float32)
+
+
+def masked_softmax(logits, mask=None):
+  """Softmax over the last axis in float32 (float64 for float64 logits); masked entries get
+  exactly 0, rows with none allowed are 0."""
+  logits = logits.astype(_accumulation_dtype(logits))
+  if mask is None:
+    return jax.nn.softmax(logits, axis=-1)
+  mask = jnp.broadcast_to(mask, logits.shape)
+  weights = jax.nn.softmax(jnp.where(mask, logits, jnp.finfo(logits.dtype).min), axis=-1)
+  return jnp.where(mask, weights, 0.0)
+
+
+def attention_weights(query, key, mask=None):
+  """softmax(Q K^T / sqrt(d_k)) in float32 (float64 for float64 inputs): `[batch, heads, q_len, k_len]`.
+
+  Masked keys get exactly zero weight; a query row with no allowed key gets
+  all zeros (never NaN).
+  """
+  logits = jnp.einsum("bqhd,bkhd->bhqk", query, key,
+                      preferred_element_type=_accumulation_dtype(query))
+  return masked_softmax(logits / jnp.sqrt(jnp.asarray(query.shape[-1], logits.dtype)), mask)
+
+
+def cached_attention(query, key_cache, value_cache, mask=None):
+  """Attention of a few new queries over head-major cached keys/values (incremental decoding).
+
+  query `[batch, q_len, heads, d_k]`; key_cache `[batch, heads, k_len, d_k]`;
+  value_cache `[batch, heads, k_len, d_v]`; mask broadcastable to `[batch,
+  heads, q_len, k_len]`. Returns `[batch, q_len, heads, d_v]`. Keeping the
+  cache head-major spares a transpose of the whole cache at every step.
+  """
+  logits = jnp.einsum("bqhd,bhkd->bhqk", query, key_cache,
+                      preferred_element_type=_accumulation_dtype(query))
+  weights = masked_softmax(logits / jnp.sqrt(jnp.asarray(query.shape[-1], logits.dtype)), mask)
+  out = jnp.einsum("bhqk,bhkd->bqhd", weights.astype(value_cache.dtype), value_cache)
+  return out.astype(query.dtype)
+
+
+def dot_product_attention(
+    query,
+    key,
+    value,
+    mask=None,
+    *,
+    implementation: Implementation = "auto",
+):
+  """Scaled dot-product attention, `softmax(Q K^T / sqrt(d_k)) V`.
+
+  Args:
+    query: `[batch, q_len, heads, d_k]`.
+    key: `[batch, k_len, heads, d_k]`.
+    value: `[batch, k_len, heads, d_v]`.
+    mask: optional boolean, broadcastable to `[batch, heads, q_len, k_len]`;
+      True where attention is allowed.
+    implementation: "fused" uses `jax.nn.dot_product_attention` (cuDNN flash
+      attention on GPU for half-precision inputs, XLA elsewhere) and needs
+      d_k == d_v; "reference" is plain jnp; "auto" picks fused when it applies,
+      and the reference for float64 inputs (the fused softmax is float32).
+
+  Returns:
+    `[batch, q_len, heads, d_v]` in the query's dtype. Rows whose keys are all
+    masked are zero.
+  """
+  _check_shapes(query, key, value, mask)
+  if implementation not in IMPLEMENTATIONS:
+    raise ValueError(
+        f"implementation={implementation!r}; allowed: {', '.join(IMPLEMENTATIONS)}"
+    )
+  fused_applies = key.shape[-1] == value.shape[-1]
+  if implementation == "fused" and not fused_applies:
+    raise ValueError(
+        "implementation='fused' needs d_k == d_v; got d_k="
+        f"{key.shape[-1]}, d_v={value.shape[-1]} (use 'auto' or 'reference')"
+    )
+  if (implementation == "reference" or not fused_applies
+      or (implementation == "auto" and query.dtype == jnp.float64)):
+    weights = attention_weights(query, key, mask)
+    return jnp.einsum(
+        "bhqk,bkhd->bqhd", weights.astype(value.dtype), value
+    ).astype(query.dtype)
+
+  if mask is not None:
+    mask = jnp.asarray(mask, jnp.bool_)
+    mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
+  out = jax.nn.dot_product_attention(
+      query, key, value, mask=mask, implementation=_fused_backend(query)
+  )
+  if mask is None:
+    return out
+  # The fused kernel spreads a fully masked row uniformly; the paper's -inf
+  # masking leaves nothing to attend to, so such rows are zero here.
+  has_key = jnp.any(mask, axis=-1)  # [batch|1, heads|1, q_len]
+  has_key = jnp.moveaxis(has_key, 1, 2)[..., None]  # [batch|1, q_len, heads|1, 1]
+  return jnp.where(has_key, out, jnp.zeros((), out.dtype))
+
+
+def _fused_backend(query):
+  """cuDNN on GPU for half-precision inputs it supports, XLA otherwise."""
+  if (
+      jax.default_backend() == "gpu"
+      and query.dtype in (jnp.bfloat16, jnp.float16)
+      and query.shape[-1] % 8 == 0
+      and query.shape[-1] <= 128
+  ):
+    return "cudnn"
+  return "xla"
+
+
+def _check_shapes(query, key, value, mask):
+  """Raise ValueError for inconsistent attention operands."""
+  for name, array in (("query", query), ("key", key), ("value", value)):
+    if array.ndim != 4:
+      raise ValueError(
+          f"{name} must be [batch, length, heads, head_dim]; got shape {array.shape}"
+      )
+  if query.shape[-1] != key.shape[-1]:
+    raise ValueError(
+        f"query and key head_dim differ: {query.shape[-1]} vs {key.shape[-1]}"
+    )
+  if key.shape[:3] != value.shape[:3]:
+    raise ValueError(
+        f"key and value must agree on [batch, length, heads]: {key.shape} vs {value.shape}"
+    )
+  if query.shape[0] != key.shape[0] or query.shape[2] != key.shape[2]:
+    raise ValueError(
+        f"query and key must agree on batch and heads: {query.shape} vs {key.shape}"
+    )
+  if mask is not None:
+    target = (query.shape[0], query.shape[2], query.shape[1], key.shape[1])
+    try:
+      fits = jnp.broadcast_shapes(jnp.shape(mask), target) == target
+    except ValueError:
+      fits = False
+    if not fits:
+      raise ValueError(
+          f"mask of shape {jnp.shape(mask)} does not broadcast to [batch, heads, "
+          f"q_len, k_len] = {target}"
+      )

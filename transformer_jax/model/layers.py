@@ -1,0 +1,302 @@
+"""Flax Linen layers of the Transformer, each usable on its own in any Flax model.
+
+Every parameter carries logical axis names (`embed, heads, kv, mlp, vocab,
+length`) and the main activations are constrained to (`batch, length, embed`,
+...), so a table of rules (see `transformer_jax.sharding`) shards them without
+code changes. Parameters are float32; `dtype` is the computation dtype.
+"""
+
+import functools
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transformer_jax.model import attention
+from transformer_jax.model.dropout import Dropout
+
+Dtype = Any
+
+
+def _param(module, name, init, shape, axes, dtype):
+  """A float32 parameter annotated with logical axis names."""
+  return module.param(name, nn.with_logical_partitioning(init, axes), shape, dtype)
+
+
+class MultiHeadAttention(nn.Module):
+  """Multi-head attention: `Concat(head_1..head_h) W^O`, heads of `Attention(Q W^Q, K W^K, V W^V)`.
+
+  Input `[batch, q_len, d_model]` attends over `[batch, kv_len, d_model]`;
+  output `[batch, q_len, out_features or d_model]`. W^Q, W^K are
+  `[d_model, heads, d_k]`, W^V `[d_model, heads, d_v]`, W^O `[heads, d_v,
+  d_model]`, with no biases, as in the paper.
+
+  Incremental decoding (`decode=True`) keeps a "cache" collection of
+  head-major `[batch, heads, length, d]` keys/values: for self-attention
+  those of the steps so far (the first call, with the full target shape,
+  only sizes the cache); with `static_kv` (cross-attention over a fixed
+  encoder output) they are projected on the first call and reused at every
+  later step.
+  """
+
+  num_heads: int = 8
+  d_k: int = 64
+  d_v: int = 64
+  out_features: int | None = None
+  static_kv: bool = False
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+  attention_impl: attention.Implementation = "auto"
+
+  @nn.compact
+  def __call__(self, inputs_q, inputs_kv, mask=None, *, decode: bool = False):
+    d_in = inputs_q.shape[-1]
+    d_out = self.out_features or d_in
+    h = self.num_heads
+    kv_init = nn.initializers.xavier_uniform(in_axis=0, out_axis=(1, 2))
+    w_q = _param(self, "query", kv_init, (d_in, h, self.d_k), ("embed", "heads", "kv"), self.param_dtype)
+    w_k = _param(self, "key", kv_init, (inputs_kv.shape[-1], h, self.d_k), ("embed", "heads", "kv"), self.param_dtype)
+    w_v = _param(self, "value", kv_init, (inputs_kv.shape[-1], h, self.d_v), ("embed", "heads", "kv"), self.param_dtype)
+    w_o = _param(
+        self, "out", nn.initializers.xavier_uniform(in_axis=(0, 1), out_axis=2),
+        (h, self.d_v, d_out), ("heads", "kv", "embed"), self.param_dtype,
+    )
+
+    def project(x, w, layout="blhk"):
+      y = jnp.einsum(f"bld,dhk->{layout}", x.astype(self.dtype), w.astype(self.dtype))
+      return nn.with_logical_constraint(
+          y, ("batch", "length", "heads", "kv") if layout == "blhk" else ("batch", "heads", "length", "kv"))
+
+    query = project(inputs_q, w_q)
+    if decode:
+      # The cache is head-major, [batch, heads, length, d], as the attention wants it.
+      if self.static_kv:
+        key, value = self._static_kv_cache(
+            lambda: (project(inputs_kv, w_k, "bhlk"), project(inputs_kv, w_v, "bhlk")))
+      else:
+        key, value, mask = self._self_attention_cache(
+            project(inputs_kv, w_k, "bhlk"), project(inputs_kv, w_v, "bhlk"), mask)
+      out = attention.cached_attention(query, key, value, mask)
+    else:
+      key, value = project(inputs_kv, w_k), project(inputs_kv, w_v)
+      out = attention.dot_product_attention(
+          query, key, value, mask, implementation=self.attention_impl)
+    out = jnp.einsum("blhk,hkd->bld", out, w_o.astype(self.dtype))
+    return nn.with_logical_constraint(out, ("batch", "length", "embed"))
+
+  def _static_kv_cache(self, compute):
+    """Keys/values projected once from a fixed source, then read from the cache."""
+    if self.has_variable("cache", "static_key"):
+      return self.get_variable("cache", "static_key"), self.get_variable("cache", "static_value")
+    key, value = compute()
+    self.put_variable("cache", "static_key", key)
+    self.put_variable("cache", "static_value", value)
+    return key, value
+
+  def _self_attention_cache(self, key, value, mask):
+    """Write this step's key/value `[b, heads, 1, d]` into the cache; attend over the steps so far."""
+    initialized = self.has_variable("cache", "cached_key")
+    cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
+    cached_value = self.variable("cache", "cached_value", jnp.zeros, value.shape, value.dtype)
+    cache_index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
+    if not initialized:
+      return key, value, mask  # Sizing call: the full-length shape makes the cache.
+    if key.shape[2] != 1:
+      raise ValueError(
+          f"incremental decoding takes one target position per call; got {key.shape[2]}")
+    max_len = cached_key.value.shape[2]
+    index = cache_index.value
+    zero = jnp.zeros_like(index)  # Start indices of one dtype, also with jax_enable_x64.
+    key = jax.lax.dynamic_update_slice(cached_key.value, key, (zero, zero, index, zero))
+    value = jax.lax.dynamic_update_slice(cached_value.value, value, (zero, zero, index, zero))
+    cached_key.value, cached_value.value = key, value
+    cache_index.value = index + 1
+    seen = (jnp.arange(max_len) <= index)[None, None, None, :]
+    return key, value, attention.combine_masks(mask, seen)
+
+
+class FeedForward(nn.Module):
+  """Position-wise feed-forward network, `max(0, x W1 + b1) W2 + b2`: `[..., d_model] -> [..., d_model]`."""
+
+  d_ff: int = 2048
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    d_model = x.shape[-1]
+    init = nn.initializers.xavier_uniform()
+    w1 = _param(self, "wi", init, (d_model, self.d_ff), ("embed", "mlp"), self.param_dtype)
+    b1 = _param(self, "bi", nn.initializers.zeros, (self.d_ff,), ("mlp",), self.param_dtype)
+    w2 = _param(self, "wo", init, (self.d_ff, d_model), ("mlp", "embed"), self.param_dtype)
+    b2 = _param(self, "bo", nn.initializers.zeros, (d_model,), ("embed",), self.param_dtype)
+    x = x.astype(self.dtype)
+    hidden = nn.relu(x @ w1.astype(self.dtype) + b1.astype(self.dtype))
+    hidden = nn.with_logical_constraint(hidden, ("batch", "length", "mlp"))
+    return hidden @ w2.astype(self.dtype) + b2.astype(self.dtype)
+
+
+class Embed(nn.Module):
+  """One token embedding shared by source, target and the pre-softmax projection.
+
+  `__call__`: ids `[batch, length]` -> `[batch, length, d_model]`, scaled by
+  sqrt(d_model). `attend`: `[batch, length, d_model]` -> float32 logits
+  `[batch, length, vocab_size]` through the same matrix.
+  """
+
+  vocab_size: int
+  d_model: int
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+
+  def setup(self):
+    self.embedding = _param(
+        self, "embedding", nn.initializers.normal(stddev=self.d_model**-0.5),
+        (self.vocab_size, self.d_model), ("vocab", "embed"), self.param_dtype,
+    )
+
+  def __call__(self, ids):
+    x = jnp.take(self.embedding, ids, axis=0).astype(self.dtype)
+    return x * jnp.asarray(np.sqrt(self.d_model), self.dtype)
+
+  def attend(self, x):
+    return jnp.einsum(
+        "bld,vd->blv", x.astype(self.dtype), self.embedding.astype(self.dtype),
+        preferred_element_type=jnp.promote_types(self.dtype, jnp.float32),
+    )
+
+
+def sinusoidal_table(max_len: int, d_model: int, dtype=np.float32) -> np.ndarray:
+  """The paper's encoding `[max_len, d_model]`, computed in float64, returned as `dtype`.
+
+  PE(pos, 2i) = sin(pos / 10000^(2i/d_model)); PE(pos, 2i+1) = cos(same).
+  """
+  pos = np.arange(max_len, dtype=np.float64)[:, None]
+  two_i = np.arange(0, d_model, 2, dtype=np.float64)[None, :]
+  angle = pos / np.power(10000.0, two_i / d_model)
+  table = np.zeros((max_len, d_model), dtype=np.float64)
+  table[:, 0::2] = np.sin(angle)
+  table[:, 1::2] = np.cos(angle)
+  return table.astype(dtype)
+
+
+class PositionalEncoding(nn.Module):
+  """Adds positional information: `[batch, length, d_model]` -> same shape.
+
+  `kind="sinusoidal"` is the paper's fixed encoding; `kind="learned"` is
+  Table 3 row (E), a trained `[max_len, d_model]` table. `positions`
+  (`[batch, length]`) index the table; by default 0..length-1.
+  """
+
+  max_len: int = 512
+  kind: str = "sinusoidal"
+  param_dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x, positions=None):
+    length, d_model = x.shape[-2:]
+    if positions is None:
+      if length > self.max_len:
+        raise ValueError(f"sequence length {length} exceeds max_len={self.max_len}")
+      positions = jnp.arange(length)[None, :]
+    if self.kind == "sinusoidal":
+      # float32 (float64 in a float64 model), then cast to the computation dtype.
+      table = jnp.asarray(sinusoidal_table(self.max_len, d_model,
+                                           jnp.promote_types(x.dtype, jnp.float32)))
+    elif self.kind == "learned":
+      table = _param(
+          self, "table", nn.initializers.normal(stddev=d_model**-0.5),
+          (self.max_len, d_model), ("length", "embed"), self.param_dtype,
+      )
+    else:
+      raise ValueError(f"positional kind {self.kind!r}; allowed: sinusoidal, learned")
+    return x + jnp.take(table, positions, axis=0).astype(x.dtype)
+
+
+def residual(x, sublayer, *, norm, dropout, pre_norm: bool, deterministic: bool):
+  """One residual sub-layer with dropout on its output before the add.
+
+  Post-LN (the paper): `LayerNorm(x + Dropout(sublayer(x)))`.
+  Pre-LN: `x + Dropout(sublayer(LayerNorm(x)))`.
+  """
+  if pre_norm:
+    return x + dropout(sublayer(norm(x)), deterministic=deterministic)
+  return norm(x + dropout(sublayer(x), deterministic=deterministic))
+
+
+def layer_norm(dtype, name=None):
+  """LayerNorm with logically partitioned scale and bias."""
+  return nn.LayerNorm(
+      epsilon=1e-6, dtype=dtype, name=name,
+      scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
+      bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
+  )
+
+
+class _LayerFields(nn.Module):
+  """Settings shared by EncoderLayer and DecoderLayer; the defaults are the paper's base model."""
+
+  num_heads: int = 8
+  d_k: int = 64
+  d_v: int = 64
+  d_ff: int = 2048
+  dropout_rate: float = 0.1
+  pre_norm: bool = False
+  dtype: Dtype = jnp.float32
+  attention_impl: attention.Implementation = "auto"
+
+
+class EncoderLayer(_LayerFields):
+  """Self-attention then feed-forward, each in a residual block: `[batch, length, d_model]` -> same.
+
+  `mask` is broadcastable to `[batch, heads, length, length]`.
+  """
+
+  @nn.compact
+  def __call__(self, x, mask=None, deterministic: bool = True):
+    block = functools.partial(
+        residual, dropout=Dropout(self.dropout_rate), pre_norm=self.pre_norm,
+        deterministic=deterministic,
+    )
+    attend = MultiHeadAttention(
+        self.num_heads, self.d_k, self.d_v, dtype=self.dtype,
+        attention_impl=self.attention_impl, name="self_attention",
+    )
+    x = block(x, lambda y: attend(y, y, mask), norm=layer_norm(self.dtype, "self_attention_norm"))
+    x = block(x, FeedForward(self.d_ff, dtype=self.dtype, name="feed_forward"),
+              norm=layer_norm(self.dtype, "feed_forward_norm"))
+    return nn.with_logical_constraint(x, ("batch", "length", "embed"))
+
+
+class DecoderLayer(_LayerFields):
+  """Masked self-attention, attention over the encoder output, then feed-forward.
+
+  `x`: `[batch, t_len, d_model]`; `encoded`: `[batch, s_len, d_model]`;
+  `self_mask` broadcastable to `[batch, heads, t_len, t_len]` (causal and
+  padding), `cross_mask` to `[batch, heads, t_len, s_len]`. With
+  `decode=True` it runs one position at a time over a "cache" collection
+  (see `MultiHeadAttention`); the cache supplies the causal mask then.
+  """
+
+  @nn.compact
+  def __call__(self, x, encoded, self_mask=None, cross_mask=None,
+               deterministic: bool = True, decode: bool = False):
+    block = functools.partial(
+        residual, dropout=Dropout(self.dropout_rate), pre_norm=self.pre_norm,
+        deterministic=deterministic,
+    )
+    mha = functools.partial(
+        MultiHeadAttention, self.num_heads, self.d_k, self.d_v, dtype=self.dtype,
+        attention_impl=self.attention_impl,
+    )
+    self_attend = mha(name="self_attention")
+    cross_attend = mha(static_kv=True, name="cross_attention")
+    x = block(x, lambda y: self_attend(y, y, self_mask, decode=decode),
+              norm=layer_norm(self.dtype, "self_attention_norm"))
+    x = block(x, lambda y: cross_attend(y, encoded, cross_mask, decode=decode),
+              norm=layer_norm(self.dtype, "cross_attention_norm"))
+    x = block(x, FeedForward(self.d_ff, dtype=self.dtype, name="feed_forward"),
+              norm=layer_norm(self.dtype, "feed_forward_norm"))
+    return nn.with_logical_constraint(x, ("batch", "length", "embed"))

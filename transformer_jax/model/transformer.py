@@ -1,0 +1,349 @@
+"""The Transformer: configuration, presets from the paper, encoder, decoder, model."""
+
+import dataclasses
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from transformer_jax.conventions import PAD_ID
+from transformer_jax.errors import FieldError
+from transformer_jax.model import attention
+from transformer_jax.model.dropout import Dropout
+from transformer_jax.model.layers import (
+    DecoderLayer, Embed, EncoderLayer, PositionalEncoding, layer_norm,
+)
+
+POSITIONAL_KINDS = ("sinusoidal", "learned")
+NORM_KINDS = ("post", "pre")
+# float64 (with jax_enable_x64) is for checking the model against float64 references.
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16,
+          "float64": jnp.float64}
+# What the backward pass keeps of each layer's forward pass; the rest is recomputed.
+REMAT_POLICIES = {
+    "none": None,  # No rematerialization: keep everything.
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # Keep matmul outputs.
+    "full": jax.checkpoint_policies.nothing_saveable,  # Keep only each layer's input.
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+  """Architecture of the model; validated on construction (FieldError naming the field).
+
+  d_k and d_v default to d_model / num_heads. `norm="post"` is the paper's
+  `LayerNorm(x + Dropout(Sublayer(x)))`; "pre" adds a final LayerNorm to each
+  stack. `dtype` is the computation dtype; parameters are always float32.
+  `max_len` bounds positions (the size of the positional table).
+  `scan_layers` runs the layers through `nn.scan` (one compiled layer, params
+  stacked on a leading "layers" axis); `remat` picks what the backward pass
+  recomputes (see REMAT_POLICIES).
+  """
+
+  vocab_size: int
+  num_layers: int = 6
+  d_model: int = 512
+  d_ff: int = 2048
+  num_heads: int = 8
+  d_k: int | None = None
+  d_v: int | None = None
+  dropout_rate: float = 0.1
+  max_len: int = 512
+  positional: str = "sinusoidal"
+  norm: str = "post"
+  dtype: str = "float32"
+  attention_impl: str = "auto"
+  scan_layers: bool = False
+  remat: str = "none"
+
+  def __post_init__(self):
+    for name in ("vocab_size", "num_layers", "d_model", "d_ff", "num_heads", "max_len"):
+      _require_positive_int(name, getattr(self, name))
+    for name in ("d_k", "d_v"):
+      value = getattr(self, name)
+      if value is None:
+        if self.d_model % self.num_heads:
+          raise _error(name, f": d_model={self.d_model} is not divisible by num_heads="
+                       f"{self.num_heads}; set d_k and d_v explicitly or pick num_heads "
+                       "dividing d_model")
+        object.__setattr__(self, name, self.d_model // self.num_heads)
+      else:
+        _require_positive_int(name, value)
+    if self.d_model % 2:
+      raise _error("d_model", f" must be even (sin/cos pairs); got {self.d_model}")
+    if isinstance(self.dropout_rate, bool) or not isinstance(self.dropout_rate, (int, float)) \
+        or not 0.0 <= self.dropout_rate < 1.0:
+      raise _error("dropout_rate", f" must be a number in [0, 1); got {self.dropout_rate!r}")
+    _require_choice("positional", self.positional, POSITIONAL_KINDS)
+    _require_choice("norm", self.norm, NORM_KINDS)
+    _require_choice("dtype", self.dtype, tuple(DTYPES))
+    if self.dtype == "float64" and not jax.config.jax_enable_x64:
+      raise _error("dtype", "='float64' needs 64-bit JAX: call "
+                   "jax.config.update('jax_enable_x64', True) first")
+    _require_choice("attention_impl", self.attention_impl, attention.IMPLEMENTATIONS)
+    _require_choice("remat", self.remat, tuple(REMAT_POLICIES))
+    if not isinstance(self.scan_layers, bool):
+      raise _error("scan_layers", f" must be True or False; got {self.scan_layers!r}")
+
+  @property
+  def compute_dtype(self):
+    """The jnp dtype used for computation."""
+    return DTYPES[self.dtype]
+
+  @classmethod
+  def preset(cls, name: str, **overrides: Any) -> "TransformerConfig":
+    """The paper's `base`, `big`, or a Table 3 row (`A1`..`E`), with overrides.
+
+    vocab_size defaults to 37000 (the shared WMT EN-DE vocabulary). Rows D3
+    and D4 differ from base only in label smoothing, a training setting, so
+    their architecture is base's.
+    """
+    return cls(**{"vocab_size": 37000, **preset_fields(name, **overrides)})
+
+
+def preset_fields(name: str, **overrides: Any) -> dict[str, Any]:
+  """Every field of preset `name` but `vocab_size`, with `overrides`; FieldError for an unknown
+  preset or field."""
+  if name not in PRESETS:
+    raise FieldError("TransformerConfig", "preset", f": unknown preset {name!r}; allowed: "
+                     f"{', '.join(PRESETS)}")
+  fields = {f.name: f.default for f in dataclasses.fields(TransformerConfig)
+            if f.name != "vocab_size"}
+  for field in overrides:
+    if field not in fields and field != "vocab_size":
+      raise _error(field, f" is not a model field; fields: {', '.join(sorted(fields))}")
+  return {**fields, **PRESETS[name], **overrides}
+
+
+def _error(field: str, detail: str) -> FieldError:
+  return FieldError("TransformerConfig", field, detail)
+
+
+def _require_positive_int(name, value):
+  if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    raise _error(name, f" must be a positive integer; got {value!r}")
+
+
+def _require_choice(name, value, allowed):
+  if value not in allowed:
+    raise _error(name, f"={value!r} is not one of: {', '.join(allowed)}")
+
+
+# Table 3 of the paper; unlisted fields are base's.
+PRESETS: dict[str, dict[str, Any]] = {
+    "base": {},
+    "A1": {"num_heads": 1, "d_k": 512, "d_v": 512},
+    "A2": {"num_heads": 4, "d_k": 128, "d_v": 128},
+    "A3": {"num_heads": 16, "d_k": 32, "d_v": 32},
+    "A4": {"num_heads": 32, "d_k": 16, "d_v": 16},
+    "B1": {"d_k": 16},
+    "B2": {"d_k": 32},
+    "C1": {"num_layers": 2},
+    "C2": {"num_layers": 4},
+    "C3": {"num_layers": 8},
+    "C4": {"d_model": 256, "d_k": 32, "d_v": 32},
+    "C5": {"d_model": 1024, "d_k": 128, "d_v": 128},
+    "C6": {"d_ff": 1024},
+    "C7": {"d_ff": 4096},
+    "D1": {"dropout_rate": 0.0},
+    "D2": {"dropout_rate": 0.2},
+    "D3": {},
+    "D4": {},
+    "E": {"positional": "learned"},
+    "big": {"d_model": 1024, "d_ff": 4096, "num_heads": 16, "dropout_rate": 0.3},
+}
+
+
+def weight_counts(config: TransformerConfig) -> dict[str, int]:
+  """Weights (biases left out) of one attention's projections (`query`, `key`, `value`, `out`)
+  and of one feed-forward network (`feed_forward`)."""
+  d, h = config.d_model, config.num_heads
+  return {"query": d * h * config.d_k, "key": d * h * config.d_k, "value": d * h * config.d_v,
+          "out": h * config.d_v * d, "feed_forward": 2 * d * config.d_ff}
+
+
+def count_params(config: TransformerConfig) -> int:
+  """Number of parameters, from the config alone (no initialization)."""
+  d, weights = config.d_model, weight_counts(config)
+  attention_params = weights["query"] + weights["key"] + weights["value"] + weights["out"]
+  feed_forward = weights["feed_forward"] + config.d_ff + d
+  norm = 2 * d
+  encoder_layer = attention_params + feed_forward + 2 * norm
+  decoder_layer = 2 * attention_params + feed_forward + 3 * norm
+  total = config.num_layers * (encoder_layer + decoder_layer) + config.vocab_size * d
+  if config.positional == "learned":
+    total += 2 * config.max_len * d
+  if config.norm == "pre":
+    total += 2 * norm
+  return total
+
+
+def shift_right(targets, segmentation=None):
+  """Decoder inputs: targets moved one step right, PAD_ID (the start token) first.
+
+  With packed `segmentation`, every example's first position gets the start
+  token instead of the previous example's last token. `[batch, length]`.
+  """
+  shifted = jnp.pad(targets, ((0, 0), (1, 0)), constant_values=PAD_ID)[:, :-1]
+  if segmentation is None:
+    return shifted
+  previous = jnp.pad(segmentation, ((0, 0), (1, 0)))[:, :-1]
+  return jnp.where(segmentation == previous, shifted, PAD_ID)
+
+
+def _layer_kwargs(config: TransformerConfig) -> dict[str, Any]:
+  return dict(
+      num_heads=config.num_heads, d_k=config.d_k, d_v=config.d_v, d_ff=config.d_ff,
+      dropout_rate=config.dropout_rate, pre_norm=config.norm == "pre",
+      dtype=config.compute_dtype, attention_impl=config.attention_impl,
+  )
+
+
+class _ScanStep(nn.Module):
+  """One layer in the (carry, _) -> (carry, None) form that nn.scan expects."""
+
+  layer: Any
+  kwargs: Any
+  static: tuple
+
+  @nn.compact
+  def __call__(self, x, *args):
+    return self.layer(**self.kwargs, name="layer")(x, *args, *self.static), None
+
+
+def _stack_layers(cfg: TransformerConfig, layer_cls, x, args: tuple, static: tuple):
+  """Applies num_layers layers to x: a Python loop, or nn.scan; with remat if asked.
+
+  `args` are arrays shared by every layer; `static` are Python values (flags).
+  """
+  if cfg.remat != "none":
+    first = 2 + len(args)  # Flax counts self as argument 0.
+    layer_cls = nn.remat(layer_cls, policy=REMAT_POLICIES[cfg.remat],
+                         static_argnums=tuple(range(first, first + len(static))))
+  kwargs = _layer_kwargs(cfg)
+  if not cfg.scan_layers:
+    for i in range(cfg.num_layers):
+      x = layer_cls(**kwargs, name=f"layer_{i}")(x, *args, *static)
+    return x
+  scanned = nn.scan(
+      _ScanStep, variable_axes={"params": 0, "cache": 0},
+      split_rngs={"params": True, "dropout": True}, in_axes=nn.broadcast,
+      length=cfg.num_layers, metadata_params={nn.PARTITION_NAME: "layers"},
+  )
+  x, _ = scanned(layer_cls, kwargs, static, name="layers")(x, *args)
+  return x
+
+
+def _check_tokens(name, tokens, max_len):
+  if tokens.ndim != 2:
+    raise ValueError(f"{name} must be [batch, length] token ids; got shape {tokens.shape}")
+  if not jnp.issubdtype(tokens.dtype, jnp.integer):
+    raise ValueError(f"{name} must hold integer token ids; got dtype {tokens.dtype}")
+  if tokens.shape[1] > max_len:
+    raise ValueError(
+        f"{name} has length {tokens.shape[1]} > TransformerConfig.max_len={max_len}"
+    )
+
+
+class Encoder(nn.Module):
+  """Embedding, positions, dropout, N encoder layers: ids `[b, s]` -> `[b, s, d_model]`."""
+
+  config: TransformerConfig
+  embed: Embed
+
+  @nn.compact
+  def __call__(self, inputs, segmentation=None, positions=None, *, deterministic=True):
+    cfg = self.config
+    x = self.embed(inputs)
+    x = PositionalEncoding(cfg.max_len, cfg.positional, name="positions")(x, positions)
+    x = Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
+    if segmentation is None:
+      mask = attention.padding_mask(inputs, inputs)
+    else:
+      mask = attention.segment_mask(segmentation, segmentation)
+    x = _stack_layers(cfg, EncoderLayer, x, (mask,), (deterministic,))
+    if cfg.norm == "pre":
+      x = layer_norm(cfg.compute_dtype, "final_norm")(x)
+    return x
+
+
+class Decoder(nn.Module):
+  """Shifted targets through N decoder layers to logits `[b, t, vocab]` (float32).
+
+  In `decode=True` mode `targets` is the previous output token `[b, 1]` and
+  `positions` its position `[b, 1]`; no shift is applied.
+  """
+
+  config: TransformerConfig
+  embed: Embed
+
+  @nn.compact
+  def __call__(self, encoded, inputs, targets, *, inputs_segmentation=None,
+               targets_segmentation=None, positions=None, deterministic=True,
+               decode=False):
+    cfg = self.config
+    if decode:
+      if positions is None:
+        raise ValueError("decode=True needs the position of the step being decoded, [b, 1]")
+      decoder_inputs = targets
+      self_mask = None  # The self-attention cache masks unseen positions.
+      key_real = (inputs != PAD_ID) if inputs_segmentation is None else (inputs_segmentation != 0)
+      cross_mask = key_real[:, None, None, :]
+    else:
+      decoder_inputs = shift_right(targets, targets_segmentation)
+      causal = attention.causal_mask(targets.shape[1])
+      if targets_segmentation is None:
+        self_mask = attention.combine_masks(causal, attention.padding_mask(targets, targets))
+        cross_mask = attention.padding_mask(targets, inputs)
+      else:
+        self_mask = attention.combine_masks(
+            causal, attention.segment_mask(targets_segmentation, targets_segmentation))
+        cross_mask = attention.segment_mask(targets_segmentation, inputs_segmentation)
+    y = self.embed(decoder_inputs)
+    y = PositionalEncoding(cfg.max_len, cfg.positional, name="positions")(y, positions)
+    y = Dropout(cfg.dropout_rate)(y, deterministic=deterministic)
+    y = _stack_layers(cfg, DecoderLayer, y, (encoded, self_mask, cross_mask),
+                      (deterministic, decode))
+    if cfg.norm == "pre":
+      y = layer_norm(cfg.compute_dtype, "final_norm")(y)
+    logits = self.embed.attend(y)
+    return nn.with_logical_constraint(logits, ("batch", "length", "vocab"))
+
+
+class Transformer(nn.Module):
+  """Encoder-decoder Transformer with one embedding shared by both stacks and the output.
+
+  Token id PAD_ID (0) is padding and the decoder's start token. Packed batches pass
+  segment ids (1, 2, ... per example, 0 on padding) and per-example positions.
+  """
+
+  config: TransformerConfig
+
+  def setup(self):
+    cfg = self.config
+    self.embed = Embed(cfg.vocab_size, cfg.d_model, dtype=cfg.compute_dtype)
+    self.encoder = Encoder(cfg, self.embed)
+    self.decoder = Decoder(cfg, self.embed)
+
+  def encode(self, inputs, inputs_segmentation=None, inputs_position=None, *, train=False):
+    """Source ids `[b, s]` -> encoder output `[b, s, d_model]`."""
+    _check_tokens("inputs", inputs, self.config.max_len)
+    return self.encoder(inputs, inputs_segmentation, inputs_position, deterministic=not train)
+
+  def decode(self, encoded, inputs, targets, targets_segmentation=None,
+             targets_position=None, inputs_segmentation=None, *, train=False,
+             decode=False):
+    """Encoder output and targets `[b, t]` -> logits `[b, t, vocab]` (targets shifted inside)."""
+    _check_tokens("targets", targets, self.config.max_len)
+    return self.decoder(
+        encoded, inputs, targets, inputs_segmentation=inputs_segmentation,
+        targets_segmentation=targets_segmentation, positions=targets_position,
+        deterministic=not train, decode=decode)
+
+  def __call__(self, inputs, targets, inputs_segmentation=None, targets_segmentation=None,
+               inputs_position=None, targets_position=None, *, train=False):
+    """Teacher-forced forward pass: logits `[b, t, vocab]` for predicting `targets`."""
+    encoded = self.encode(inputs, inputs_segmentation, inputs_position, train=train)
+    return self.decode(encoded, inputs, targets, targets_segmentation, targets_position,
+                       inputs_segmentation, train=train)

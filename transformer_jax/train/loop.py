@@ -1,0 +1,203 @@
+"""The training loop: steps, checkpoints, evaluations, preemption and runs of non-finite updates."""
+
+import dataclasses
+import os
+import signal
+import threading
+import time
+from typing import Callable
+
+from absl import logging
+import jax
+import jax.numpy as jnp
+
+from transformer_jax.checkpoints import recovery
+from transformer_jax.errors import UserError
+from transformer_jax.model.loss import add_sums
+from transformer_jax.train.reporting import TrainLogger
+from transformer_jax.train.step import Trainer, TrainState
+
+
+class PreemptionWatch:
+  """Tells the loop to checkpoint and stop: on SIGTERM in a one-process run, or at the
+  preemption sync point that JAX's distributed runtime sets when any host is preempted.
+
+  Use as a context manager; the previous SIGTERM handler comes back on exit.
+  If the process is still running `grace_seconds` after SIGTERM (a step,
+  compilation, data read or save that does not end), it logs why and exits
+  with status 143 (killed by SIGTERM) through `exit_fn`, without a checkpoint
+  of the steps since the last one. `grace_seconds=0` waits indefinitely.
+  """
+
+  def __init__(self, manager, *, grace_seconds: float = 0.0, exit_fn=os._exit):
+    self.manager = manager
+    self.grace_seconds, self.exit_fn = grace_seconds, exit_fn
+    self.signalled = False
+    self._previous = None
+    self._timer = None
+
+  def __enter__(self):
+    if jax.process_count() == 1:
+      self._previous = signal.signal(signal.SIGTERM, self._handle)
+    return self
+
+  def _handle(self, signum, frame):
+    del signum, frame
+    if self.signalled:
+      return
+    logging.warning("SIGTERM: saving a checkpoint after this step, then stopping")
+    self.signalled = True
+    if self.grace_seconds > 0:
+      self._timer = threading.Timer(self.grace_seconds, self._expire)
+      self._timer.daemon = True
+      self._timer.start()
+
+  def _expire(self):
+    logging.error("no checkpoint within %g s of SIGTERM (config.preemption_grace_seconds); "
+                  "exiting without one: the steps since the latest checkpoint in %s are lost",
+                  self.grace_seconds, self.manager.directory)
+    logging.flush()
+    self.exit_fn(128 + signal.SIGTERM)
+
+  def __call__(self, step: int) -> bool:
+    return self.signalled or self.manager.reached_preemption(step)
+
+  def __exit__(self, *exc):
+    if self._timer is not None:
+      self._timer.cancel()
+    if self._previous is not None:
+      signal.signal(signal.SIGTERM, self._previous)
+
+
+class NonFiniteError(UserError):
+  """Too many updates in a row had a non-finite loss or gradient."""
+
+
+@dataclasses.dataclass(frozen=True)
+class FitSettings:
+  """How `fit` runs; the fields are the experiment config's fields of the same names."""
+
+  num_train_steps: int
+  log_every_steps: int = 100
+  checkpoint_every_steps: int = 1000
+  keep_checkpoints: int = 0  # The newest K are kept; 0: all.
+  eval_every_steps: int = 0  # And after the last step; 0: never.
+  max_consecutive_nonfinite_steps: int = 0  # Skipped updates in a row that stop the run; 0: any.
+  on_checkpoint_save_error: str = "stop"  # Or "continue" (`recovery.CheckpointWriter`).
+
+  @classmethod
+  def from_config(cls, config) -> "FitSettings":
+    """The settings of experiment `config`."""
+    return cls(**{field.name: config[field.name] for field in dataclasses.fields(cls)})
+
+
+@jax.jit
+def _nonfinite_streak(streak, longest, nonfinite):
+  """The current run of non-finite steps, and the longest since the last reset."""
+  streak = jnp.where(nonfinite > 0, streak + 1, 0)
+  return streak, jnp.maximum(longest, streak)
+
+
+class _Interval:
+  """The steps since the last log line: their metrics summed on the device, the run of
+  non-finite updates, and when the interval started (the first one includes compilation)."""
+
+  def __init__(self, start: float):
+    self.sums, self.steps, self.start, self.compiling = None, 0, start, True
+    self.streak = self.longest = jnp.zeros((), jnp.int32)
+
+  def add(self, metrics) -> None:
+    self.sums = metrics if self.sums is None else add_sums(self.sums, metrics)
+    self.streak, self.longest = _nonfinite_streak(self.streak, self.longest, metrics["nonfinite"])
+    self.steps += 1
+
+  def report(self, logger: TrainLogger, step: int) -> int:
+    """Log the interval ending at `step` and start the next; returns the longest run of
+    non-finite updates in it."""
+    fetched, longest = jax.device_get((self.sums, self.longest))
+    now = time.perf_counter()
+    logger.train(step, fetched, self.steps, now - self.start, compiling=self.compiling)
+    self.sums, self.steps, self.start, self.compiling = None, 0, now, False
+    self.longest = jnp.zeros((), jnp.int32)
+    return int(longest)
+
+
+def _next_batch(train_iter, step: int, trainer: Trainer, shapes: set) -> dict:
+  """The next batch; a shape not seen before is checked and announced (it compiles the step)."""
+  try:
+    batch = next(train_iter)
+  except StopIteration:
+    raise RuntimeError(f"the training data ran out at step {step}") from None
+  shape = (batch["inputs"].shape, batch["targets"].shape)
+  if shape not in shapes:
+    trainer.check_batch(batch)
+    shapes.add(shape)
+    logging.info("step %d: compiling the train step for batch shape %s (inputs) %s (targets)",
+                 step + 1, *shape)
+  return batch
+
+
+def _every(step: int, every: int, last: int) -> bool:
+  return step % every == 0 or step == last
+
+
+def fit(trainer: Trainer, state: TrainState, train_iter, settings: FitSettings, *,
+        logger: TrainLogger, manager, stop_requested: Callable[[int], bool] = lambda step: False,
+        evaluate=None) -> TrainState:
+  """Run train steps from `state.step` to `settings.num_train_steps`, logging and checkpointing.
+
+  `train_iter` yields this process's numpy batches and has Grain's
+  checkpointable state, saved with every checkpoint. Metrics stay on the
+  device, summed, and are fetched only at log steps. The first step of the
+  run (which compiles) is reported on its own, and every new batch shape
+  (which compiles again) is announced. A checkpoint is written every
+  `checkpoint_every_steps` steps, when `stop_requested(step)` (then the loop
+  ends; it is also asked once before the first step) and after the last
+  step, through `recovery.CheckpointWriter` (give `manager` no limit of its
+  own). `evaluate(state)`, if given, returns `(split, sums)`; it runs every
+  `eval_every_steps` steps and after the last step, and its time is left out
+  of the training speed. Updates with a non-finite loss or gradient are
+  skipped (`skip_nonfinite`); after `max_consecutive_nonfinite_steps` of them
+  in a row, seen at the next log step, NonFiniteError is raised.
+  """
+  last = settings.num_train_steps
+  step = int(jax.device_get(state.step))
+  start_step, start = step, time.perf_counter()
+  interval, shapes = _Interval(start), set()
+  writer = recovery.CheckpointWriter(manager, on_error=settings.on_checkpoint_save_error,
+                                     keep=settings.keep_checkpoints)
+  stop = step < last and stop_requested(step)
+  if stop:
+    logging.warning("stopped before the first step of this run (step %d); nothing new to save",
+                    step)
+  while step < last and not stop:
+    batch = _next_batch(train_iter, step, trainer, shapes)
+    state, metrics = trainer.train_step(state, batch)
+    step += 1
+    interval.add(metrics)
+    logger.advance()
+    if interval.compiling or _every(step, settings.log_every_steps, last):
+      in_a_row = interval.report(logger, step)
+      limit = settings.max_consecutive_nonfinite_steps
+      if limit and in_a_row >= limit:
+        writer.finish()
+        raise NonFiniteError(
+            f"{in_a_row} updates in a row, the last at step {step}, had a non-finite loss or "
+            f"gradient and were skipped (the limit is config.max_consecutive_nonfinite_steps="
+            f"{limit}); the latest checkpoint in {manager.directory} is step "
+            f"{manager.latest_step()}. Lower config.learning_rate, set config.grad_clip_norm or "
+            "check the training data")
+    stop = stop_requested(step)
+    if stop or _every(step, settings.checkpoint_every_steps, last):
+      writer.save(step, state, train_iter)
+    if not stop and evaluate is not None and settings.eval_every_steps and _every(
+        step, settings.eval_every_steps, last):
+      eval_start = time.perf_counter()
+      logger.evaluation(step, *evaluate(state))
+      interval.start += time.perf_counter() - eval_start
+  writer.finish()
+  if stop and step > start_step:
+    logging.warning("stopped at step %d for preemption; checkpoint saved", step)
+  logger.close(step, seconds=time.perf_counter() - start, steps=step - start_step,
+               checkpoints=f"{manager.directory} (latest {manager.latest_step()})")
+  return state

@@ -1,0 +1,69 @@
+"""The paper's training recipe: the learning-rate schedule, Adam, and the FLOPs of a step.
+
+(The loss itself, label-smoothed cross entropy, is `transformer_jax.model.loss`:
+evaluation sums it too.)
+"""
+
+import jax.numpy as jnp
+import optax
+
+from transformer_jax.model.transformer import TransformerConfig, weight_counts
+
+
+def paper_learning_rate(step, *, d_model: int, warmup_steps: int, scale: float = 1.0):
+  """`scale * d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5)` at the 1-based `step`."""
+  step = jnp.asarray(step, jnp.float32)
+  return scale * d_model**-0.5 * jnp.minimum(step**-0.5, step * warmup_steps**-1.5)
+
+
+def learning_rate_schedule(*, d_model: int, warmup_steps: int, scale: float = 1.0):
+  """Optax schedule of the paper's rate.
+
+  Optax counts updates from 0; the paper counts steps from 1. Update `count`
+  uses the paper's step `count + 1`, so the first update has a small nonzero
+  rate and the peak comes at update `warmup_steps - 1` (paper step
+  `warmup_steps`).
+  """
+  return lambda count: paper_learning_rate(
+      count + 1, d_model=d_model, warmup_steps=warmup_steps, scale=scale)
+
+
+def make_optimizer(schedule, *, b1: float, b2: float, eps: float, grad_clip_norm: float = 0.0):
+  """Adam with the given schedule, after global-norm clipping when `grad_clip_norm > 0`."""
+  adam = optax.adam(schedule, b1=b1, b2=b2, eps=eps)
+  if grad_clip_norm > 0:
+    return optax.chain(optax.clip_by_global_norm(grad_clip_norm), adam)
+  return adam
+
+
+def train_flops(cfg: TransformerConfig, *, source_tokens: float, target_tokens: float,
+                source_length: int, target_length: int) -> float:
+  """Model FLOPs of one training step: 3 x the forward pass (backward = 2 x forward).
+
+  Forward, 2 FLOPs per multiply-add:
+  - weights: each non-padding source token meets every encoder layer's
+    attention projections and feed-forward and every decoder layer's
+    cross-attention key/value projections; each non-padding target token
+    meets every decoder layer's self-attention projections, cross-attention
+    query/output projections and feed-forward, and the output projection
+    (vocab x d_model);
+  - attention: `Q K^T` and `weights V` cost `2 * heads * (d_k + d_v)` per
+    (query, key) pair; each non-padding query is charged the padded row
+    length of keys (`source_length` or `target_length`), the full square,
+    as computed (the causal half is not subtracted).
+  Embedding lookups, layer norms, softmaxes and the loss are left out (under
+  1% at the paper's sizes).
+  """
+  d, h, n = cfg.d_model, cfg.num_heads, cfg.num_layers
+  w = weight_counts(cfg)
+  self_attention = w["query"] + w["key"] + w["value"] + w["out"]
+  feed_forward = w["feed_forward"]
+  cross_query_out = w["query"] + w["out"]
+  cross_key_value = w["key"] + w["value"]
+  per_source_token = n * (self_attention + feed_forward + cross_key_value)
+  per_target_token = n * (self_attention + cross_query_out + feed_forward) + cfg.vocab_size * d
+  weights = 2.0 * (per_source_token * source_tokens + per_target_token * target_tokens)
+  per_pair = 2.0 * h * (cfg.d_k + cfg.d_v)
+  attention = n * per_pair * (source_tokens * source_length
+                              + target_tokens * (target_length + source_length))
+  return 3.0 * (weights + attention)

@@ -1,0 +1,111 @@
+"""`train(config, workdir)`: the experiment's data, model, checkpoints and validation, wired to `fit`.
+
+The one module of `train/` that knows about decoding: each evaluation also
+scores validation BLEU and keeps the best parameters (`decode.best`).
+"""
+
+from absl import logging
+from etils import epath
+import jax
+import ml_collections
+
+from transformer_jax import config as config_lib
+from transformer_jax import data
+from transformer_jax.checkpoints import recovery, store
+from transformer_jax.decode import best, metrics
+from transformer_jax.decode.translator import DecodeSettings, Translator
+from transformer_jax.model.transformer import count_params
+from transformer_jax.train import objective
+from transformer_jax.train.loop import FitSettings, PreemptionWatch, fit
+from transformer_jax.train.reporting import TrainLogger, measure_matmul_flops
+from transformer_jax.train.step import Trainer, TrainState
+from transformer_jax.workdir import Workdir
+
+
+def make_trainer(config: ml_collections.ConfigDict, *, vocab_size: int):
+  """`(trainer, learning-rate schedule)` of experiment `config` over all devices, for a vocabulary
+  of `vocab_size` tokens."""
+  placement = config_lib.placement(config, vocab_size=vocab_size)
+  schedule = objective.learning_rate_schedule(
+      d_model=placement.model.config.d_model, warmup_steps=config.warmup_steps,
+      scale=config.learning_rate)
+  optimizer = objective.make_optimizer(schedule, b1=config.adam_b1, b2=config.adam_b2,
+                                       eps=config.adam_eps, grad_clip_norm=config.grad_clip_norm)
+  trainer = Trainer(placement, optimizer, label_smoothing=config.label_smoothing,
+                    grad_accum_steps=config.grad_accum_steps, seed=config.seed)
+  return trainer, schedule
+
+
+def train(config: ml_collections.ConfigDict, workdir: str) -> TrainState:
+  """Train the experiment `config` in `workdir`, resuming from its latest checkpoint.
+
+  Writes `checkpoints/` (Orbax), `tensorboard/`, `vocab/` and `config.txt`
+  under `workdir` (`Workdir`). Each evaluation also scores BLEU on the first
+  `config.eval_bleu_sentences` sentences and keeps the best parameters in
+  `best/` with `best.json`. Returns the final state. SIGTERM from here on
+  stops the run at the next step boundary with a checkpoint
+  (`PreemptionWatch`); broken checkpoints are skipped (`recovery.resume`).
+  """
+  config_lib.validate(config)
+  workdir = Workdir(workdir)
+  workdir.create()
+  if jax.process_index() == 0:
+    epath.Path(workdir.config_file).write_text(str(config))
+  # No limit of its own: fit deletes old steps, safely (recovery.delete_steps).
+  manager = store.make_manager(workdir.checkpoints)
+  with PreemptionWatch(manager, grace_seconds=config.preemption_grace_seconds) as preemption:
+    state = _train(config, workdir, manager, preemption)
+  manager.close()
+  return state
+
+
+def _train(config, workdir: Workdir, manager, preemption) -> TrainState:
+  tokenizer = data.get_tokenizer(config.data, workdir.vocab)
+  trainer, schedule = make_trainer(config, vocab_size=tokenizer.vocab_size)
+  placement = trainer.placement
+  model_config = placement.model.config
+  logging.info("model: %s, %s parameters; mesh %s; sharding rules %s", model_config,
+               f"{count_params(model_config):,}", dict(placement.mesh.shape), placement.rules)
+  shard_index, shard_count = placement.data_shard
+  train_iter = iter(data.make_train_loader(config.data, tokenizer, seed=config.seed,
+                                           shard_index=shard_index, shard_count=shard_count))
+  state = recovery.resume(manager, trainer.abstract_state, train_iter,
+                          start_over=config.on_bad_checkpoints == "start_over")
+  if state is None:
+    state = trainer.init()
+  else:
+    logging.info("resumed from %s at step %d", manager.directory, int(state.step))
+  peak = config.peak_flops_per_device or measure_matmul_flops(model_config.compute_dtype)
+  logging.info("peak FLOP/s per device for MFU: %.3g (%s)", peak,
+               "config.peak_flops_per_device" if config.peak_flops_per_device else
+               "measured on a square matmul")
+  logger = TrainLogger(workdir.tensorboard, total_steps=config.num_train_steps,
+                       start_step=int(state.step), learning_rate_fn=schedule,
+                       peak_flops=peak * jax.device_count())
+  return fit(trainer, state, train_iter, FitSettings.from_config(config), logger=logger,
+             manager=manager, stop_requested=preemption,
+             evaluate=_evaluator(config, workdir, placement, tokenizer))
+
+
+def _evaluator(config, workdir: Workdir, placement, tokenizer):
+  """`evaluate(state) -> (split, sums)` for `fit`: loss sums on `config.data.eval_split` and, with
+  `config.eval_bleu_sentences`, the BLEU of that many of its sentences."""
+  split = config.data.eval_split
+  loss = metrics.TeacherForcedLoss(placement, label_smoothing=config.label_smoothing)
+  validation_bleu = best.ValidationBleu(
+      Translator(placement, tokenizer,
+                 DecodeSettings.from_config(config, beam_size=config.eval_bleu_beam_size)),
+      config.data, workdir, split=split, sentences=config.eval_bleu_sentences)
+  batches = []  # Read and tokenized at the first evaluation.
+
+  def evaluate(state):
+    if not batches:
+      shard_index, shard_count = placement.data_shard
+      batches.extend(data.make_eval_batches(config.data, tokenizer, split,
+                                            shard_index=shard_index, shard_count=shard_count))
+    sums = loss(state.params, batches)
+    if config.eval_bleu_sentences:
+      sums = {**sums, "bleu": validation_bleu(int(state.step), state.params)}
+    return split, sums
+
+  return evaluate

@@ -1,0 +1,171 @@
+"""The sharded train step: a pure function of `(state, batch)`, and the Trainer that jit-compiles it.
+
+The step is jit-compiled once per mesh with explicit in/out shardings and the
+state donated. Its dropout key is `fold_in(key(seed), step)`, so a resumed
+run draws the same masks.
+"""
+
+from collections.abc import Mapping
+import functools
+from typing import Any
+
+import flax.linen as nn
+from flax import struct
+import jax
+from jax.sharding import NamedSharding, PartitionSpec
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from transformer_jax.conventions import BATCH_KEYS
+from transformer_jax.model.loss import LOSS_SUMS, loss_sums
+from transformer_jax.sharding import Placement, abstract_tree, tree_shardings
+from transformer_jax.train.objective import train_flops
+
+
+class TrainState(struct.PyTreeNode):
+  """What a train step changes: `step` (int32 scalar), float32 `params` and `opt_state`."""
+
+  step: jax.Array
+  params: Any
+  opt_state: Any
+
+
+def split_micro_batches(array, num_micro: int):
+  """`[batch, ...]` -> `[num_micro, batch / num_micro, ...]`; row `i * num_micro + j` goes to micro-batch j.
+
+  Each device's consecutive block of rows stays on that device in every
+  micro-batch.
+  """
+  rows = array.shape[0]
+  return jnp.swapaxes(array.reshape(rows // num_micro, num_micro, *array.shape[1:]), 0, 1)
+
+
+def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation, *,
+                    label_smoothing: float, grad_accum_steps: int = 1, seed: int = 0,
+                    batch_sharding: NamedSharding | None = None):
+  """The pure train step `(state, batch) -> (state, metrics)`.
+
+  The gradient is that of the mean smoothed loss over all non-padding target
+  tokens of the batch. With `grad_accum_steps > 1` the batch is split into
+  that many micro-batches (`split_micro_batches`) run one after another with
+  `lax.scan`; token sums and gradient sums are added and divided once by the
+  total token count, so the update equals the one from the whole batch.
+  Micro-batch j draws dropout from `fold_in(step_key, j)`. `metrics` holds
+  the sums of `loss_sums`, `grad_norm` and `flops` (`train_flops`), float32
+  scalars, and `nonfinite`: 1.0 when the loss or the gradient norm is NaN or
+  infinite. Such an update is skipped (`skip_nonfinite`): params and
+  optimizer state stay as they were, only `step` advances, and the step's
+  loss sums and gradient norm count as 0.
+  """
+  dropout_base = jax.random.fold_in(jax.random.key(seed), 1)
+
+  def loss_and_sums(params, batch, key):
+    sums = loss_sums(model, params, batch, label_smoothing=label_smoothing, dropout_key=key)
+    return sums["loss"], sums
+
+  grad_fn = jax.grad(loss_and_sums, has_aux=True)
+
+  def train_step(state: TrainState, batch):
+    key = jax.random.fold_in(dropout_base, state.step)
+    if grad_accum_steps == 1:
+      grads, sums = grad_fn(state.params, batch, key)
+    else:
+      micro = jax.tree.map(functools.partial(split_micro_batches, num_micro=grad_accum_steps),
+                           batch)
+
+      def accumulate(carry, xs):
+        index, micro_batch = xs
+        if batch_sharding is not None:
+          micro_batch = jax.lax.with_sharding_constraint(micro_batch, batch_sharding)
+        grads, sums = grad_fn(state.params, micro_batch, jax.random.fold_in(key, index))
+        return jax.tree.map(jnp.add, carry, (grads, sums)), None
+
+      zeros = (jax.tree.map(jnp.zeros_like, state.params),
+               {k: jnp.zeros((), jnp.float32) for k in LOSS_SUMS})
+      (grads, sums), _ = jax.lax.scan(accumulate, zeros, (jnp.arange(grad_accum_steps), micro))
+    grads = jax.tree.map(lambda g: g / jnp.maximum(sums["tokens"], 1.0), grads)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    flops = train_flops(model.config, source_tokens=sums["source_tokens"],
+                        target_tokens=sums["tokens"], source_length=batch["inputs"].shape[1],
+                        target_length=batch["targets"].shape[1])
+    metrics = {**sums, "grad_norm": optax.tree.norm(grads), "flops": flops}
+    new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state)
+    return skip_nonfinite(state, new_state, metrics)
+
+  return train_step
+
+
+def skip_nonfinite(state: TrainState, new_state: TrainState, metrics: dict):
+  """`(new_state, metrics)`, or `state` with its step advanced if the loss or gradient norm is not finite.
+
+  Decided on the device (`jnp.where`, no host sync). Adds `metrics["nonfinite"]`
+  (1.0 for a skipped update, else 0.0); a skipped step's `loss`, `nll` and
+  `grad_norm` become 0 and its `tokens` too, so logged averages cover the
+  applied updates only.
+  """
+  finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
+  keep = lambda new, old: jnp.where(finite, new, old)
+  state = TrainState(step=new_state.step, params=jax.tree.map(keep, new_state.params, state.params),
+                     opt_state=jax.tree.map(keep, new_state.opt_state, state.opt_state))
+  zeroed = ("loss", "nll", "tokens", "grad_norm")
+  metrics = {k: jnp.where(finite, v, jnp.zeros_like(v)) if k in zeroed else v
+             for k, v in metrics.items()}
+  metrics["nonfinite"] = 1.0 - finite.astype(jnp.float32)
+  return state, metrics
+
+
+class Trainer:
+  """A placed model and its optimizer: sharded init and train step, jit-compiled.
+
+  Parameters and optimizer state are sharded by their logical axis names
+  through the placement's rules (`state_shardings`, `abstract_state`); calls
+  run inside its mesh and rules contexts.
+  """
+
+  def __init__(self, placement: Placement, optimizer: optax.GradientTransformation, *,
+               label_smoothing: float, grad_accum_steps: int = 1, seed: int = 0):
+    self.placement, self.optimizer = placement, optimizer
+    self.seed = seed
+    self.grad_accum_steps = grad_accum_steps
+    boxed = jax.eval_shape(self._init_boxed, jax.random.key(0))
+    self.state_shardings = tree_shardings(boxed, placement.mesh, placement.rules)
+    self.abstract_state = abstract_tree(nn.unbox(boxed), self.state_shardings)
+    replicated = NamedSharding(placement.mesh, PartitionSpec())
+    self._init = jax.jit(lambda key: nn.unbox(self._init_boxed(key)),
+                         out_shardings=self.state_shardings)
+    step = make_train_step(placement.model, optimizer, label_smoothing=label_smoothing,
+                           grad_accum_steps=grad_accum_steps, seed=seed,
+                           batch_sharding=placement.batch_sharding)
+    self._train_step = jax.jit(
+        step, in_shardings=(self.state_shardings, placement.batch_sharding),
+        out_shardings=(self.state_shardings, replicated), donate_argnums=0)
+
+  def _init_boxed(self, key):
+    """Initial state with parameters boxed by logical axis names (the optimizer state inherits them)."""
+    params = self.placement.boxed_params(key)
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                      opt_state=self.optimizer.init(params))
+
+  def init(self) -> TrainState:
+    """Freshly initialized, sharded state; parameters from `key(seed)`."""
+    return self.placement.run(self._init, jax.random.fold_in(jax.random.key(self.seed), 0))
+
+  def check_batch(self, local_batch: Mapping[str, np.ndarray]) -> None:
+    """Raise ValueError if this process's `[rows, length]` batch cannot be split as configured."""
+    missing = set(BATCH_KEYS) - set(local_batch)
+    if missing:
+      raise ValueError(f"batch lacks {sorted(missing)}; a batch has keys {', '.join(BATCH_KEYS)}")
+    rows = local_batch["targets"].shape[0] * self.placement.data_shard[1]
+    need = self.placement.batch_shards * self.grad_accum_steps
+    if rows % need:
+      raise ValueError(
+          f"the global batch has {rows} rows, not a multiple of {need} = "
+          f"{self.placement.batch_shards} batch shards (the mesh and sharding rules) x "
+          f"{self.grad_accum_steps} micro-batches (grad_accum_steps); change the batch size, "
+          "the mesh or grad_accum_steps")
+
+  def train_step(self, state: TrainState, local_batch: Mapping[str, np.ndarray]):
+    """One update from this process's rows of the batch; `state` is donated. Returns `(state, metrics)`."""
+    return self.placement.run(self._train_step, state, self.placement.global_batch(local_batch))

@@ -1,0 +1,77 @@
+"""Every path under a work directory, in one object."""
+
+import dataclasses
+import os
+
+from etils import epath
+
+from transformer_jax.errors import UserError
+
+
+def absolute(path: str) -> str:
+  """`path` made absolute, unless it is a URL such as `gs://bucket/dir` (Orbax needs absolute paths)."""
+  return path if "://" in path else os.path.abspath(path)
+
+
+@dataclasses.dataclass(frozen=True)
+class Workdir:
+  """The files of one experiment run: a local path or a URL such as `gs://bucket/run`.
+
+  checkpoints/<step>/   Orbax train checkpoints (train state, data position, fingerprints)
+  averaged/<step>/      the mean of the last checkpoints' parameters (`--mode=average`)
+  best/<step>/          the parameters of the best validation BLEU; best.json says which
+  eval/                 hypotheses and scores of `--mode=eval`
+  tensorboard/          event files
+  vocab/                the SentencePiece vocabulary and its length tables
+  config.txt            the config of the latest training run
+  """
+
+  root: str
+
+  def __post_init__(self):
+    object.__setattr__(self, "root", absolute(self.root))
+
+  def _path(self, *parts: str) -> str:
+    return os.path.join(self.root, *parts)
+
+  @property
+  def checkpoints(self) -> str:
+    return self._path("checkpoints")
+
+  @property
+  def averaged(self) -> str:
+    return self._path("averaged")
+
+  @property
+  def best(self) -> str:
+    return self._path("best")
+
+  @property
+  def best_json(self) -> str:
+    return self._path("best.json")
+
+  @property
+  def tensorboard(self) -> str:
+    return self._path("tensorboard")
+
+  @property
+  def vocab(self) -> str:
+    return self._path("vocab")
+
+  @property
+  def config_file(self) -> str:
+    return self._path("config.txt")
+
+  def eval_file(self, name: str) -> str:
+    """`eval/<name>`: e.g. `test-averaged-beam4.txt`."""
+    return self._path("eval", name)
+
+  def create(self) -> None:
+    """Make the directory if needed; UserError if it cannot be made or is not a directory."""
+    try:
+      epath.Path(self.root).mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+      raise UserError(f"--workdir={self.root}: cannot make the directory: "
+                      f"{error.strerror or error}") from None
+    if not epath.Path(self.root).is_dir():
+      raise UserError(f"--workdir={self.root} is not a directory")
