@@ -181,13 +181,17 @@ def flags(shared: pathlib.Path, **overrides) -> list[str]:
   return ["--config=experiments/default.py", *(f"--config.{k}={v}" for k, v in config.items())]
 
 
-def environment(shared: pathlib.Path, devices: int = 1) -> dict:
-  return dict(os.environ, JAX_PLATFORMS="cpu",
-              XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
-              PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-              JAX_COMPILATION_CACHE_DIR=str(shared / "jax_cache"),
-              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-              JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+def environment(shared: pathlib.Path | None = None, devices: int = 1) -> dict:
+  """The environment of a subprocess: the CPU with `devices` devices, this repository importable,
+  and the session's compilation cache in `shared` (when given)."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+             PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+  if shared is not None:
+    env.update(JAX_COMPILATION_CACHE_DIR=str(shared / "jax_cache"),
+               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+               JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+  return env
 
 
 class Run:

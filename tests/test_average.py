@@ -3,13 +3,16 @@
 The reference is numpy's float64 mean of hand-made parameter trees.
 """
 
+import json
+
 import jax
 import numpy as np
+import pytest
 
 from helpers import make_trainer as _trainer, random_state as _random_state
 from transformer_jax.checkpoints import store
 from transformer_jax.checkpoints.average import average_params
-from transformer_jax.decode import search as decoding
+from transformer_jax.decode import search as search_lib
 
 
 def _leaves(tree):
@@ -40,7 +43,7 @@ def test_the_average_of_two_checkpoints_is_their_mean_parameter_by_parameter(tmp
     np.testing.assert_array_equal(got, want)
   inputs = np.array([[5, 6, 7, 1], [8, 9, 1, 0]], np.int32)
   model = trainer.placement.model
-  decoded = [decoding.greedy_decode(model, {"params": p}, inputs, max_len=8).tokens
+  decoded = [search_lib.greedy_decode(model, {"params": p}, inputs, max_len=8).tokens
              for p in (restored, averaged)]
   np.testing.assert_array_equal(decoded[0], decoded[1])
   assert decoded[0].shape == (2, 8)
@@ -70,3 +73,15 @@ def test_saving_params_again_at_the_same_step_replaces_them(tmp_path):
   np.testing.assert_array_equal(restored["embed"]["embedding"], second["embed"]["embedding"])
   store.save_params(manager, 6, first)
   assert manager.all_steps() == [6]  # One params-only checkpoint at a time.
+
+
+def test_a_params_only_checkpoint_that_reads_back_other_values_is_refused(tmp_path):
+  trainer = _trainer({"data": 8}, "dp")
+  manager = store.make_params_manager(str(tmp_path))
+  store.save_params(manager, 5, _random_state(trainer, 15).params, steps=[5])
+  fingerprint = tmp_path / "5" / "integrity" / "metadata"
+  record = json.loads(fingerprint.read_text())
+  record["state"] ^= 1  # As if one bit of the arrays had changed on disk.
+  fingerprint.write_text(json.dumps(record))
+  with pytest.raises(store.CorruptCheckpointError, match=r"5: the parameters read back differ"):
+    store.restore_params(manager, trainer.placement.abstract_params)

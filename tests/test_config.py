@@ -103,8 +103,13 @@ def test_model_fields_follow_the_presets_and_build_the_model():
   config.model = config_lib.model_fields("C2", dtype="bfloat16")
   c2 = config_lib.transformer_config(config, vocab_size=100)
   assert (c2.num_layers, c2.dtype, c2.d_k) == (4, "bfloat16", 64)
-  with pytest.raises(config_lib.ConfigError, match="config.model.preset: unknown preset 'huge'"):
+  with pytest.raises(ValueError, match="unknown preset 'huge'; allowed: base"):
     config_lib.model_fields("huge")
+  with pytest.raises(config_lib.ConfigError, match="config.model.vocab_size is not a model field"):
+    config_lib.model_fields("base", vocab_size=100)
+  config.model.vocab_size = 100  # The vocabulary sets it; a config that sets it is refused.
+  with pytest.raises(config_lib.ConfigError, match="config.model.vocab_size is not a model field"):
+    config_lib.validate(config)
   with pytest.raises(config_lib.ConfigError, match="config.model.heads is not a model field"):
     config_lib.model_fields("base", heads=4)
 
@@ -121,6 +126,7 @@ def test_a_parameter_that_does_not_split_over_the_mesh_is_a_config_error():
   config = config_lib.default_config()
   config.mesh.update(data=4, tensor=2)
   config.sharding_rules = "tp"
-  with pytest.raises(config_lib.ConfigError, match=r"config.mesh with config.sharding_rules: "
-                     r"\['embed'\]\['embedding'\] has shape \(41, 512\)"):
+  with pytest.raises(config_lib.ConfigError, match=r"config.sharding_rules: "
+                     r"\['embed'\]\['embedding'\] has shape \(41, 512\): dimension 0 \(41\) "
+                     r"cannot be split over mesh axes \('tensor',\) \(2 shards\)"):
     config_lib.placement(config, vocab_size=41)

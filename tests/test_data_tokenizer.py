@@ -130,9 +130,12 @@ def test_eval_batches_in_both_directions(setup):
   c, _, tok = setup
   test = embedded.generate_corpus(1, TINY)["test"]
   batches = data.make_eval_batches(c, tok, "test")
-  assert [s for _, sources_, _ in batches for s in sources_] == [p[0] for p in test]
+  assert data.split_texts(c, "test") == ([p[0] for p in test], [p[1] for p in test])
+  assert tok.decode(batches[0]["inputs"][0]) == test[0][0]
   reverse = c.copy_and_resolve_references()
   reverse.source_lang, reverse.target_lang = "sy", "en"
-  batch, srcs, tgts = data.make_eval_batches(reverse, tok, "test")[0]
+  batch = data.make_eval_batches(reverse, tok, "test")[0]
+  srcs, tgts = data.split_texts(reverse, "test")
   assert (srcs[0], tgts[0]) == (test[0][1], test[0][0])
   assert tok.decode(batch["inputs"][0]) == test[0][1]
+  assert tok.decode(batch["targets"][0]) == test[0][0]

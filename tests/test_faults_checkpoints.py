@@ -18,8 +18,8 @@ import jax
 import numpy as np
 import pytest
 
-from helpers import REPO, make_trainer, random_state as _state
-from transformer_jax.checkpoints import inspect as inspect_checkpoints
+from helpers import REPO, environment, make_trainer, random_state as _state
+from transformer_jax.checkpoints import inspect as inspect_lib
 from transformer_jax.checkpoints import recovery
 from transformer_jax.checkpoints import store
 
@@ -108,7 +108,7 @@ def test_without_a_good_checkpoint_the_run_refuses_to_start_over_unless_asked(
   manager = store.make_manager(str(saved))
   with pytest.raises(recovery.UnusableCheckpointsError,
                      match=r"none of the 3 checkpoints in .* \(steps 1, 2, 3\) can be restored.*"
-                           r"--config.on_bad_checkpoints=start_over"):
+                           r"or start over \(start_over\)"):
     recovery.resume(manager, trainer.abstract_state, _iterator())
   assert sorted(os.listdir(saved)) == ["1", "2", "3"]  # Left as they were.
   data = _iterator()
@@ -123,7 +123,7 @@ def test_without_a_good_checkpoint_the_run_refuses_to_start_over_unless_asked(
 def test_a_checkpoint_of_another_model_is_a_config_error_not_a_broken_file(saved):
   manager = store.make_manager(str(saved))
   with pytest.raises(store.CheckpointMismatchError, match=(
-      r"embed/embedding: \(40, 32\) in the checkpoint, \(48, 32\) expected.*Was config.model")):
+      r"embed/embedding: \(40, 32\) in the checkpoint, \(48, 32\) expected")):
     recovery.resume(manager, make_trainer(vocab_size=48).abstract_state, _iterator())
   assert sorted(os.listdir(saved)) == ["1", "2", "3"]
 
@@ -189,7 +189,7 @@ def test_a_failed_save_is_reported_and_leaves_the_good_checkpoints_intact(
 def test_inspect_checkpoints_lists_the_steps_and_finds_the_broken_one(saved, tmp_path_factory):
   DAMAGE["altered array data"](saved / "3")
   (saved / "4.orbax-checkpoint-tmp").mkdir()
-  lines, good = inspect_checkpoints.describe(str(saved), verify=True)
+  lines, good = inspect_lib.describe(str(saved), verify=True)
   assert not good and len(lines) == 4, lines
   for step in (1, 2):
     assert re.fullmatch(rf"step {step}: [\d.]+ MB, \d+ arrays \([\d,]+ parameters\), data "
@@ -205,6 +205,6 @@ def test_inspect_checkpoints_lists_the_steps_and_finds_the_broken_one(saved, tmp
   result = subprocess.run(
       [sys.executable, "-m", "transformer_jax.checkpoints.inspect", f"--workdir={workdir}",
        "--verify"], cwd=REPO, capture_output=True, text=True, timeout=300,
-      env=dict(os.environ, JAX_PLATFORMS="cpu"))
+      env=environment())
   assert result.returncode == 1, result.stderr[-3000:]
   assert result.stdout.splitlines() == lines

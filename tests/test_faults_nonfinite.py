@@ -82,7 +82,9 @@ def _fit(trainer, batches, tmp_path, **kwargs):
   manager = store.make_manager(str(tmp_path / "checkpoints"))
   iterator = iter(grain.MapDataset.source(batches).to_iter_dataset())
   try:
-    settings = loop.FitSettings(num_train_steps=len(batches), **kwargs)
+    settings = loop.FitSettings(**{
+        "num_train_steps": len(batches), "keep_checkpoints": 0, "eval_every_steps": 0,
+        "on_checkpoint_save_error": "stop", **kwargs})
     return loop.fit(trainer, trainer.init(), iterator, settings, logger=logger, manager=manager)
   finally:
     manager.close()
@@ -104,7 +106,7 @@ def test_too_many_in_a_row_stop_the_run_with_a_clear_message(trainer, tmp_path):
   batches = [synthetic_batch(0), synthetic_batch(1)] + [_poisoned(s) for s in range(2, 8)]
   with pytest.raises(loop.NonFiniteError,
                      match=r"3 updates in a row, the last at step 5, had a non-finite loss or "
-                           r"gradient.*config.max_consecutive_nonfinite_steps=3.*latest "
+                           r"gradient.*max_consecutive_nonfinite_steps=3.*latest "
                            r"checkpoint in \S+ is step 4"):
     _fit(trainer, batches, tmp_path, log_every_steps=1, checkpoint_every_steps=2,
          max_consecutive_nonfinite_steps=3)

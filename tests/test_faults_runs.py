@@ -207,7 +207,7 @@ def test_diverging_updates_are_skipped_then_the_run_stops_with_one_error_line(sh
   assert run.finish() == 1, run.output[-3000:]
   errors = [line for line in run.lines if line.startswith("error: ")]
   assert len(errors) == 1 and "3 updates in a row" in errors[0], run.output[-3000:]
-  assert "config.max_consecutive_nonfinite_steps=3" in errors[0]
+  assert "max_consecutive_nonfinite_steps=3" in errors[0]
   assert "Traceback" not in run.output
   assert re.search(r"skipped 1 non-finite update \(\d+ this run\)", run.output)
   # The checkpoints hold finite parameters: skipped updates did not reach them.

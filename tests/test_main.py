@@ -78,13 +78,15 @@ def test_bad_flags_fail_before_compiling(shared, tmp_path):
       "--config.num_train_steps=0": "config.num_train_steps must be a positive integer; got 0",
       "--config.mesh.data=3": "needs 3 devices but 1 are present",
       "--config.data.batch_mode=rows": "config.data.batch_mode='rows' is invalid",
-      "--config.num_train_step=5": "num_train_step",
   }
   runs = {flag: helpers.Run(shared, tmp_path / str(i), flag) for i, flag in enumerate(cases)}
+  # A misspelled override is refused while the flags are parsed, naming it.
+  typo = helpers.Run(shared, tmp_path / "typo", "--config.num_train_step=5")
   for flag, run in runs.items():
-    assert run.finish(timeout=120) != 0, flag
-    assert cases[flag] in run.output, (flag, run.output[-2000:])
+    assert cases[flag] in run.fail(timeout=120), (flag, run.output[-2000:])
     assert "compiling" not in run.output
+  assert typo.finish(timeout=120) != 0 and "num_train_step" in typo.output
+  assert "compiling" not in typo.output
 
 
 def test_the_command_line_shows_one_error_line_for_each_user_mistake(shared, tmp_path):

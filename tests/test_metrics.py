@@ -13,6 +13,7 @@ import helpers
 from transformer_jax import sharding
 from transformer_jax.conventions import BATCH_KEYS
 from transformer_jax.decode import metrics
+from transformer_jax.model import loss
 
 HYPOTHESES = [
     "Die Katze sitzt auf der Matte.",
@@ -105,21 +106,22 @@ def test_teacher_forced_loss_sums_every_batch_of_a_sharded_split_as_numpy_does()
   placement = sharding.Placement(helpers.tiny_model_config(), sharding.make_mesh({"data": -1}),
                                  sharding.logical_rules("dp"))
   params = nn.unbox(placement.boxed_params(jax.random.key(0)))
-  batches = [(helpers.synthetic_batch(seed), [], []) for seed in (0, 1, 2)]
+  batches = [helpers.synthetic_batch(seed) for seed in (0, 1, 2)]
   got = metrics.TeacherForcedLoss(placement, label_smoothing=0.1)(params, batches)
   forward = jax.jit(placement.model.apply)
   expected = {key: 0.0 for key in got}
-  for batch, _, _ in batches:
+  for batch in batches:
     logits = forward({"params": params}, *(batch[k] for k in BATCH_KEYS))
     for key, value in _reference_sums(logits, batch, 0.1).items():
       expected[key] += value
   for key in ("loss", "nll", "tokens", "source_tokens"):
     assert float(got[key]) == pytest.approx(expected[key], rel=1e-5), key
-  assert metrics.perplexity(float(got["nll"]), int(got["tokens"])) == pytest.approx(
+  assert loss.perplexity(float(got["nll"]), int(got["tokens"])) == pytest.approx(
       np.exp(expected["nll"] / expected["tokens"]), rel=1e-5)
 
 
-def test_perplexity_of_uniform_predictions_is_the_vocabulary_size():
-  assert metrics.perplexity(10 * np.log(7.0), 10) == pytest.approx(7.0)
+def test_perplexity_of_uniform_predictions_is_the_vocabulary_size_and_is_capped():
+  assert loss.perplexity(10 * np.log(7.0), 10) == pytest.approx(7.0)
+  assert loss.perplexity(1e9, 10) == pytest.approx(np.exp(50.0))  # A diverged run: a number.
   with pytest.raises(ValueError, match="at least one token"):
-    metrics.perplexity(0.0, 0)
+    loss.perplexity(0.0, 0)

@@ -3,10 +3,8 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
 from helpers import tiny_model_config
-from transformer_jax.model.transformer import count_params
 from transformer_jax.train import objective
 
 
@@ -22,19 +20,19 @@ def test_schedule_is_the_papers_formula_and_peaks_at_warmup():
   np.testing.assert_allclose(rates.max(), scale * (d_model * warmup) ** -0.5, rtol=1e-6)
 
 
-def test_train_flops_is_six_times_params_times_tokens_plus_attention():
-  # With no attention terms (length 0) and equal token counts the matmul part
-  # is 6 * tokens * (weight matrices, the embedding counted once as the output layer).
-  config = tiny_model_config()
-  tokens = 1000
-  flops = objective.train_flops(config, source_tokens=tokens, target_tokens=tokens,
-                               source_length=0, target_length=0)
-  d, n = config.d_model, config.num_layers
-  biases_and_norms = n * (config.d_ff + d + 4 * d) + n * (config.d_ff + d + 6 * d)
-  weights = count_params(config) - biases_and_norms  # Embedding/output counted once.
-  # Every weight meets one token per side: 6 * tokens * weights.
-  assert flops == pytest.approx(6 * tokens * weights)
-  with_attention = objective.train_flops(config, source_tokens=tokens, target_tokens=tokens,
-                                        source_length=10, target_length=8)
-  per_pair = 2 * config.num_heads * (config.d_k + config.d_v)
-  assert with_attention - flops == pytest.approx(3 * n * per_pair * tokens * (10 + 8 + 10))
+def test_train_flops_counts_each_weight_a_token_meets_and_each_attention_pair():
+  # d_model 32, 4 heads of d_k 8 and d_v 12, d_ff 64, 2 + 2 layers, 40 words. By hand:
+  # attention: W^Q, W^K 32x32 = 1024 each, W^V 32x48 = 1536, W^O 48x32 = 1536: 5120;
+  # feed-forward 2 x 32x64 = 4096; cross-attention keys/values 2560, queries/output 2560.
+  config = tiny_model_config(d_k=8, d_v=12)
+  per_source_token = 2 * (5120 + 4096 + 2560)  # Encoder layers; decoder keys/values.
+  per_target_token = 2 * (5120 + 2560 + 4096) + 40 * 32  # Decoder layers; output projection.
+  flops = objective.train_flops(config, source_tokens=1000, target_tokens=600,
+                                source_length=0, target_length=0)
+  # Forward: 2 FLOPs per multiply-add; training: 3 x forward.
+  assert flops == 3 * 2 * (per_source_token * 1000 + per_target_token * 600)
+  with_attention = objective.train_flops(config, source_tokens=1000, target_tokens=600,
+                                         source_length=10, target_length=8)
+  per_pair = 2 * 4 * (8 + 12)  # FLOPs of Q K^T and weights V for 4 heads, in one layer.
+  pairs = 1000 * 10 + 600 * (8 + 10)  # Encoder self, decoder self and cross attention.
+  assert with_attention - flops == 3 * 2 * per_pair * pairs  # Training, 2 layers.

@@ -1,4 +1,4 @@
-"""Decoding: cache vs teacher forcing, greedy and beam search vs brute force, limits, sharding.
+"""Decoding: cache vs teacher forcing, greedy and beam search vs brute force, output limits.
 
 References are independent of the code under test: the teacher-forced forward
 pass, numpy float64 formulas, and exhaustive enumeration of every hypothesis.
@@ -20,7 +20,7 @@ import pytest
 
 from helpers import SOURCES_16, VOCAB, eos_biased_model as tiny_model, stack_layers
 from transformer_jax.conventions import EOS_ID as EOS
-from transformer_jax.decode import search as decoding
+from transformer_jax.decode import search as search_lib
 from transformer_jax.model.transformer import Transformer, TransformerConfig
 WORDS = range(2, VOCAB)
 
@@ -123,24 +123,24 @@ def test_length_penalty_matches_gnmt_formula():
   lengths = np.arange(0, 60)
   for alpha in (0.0, 0.6, 1.0, 2.0):
     np.testing.assert_allclose(
-        decoding.length_penalty(lengths, alpha), gnmt_penalty(lengths, alpha), rtol=1e-6)
+        search_lib.length_penalty(lengths, alpha), gnmt_penalty(lengths, alpha), rtol=1e-6)
 
 
 def test_max_lengths_adds_extra_to_source_length_and_caps():
   inputs = jnp.array([[5, 6, 7, 0], [5, 0, 0, 0], [0, 0, 0, 0], [5, 6, 7, 8]])
-  np.testing.assert_array_equal(decoding.max_lengths(inputs, 50, 53), [53, 51, 0, 53])
-  np.testing.assert_array_equal(decoding.max_lengths(inputs, 2, 64), [5, 3, 0, 6])
+  np.testing.assert_array_equal(search_lib.max_lengths(inputs, 50, 53), [53, 51, 0, 53])
+  np.testing.assert_array_equal(search_lib.max_lengths(inputs, 2, 64), [5, 3, 0, 6])
 
 
 def test_gather_beams_and_reorder_cache():
   x = jnp.arange(2 * 3 * 2).reshape(2, 3, 2)
   indices = jnp.array([[2, 2, 0], [1, 0, 1]])
   expected = np.stack([np.asarray(x)[b][np.asarray(indices)[b]] for b in range(2)])
-  np.testing.assert_array_equal(decoding.gather_beams(x, indices), expected)
+  np.testing.assert_array_equal(search_lib.gather_beams(x, indices), expected)
 
   rows = jnp.arange(6 * 4).reshape(6, 4)
   cache = {"layer": {"cached_key": rows, "cache_index": jnp.int32(3), "static_key": rows}}
-  out = decoding.reorder_cache(cache, indices)
+  out = search_lib.reorder_cache(cache, indices)
   flat = np.array([2, 2, 0, 4, 3, 4])  # sentence-major rows: sentence * 3 + beam
   np.testing.assert_array_equal(out["layer"]["cached_key"], np.asarray(rows)[flat])
   np.testing.assert_array_equal(out["layer"]["static_key"], rows)
@@ -151,7 +151,7 @@ def test_top_extensions_ranks_every_beam_token_pair():
   rng = np.random.default_rng(0)
   alive = np.array([[-1.0, -0.5, -np.inf], [0.0, -2.0, -3.0]], np.float32)
   log_probs = np.log(rng.dirichlet(np.ones(4), size=(2, 3))).astype(np.float32)
-  got_scores, got_beams, got_tokens = decoding.top_extensions(jnp.asarray(alive), log_probs, 4)
+  got_scores, got_beams, got_tokens = search_lib.top_extensions(jnp.asarray(alive), log_probs, 4)
   for b in range(2):
     pairs = sorted(((alive[b, i] + log_probs[b, i, t], i, t) for i in range(3) for t in range(4)),
                    reverse=True)[:4]
@@ -161,12 +161,12 @@ def test_top_extensions_ranks_every_beam_token_pair():
 
 def test_expand_beams_is_sentence_major():
   x = jnp.array([[1, 2], [3, 4]])
-  np.testing.assert_array_equal(decoding.expand_beams(x, 3), [[1, 2]] * 3 + [[3, 4]] * 3)
+  np.testing.assert_array_equal(search_lib.expand_beams(x, 3), [[1, 2]] * 3 + [[3, 4]] * 3)
 
 
 def test_trim_cuts_at_eos():
   tokens = np.array([[4, 2, 1, 0], [3, 3, 3, 3], [1, 0, 0, 0], [0, 0, 0, 0]])
-  assert decoding.trim(tokens) == [[4, 2], [3, 3, 3, 3], [], []]
+  assert search_lib.trim(tokens) == [[4, 2], [3, 3, 3, 3], [], []]
 
 
 # --- cached decoding vs the teacher-forced forward pass ---------------------
@@ -186,18 +186,18 @@ def test_cached_steps_match_teacher_forcing_including_beam_reorders(scan_layers)
   reorder_at, order = 3, np.array([[2, 0, 0], [1, 2, 1]])
   history = fed.copy()
   history[:, :, :reorder_at] = np.stack([fed[b][order[b], :reorder_at] for b in range(2)])
-  beam_inputs = decoding.expand_beams(inputs, k)
+  beam_inputs = search_lib.expand_beams(inputs, k)
   before, after = fed.reshape(2 * k, steps), history.reshape(2 * k, steps)
   expected_before = teacher_forced_log_probs(model, variables, beam_inputs, before)
   expected_after = teacher_forced_log_probs(model, variables, beam_inputs, after)
 
   encoded = jax.jit(functools.partial(model.apply, method=model.encode))(variables, beam_inputs)
-  cache = jax.jit(decoding.init_cache, static_argnums=(0, 4))(
+  cache = jax.jit(search_lib.init_cache, static_argnums=(0, 4))(
       model, variables, encoded, beam_inputs, 8)
-  decode_step = jax.jit(decoding.decode_step, static_argnums=0)
+  decode_step = jax.jit(search_lib.decode_step, static_argnums=0)
   for step in range(steps):
     if step == reorder_at:
-      cache = decoding.reorder_cache(cache, jnp.asarray(order), batch_axis=int(scan_layers))
+      cache = search_lib.reorder_cache(cache, jnp.asarray(order), batch_axis=int(scan_layers))
     targets, expected = (before, expected_before) if step < reorder_at else (after, expected_after)
     previous = targets[:, step - 1] if step else np.zeros(2 * k, np.int32)
     log_probs, cache = decode_step(
@@ -211,7 +211,7 @@ def test_cached_steps_match_teacher_forcing_including_beam_reorders(scan_layers)
 def test_greedy_takes_the_teacher_forced_argmax_and_stops_when_all_are_done():
   model, variables = tiny_model(eos_bias=2.0, seed=3, vocab=16)
   inputs = jnp.concatenate([SOURCES_16, jnp.zeros((1, 8), jnp.int32)])
-  out = decoding.greedy_decode(model, variables, inputs, max_len=24, max_extra=12)
+  out = search_lib.greedy_decode(model, variables, inputs, max_len=24, max_extra=12)
   lengths, limits = output_lengths(out.tokens), source_lengths(inputs) + 12
   all_log_probs = teacher_forced_log_probs(model, variables, inputs, out.tokens)
   for b in range(4):
@@ -237,9 +237,9 @@ def test_beam_of_one_is_greedy(fixture):
     model, variables = tiny_model(eos_bias=bias, seed=seed, vocab=16)
     inputs = SOURCES_16
   kwargs = dict(max_len=12, max_extra=6)
-  greedy = decoding.greedy_decode(model, variables, inputs, **kwargs)
+  greedy = search_lib.greedy_decode(model, variables, inputs, **kwargs)
   for alpha in (0.6, 0.0):
-    beam = decoding.beam_search(model, variables, inputs, beam_size=1, alpha=alpha, **kwargs)
+    beam = search_lib.beam_search(model, variables, inputs, beam_size=1, alpha=alpha, **kwargs)
     np.testing.assert_array_equal(beam.tokens, greedy.tokens)
     assert int(beam.steps) == int(greedy.steps)
   # With alpha = 0 the beam score is the plain summed log-probability.
@@ -255,7 +255,7 @@ def test_transformer_large_beam_finds_the_brute_force_best(alpha, eos_bias, seed
   """
   model, variables = tiny_model(eos_bias=eos_bias, seed=seed)
   inputs = jnp.array([[3, 0, 0], [2, 4, 0]])
-  out = decoding.beam_search(model, variables, inputs, beam_size=108, alpha=alpha,
+  out = search_lib.beam_search(model, variables, inputs, beam_size=108, alpha=alpha,
                              max_len=6, max_extra=2)
   for b, limit in enumerate(source_lengths(inputs) + 2):
     best, score = brute_force_best(
@@ -287,7 +287,7 @@ def test_markov_large_beam_finds_the_brute_force_best_and_stops_early(alpha, see
   model, variables, table = markov_model(seed, slope)
   inputs = jnp.array([[3, 2, 0], [2, 4, 4]])
   limits = source_lengths(inputs) + 3
-  out = decoding.beam_search(model, variables, inputs, beam_size=972, alpha=alpha,
+  out = search_lib.beam_search(model, variables, inputs, beam_size=972, alpha=alpha,
                              max_len=8, max_extra=3)
   for b, limit in enumerate(limits):
     best, score = brute_force_best(
@@ -311,21 +311,21 @@ def test_markov_fixtures_cover_early_stops_and_optima_of_every_length():
 
 def test_beam_of_four_stops_before_the_limit():
   model, variables = tiny_model(eos_bias=2.0, seed=3, vocab=16)
-  out = decoding.beam_search(model, variables, SOURCES_16, beam_size=4, max_len=24, max_extra=12)
+  out = search_lib.beam_search(model, variables, SOURCES_16, beam_size=4, max_len=24, max_extra=12)
   lengths = output_lengths(out.tokens)
   assert np.all(np.asarray(out.tokens)[np.arange(4), lengths - 1] == EOS)
   assert int(out.steps) < (source_lengths(SOURCES_16) + 12).max()
 
 
-@pytest.mark.parametrize("search", ["greedy", "beam"])
-def test_outputs_never_exceed_source_length_plus_max_extra(search):
+@pytest.mark.parametrize("name", ["greedy", "beam"])
+def test_outputs_never_exceed_source_length_plus_max_extra(name):
   model, variables = tiny_model(eos_bias=-30.0, seed=10)  # EOS is never chosen
   inputs = jnp.array([[2, 3, 4, 0, 0], [3, 0, 0, 0, 0], [0, 0, 0, 0, 0], [4, 2, 2, 2, 3]])
   kwargs = dict(max_len=7, max_extra=3)
-  if search == "greedy":
-    out = decoding.greedy_decode(model, variables, inputs, **kwargs)
+  if name == "greedy":
+    out = search_lib.greedy_decode(model, variables, inputs, **kwargs)
   else:
-    out = decoding.beam_search(model, variables, inputs, beam_size=4, **kwargs)
+    out = search_lib.beam_search(model, variables, inputs, beam_size=4, **kwargs)
   expected = np.minimum(source_lengths(inputs) + 3, 7) * (source_lengths(inputs) > 0)
   np.testing.assert_array_equal(output_lengths(out.tokens), expected)  # cut at the limit
   assert not np.any(np.asarray(out.tokens) == EOS)
@@ -336,6 +336,6 @@ def test_rejects_max_len_beyond_the_model_positions_and_empty_beams():
   model, variables = tiny_model()
   inputs = jnp.ones((1, 3), jnp.int32)
   with pytest.raises(ValueError, match=r"max_len=40 must be in \[1, 32\]"):
-    decoding.greedy_decode(model, variables, inputs, max_len=40)
+    search_lib.greedy_decode(model, variables, inputs, max_len=40)
   with pytest.raises(ValueError, match="beam_size must be at least 1"):
-    decoding.beam_search(model, variables, inputs, beam_size=0, max_len=8)
+    search_lib.beam_search(model, variables, inputs, beam_size=0, max_len=8)

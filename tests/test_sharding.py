@@ -5,7 +5,6 @@ The reference for every sharded run is the same step on one device.
 Run as a script, this file is one worker of the two-process test.
 """
 
-import os
 import pathlib
 import socket
 import subprocess
@@ -17,7 +16,7 @@ from jax.experimental import multihost_utils
 import numpy as np
 import pytest
 
-from helpers import REPO, make_trainer, synthetic_batch, tiny_model_config
+from helpers import environment, make_trainer, synthetic_batch, tiny_model_config
 from transformer_jax import sharding
 from transformer_jax.conventions import BATCH_KEYS
 from transformer_jax.errors import FieldError
@@ -164,9 +163,7 @@ def test_two_processes_match_one_process(data_parallel_8, tmp_path):
   pairs a device of each process): both read the whole batch.
   """
   port = _free_port()
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=f"{REPO}{os.pathsep}"
-             f"{os.environ.get('PYTHONPATH', '')}",
-             XLA_FLAGS="--xla_force_host_platform_device_count=4")
+  env = environment(devices=4)
   workers = [
       subprocess.Popen([sys.executable, __file__, str(i), str(port), str(tmp_path)], env=env,
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from helpers import REPO, make_trainer as _trainer, random_state as _random_state
+from helpers import REPO, environment, make_trainer as _trainer, random_state as _random_state
 from transformer_jax.checkpoints import store
 
 
@@ -72,9 +72,7 @@ def test_a_checkpoint_from_8_devices_loads_in_a_1_device_process(tmp_path):
                                     np.load({str(tmp_path / 'expected.npy')!r}))
       print("restored on", jax.devices())
   """)
-  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1",
-             PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-  result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+  result = subprocess.run([sys.executable, "-c", script], env=environment(), capture_output=True,
                           text=True, timeout=300)
   assert result.returncode == 0, result.stderr[-3000:]
   assert "restored on [CpuDevice(id=0)]" in result.stdout

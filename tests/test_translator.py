@@ -14,7 +14,7 @@ import pytest
 
 from transformer_jax import sharding
 from transformer_jax.conventions import EOS_ID as EOS
-from transformer_jax.decode import search as decoding
+from transformer_jax.decode import search as search_lib
 from transformer_jax.decode.translator import DecodeSettings, Translator
 from transformer_jax.model.transformer import TransformerConfig
 
@@ -61,11 +61,11 @@ def test_batched_sharded_translation_equals_each_sentence_alone_in_order(model_a
       continue
     inputs = jnp.asarray([source + [0] * (16 - len(source))], jnp.int32)  # One shape: one compile.
     if beam_size == 1:
-      alone = decoding.greedy_decode(model, {"params": params}, inputs, max_len=24, max_extra=5)
+      alone = search_lib.greedy_decode(model, {"params": params}, inputs, max_len=24, max_extra=5)
     else:
-      alone = decoding.beam_search(model, {"params": params}, inputs, beam_size=beam_size,
+      alone = search_lib.beam_search(model, {"params": params}, inputs, beam_size=beam_size,
                                    alpha=0.6, max_len=24, max_extra=5)
-    assert output == decoding.trim(alone.tokens)[0]
+    assert output == search_lib.trim(alone.tokens)[0]
     assert len(output) <= len(source) + 5  # Input length (EOS included) + max_extra.
 
 

@@ -46,11 +46,13 @@ def _is_number(value) -> bool:
   return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _count(default: int, help_: str, *, zero: str = "") -> Field:
-  """An integer field: positive, or >= 0 when `zero` says what 0 means."""
-  if zero:
-    return Field(default, f"an integer >= 0 (0 = {zero})", lambda v: _is_int(v) and v >= 0, help_)
-  return Field(default, "a positive integer", lambda v: _is_int(v) and v > 0, help_)
+def _count(default: int, help_: str, *, minimum: int = 1, zero: str = "") -> Field:
+  """An integer field: positive, or >= 0 with `minimum=0` (`zero` says what 0 means)."""
+  if minimum:
+    allowed = "a positive integer"
+  else:
+    allowed = f"an integer >= 0 (0 = {zero})" if zero else "an integer >= 0"
+  return Field(default, allowed, lambda v: _is_int(v) and v >= minimum, help_)
 
 
 def _number(default: float, help_: str, allowed: str, check: Callable[[float], bool]) -> Field:
@@ -63,7 +65,7 @@ def _choice(default: str, help_: str, *choices: str) -> Field:
 
 FIELDS: dict[str, Field] = {
     "seed": _count(0, "parameter initialization, dropout (fold_in(key, step)) and data order",
-                   zero="the first seed"),
+                   minimum=0),
     "num_train_steps": _count(100_000, "the run stops at this step"),
     "warmup_steps": _count(4000, "warmup of the paper's learning-rate schedule"),
     "learning_rate": _number(1.0, "scale on d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)",
@@ -78,12 +80,12 @@ FIELDS: dict[str, Field] = {
     "grad_accum_steps": _count(1, "micro-batches per batch, run one after another"),
     "checkpoint_every_steps": _count(1000, "also saved at the last step and on preemption"),
     "keep_checkpoints": _count(20, "the newest K checkpoints are kept, for averaging",
-                               zero="keep all"),
+                               minimum=0, zero="keep all"),
     "log_every_steps": _count(100, "a log line and TensorBoard scalars every N steps"),
     "eval_every_steps": _count(0, "validation loss and BLEU every N steps and after the last",
-                               zero="never"),
+                               minimum=0, zero="never"),
     "eval_bleu_sentences": _count(1000, "validation BLEU on this many sentences at each evaluation",
-                                  zero="no BLEU"),
+                                  minimum=0, zero="no BLEU"),
     "eval_bleu_beam_size": Field(1, "a positive integer (1 = greedy)",
                                  lambda v: _is_int(v) and v > 0, "the search of that BLEU"),
     "average_last": _count(5, "--mode=average: the mean of the last K checkpoints (paper: 5 base, "
@@ -110,7 +112,7 @@ DECODE_FIELDS: dict[str, Field] = {
     "alpha": _number(0.6, "GNMT length penalty ((5 + len) / 6) ** alpha", "a number >= 0",
                      lambda v: v >= 0),
     "max_extra": _count(50, "output tokens <= source tokens + max_extra (and <= model.max_len)",
-                        zero="no more than the source"),
+                        minimum=0),
     "batch_size": _count(128, "sentences per decoding batch (rounded up to the batch shards)"),
     "split": Field("test", "a split name such as test", lambda v: isinstance(v, str) and v != "",
                    "the split --mode=eval decodes"),
@@ -124,8 +126,8 @@ SECTIONS = ("model", "data", "decode", "mesh")
 
 def model_fields(preset: str = "base", **overrides) -> ml_collections.ConfigDict:
   """`config.model`: every `TransformerConfig` field but `vocab_size`, from the paper's `preset`
-  (`base`, `big`, a Table 3 row) and `overrides`."""
-  with _section("model"):
+  (`base`, `big`, a Table 3 row) and `overrides`. ValueError for an unknown preset."""
+  with section("model"):
     fields = preset_fields(preset, **overrides)
   return ml_collections.ConfigDict(
       {name: config_dict.placeholder(int) if value is None else value
@@ -146,8 +148,9 @@ def default_config() -> ml_collections.ConfigDict:
 
 
 @contextlib.contextmanager
-def _section(name: str):
-  """Turn a FieldError raised inside into a ConfigError naming `config.<name>.<field>`."""
+def section(name: str):
+  """Turn a FieldError raised inside (by the library that `config.<name>` configures) into a
+  ConfigError naming `config.<name>.<field>`."""
   try:
     yield
   except FieldError as error:
@@ -186,12 +189,12 @@ def validate(config: ml_collections.ConfigDict) -> None:
       raise ConfigError(f"config.{name} must be a ConfigDict of fields; got {config[name]!r}")
   _check_fields(config.decode, DECODE_FIELDS, "config.decode.")
   model = transformer_config(config, vocab_size=8)
-  with _section("data"):
+  with section("data"):
     data_config.validate_config(config.data)
   _check_lengths(config.data, model.max_len)
-  with _section("mesh"):
+  with section("mesh"):
     mesh_shape = sharding.resolve_mesh_shape(dict(config.mesh), jax.device_count())
-  with _section("sharding_rules"):
+  with section("sharding_rules"):
     rules = sharding.logical_rules(config.sharding_rules)
   shards = sharding.num_batch_shards(dict(zip(sharding.MESH_AXES, mesh_shape)), rules)
   if config.data.batch_multiple % (shards * config.grad_accum_steps):
@@ -215,7 +218,7 @@ def _check_lengths(data: ml_collections.ConfigDict, max_len: int) -> None:
 
 def transformer_config(config: ml_collections.ConfigDict, *, vocab_size: int) -> TransformerConfig:
   """The model of experiment `config` for a vocabulary of `vocab_size` tokens."""
-  with _section("model"):
+  with section("model"):
     fields = preset_fields("base", **config.model.to_dict())
     return TransformerConfig(vocab_size=vocab_size, **fields)
 
@@ -224,11 +227,8 @@ def placement(config: ml_collections.ConfigDict, *, vocab_size: int) -> sharding
   """The model of `config` placed on a mesh of every device, as `config.mesh` and
   `config.sharding_rules` say; ConfigError when a parameter does not split over it."""
   model = transformer_config(config, vocab_size=vocab_size)
-  with _section("mesh"):
+  with section("mesh"):
     mesh = sharding.make_mesh(dict(config.mesh))
-  with _section("sharding_rules"):
+  with section("sharding_rules"):
     rules = sharding.logical_rules(config.sharding_rules)
-  try:
     return sharding.Placement(model, mesh, rules)
-  except ValueError as error:  # A parameter dimension that does not split evenly.
-    raise ConfigError(f"config.mesh with config.sharding_rules: {error}") from None

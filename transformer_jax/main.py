@@ -31,7 +31,6 @@ from absl import app, flags, logging
 import jax
 from ml_collections import config_flags
 
-from transformer_jax import config as config_lib
 from transformer_jax.decode import modes
 from transformer_jax.errors import UserError
 from transformer_jax.train import run as train_run
@@ -88,13 +87,13 @@ def initialize_distributed(mode: str) -> None:
                jax.process_count(), jax.local_device_count(), jax.device_count())
 
 
-_QUIET_PACKAGES = ("orbax", "grain", "asyncio", "tensorflow_datasets",
-                   os.path.join("jax", "_src"))
+_QUIET_PACKAGES = ("orbax", "grain", "asyncio")
+_QUIET_FILES = (os.path.join("jax", "_src", "xla_bridge.py"),)  # "Unable to initialize backend"
 
 
 class _LibraryLogFilter(std_logging.Filter):
-  """Drops INFO and below from Orbax and Grain, which log every checkpoint file they touch, from
-  TFDS (every dataset it opens) and from JAX's backend probe ("Unable to initialize backend").
+  """Drops INFO and below from Orbax and Grain, which log every checkpoint file they touch, and
+  JAX's probe of backends that are not there.
 
   Below verbosity 1 it also drops the tracebacks that Orbax and asyncio attach
   to the errors of a failed background checkpoint write (their message
@@ -102,8 +101,9 @@ class _LibraryLogFilter(std_logging.Filter):
   """
 
   def filter(self, record):
-    if not any(f"{os.sep}{package}{os.sep}" in record.pathname
-               for package in _QUIET_PACKAGES):
+    quiet = (any(f"{os.sep}{package}{os.sep}" in record.pathname for package in _QUIET_PACKAGES)
+             or record.pathname.endswith(_QUIET_FILES))
+    if not quiet:
       return True
     if record.levelno < std_logging.WARNING:
       return False
@@ -158,8 +158,7 @@ def main(argv):
   initialize_distributed(_DISTRIBUTED.value)  # Before anything touches the devices.
   config = _CONFIG.value
   logging.debug("config %s:\n%s", config_flags.get_config_filename(flags.FLAGS["config"]), config)
-  config_lib.validate(config)  # Its messages name the field and what it allows.
-  run(_MODE.value, config, _WORKDIR.value)
+  run(_MODE.value, config, _WORKDIR.value)  # Each mode validates the config first.
 
 
 if __name__ == "__main__":

@@ -136,17 +136,18 @@ def tree_shardings(abstract_tree, mesh: Mesh, rules: Rules):
 
 
 def check_divisible(abstract_tree, shardings) -> None:
-  """Raise ValueError if a sharded dimension is not a multiple of its number of shards."""
+  """FieldError (owner `sharding_rules`) if a sharded dimension is not a multiple of its number
+  of shards."""
   leaves = jax.tree_util.tree_leaves_with_path(nn.unbox(abstract_tree))
   for (path, leaf), sharding in zip(leaves, jax.tree.leaves(shardings)):
     for dim, (size, entry) in enumerate(zip(leaf.shape, sharding.spec)):
       axes = _axes(entry)
       shards = math.prod(sharding.mesh.shape[a] for a in axes)
       if size % shards:
-        raise ValueError(
-            f"{jax.tree_util.keystr(path)} has shape {leaf.shape}: dimension {dim} "
-            f"({size}) cannot be split over mesh axes {axes} ({shards} shards); change "
-            "the model size, the mesh shape or the sharding rules")
+        raise FieldError(
+            "sharding_rules", "", f": {jax.tree_util.keystr(path)} has shape {leaf.shape}: "
+            f"dimension {dim} ({size}) cannot be split over mesh axes {axes} ({shards} shards); "
+            "change the model size, the mesh shape or the sharding rules")
 
 
 def batch_sharding(mesh: Mesh, rules: Rules) -> NamedSharding:
@@ -207,7 +208,7 @@ class Placement:
   shardings) follow the parameters' logical axis names through `rules`;
   batches are `[batch, length]` along the mesh axes of `batch`
   (`batch_sharding`, split into `batch_shards` pieces, of which this process
-  reads block `data_shard`). Raises ValueError naming a parameter whose
+  reads block `data_shard`). Raises FieldError naming a parameter whose
   dimension does not split evenly. The trainer, the translator and the
   evaluation modes all hold one.
   """

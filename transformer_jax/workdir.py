@@ -67,7 +67,8 @@ class Workdir:
     return self._path("eval", name)
 
   def create(self) -> None:
-    """Make the directory if needed; UserError if it cannot be made or is not a directory."""
+    """Make the directory if needed; UserError if it cannot be made, is not a directory or (a
+    local one) is not writable."""
     try:
       epath.Path(self.root).mkdir(parents=True, exist_ok=True)
     except OSError as error:
@@ -75,3 +76,5 @@ class Workdir:
                       f"{error.strerror or error}") from None
     if not epath.Path(self.root).is_dir():
       raise UserError(f"--workdir={self.root} is not a directory")
+    if "://" not in self.root and not os.access(self.root, os.W_OK):
+      raise UserError(f"--workdir={self.root} is not writable")

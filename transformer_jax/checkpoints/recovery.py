@@ -106,11 +106,6 @@ def delete_steps(manager: ocp.CheckpointManager, steps) -> None:
     manager.reload()
 
 
-_MISMATCH_HINT = ("Was config.model, data.vocab_size (or the vocabulary file) or "
-                  "config.grad_clip_norm changed? Use the config it was trained with, or another "
-                  "--workdir")
-
-
 def resume(manager: ocp.CheckpointManager, abstract_state, data_iterator=None, *,
            start_over: bool = False):
   """The newest checkpointed state that restores and verifies, or None when there is none to resume.
@@ -133,7 +128,7 @@ def resume(manager: ocp.CheckpointManager, abstract_state, data_iterator=None, *
   bad = []
   for step in steps:
     try:
-      store.check_layout(manager, step, abstract_state, hint=_MISMATCH_HINT)
+      store.check_layout(manager, step, abstract_state)
       state = store.restore(manager, abstract_state, data_iterator, step=step)
     except store.CheckpointMismatchError:
       raise
@@ -151,12 +146,12 @@ def resume(manager: ocp.CheckpointManager, abstract_state, data_iterator=None, *
     raise UnusableCheckpointsError(
         f"none of the {len(steps)} checkpoints in {manager.directory} (steps "
         f"{', '.join(map(str, sorted(steps)))}) can be restored; see the warnings above. Move "
-        "them away or fix them, or pass --config.on_bad_checkpoints=start_over to move them "
-        "aside and train from step 0")
+        "them away or fix them, or start over (start_over) to move them aside and train from "
+        "step 0")
   moved = _quarantine(manager, steps)
   if data_iterator is not None:
     data_iterator.set_state(initial_position)
-  logging.warning("starting over from step 0 (config.on_bad_checkpoints='start_over'); the "
+  logging.warning("starting over from step 0 (start_over); the "
                   "unusable checkpoints were moved aside: %s", ", ".join(moved))
   return None
 
@@ -243,6 +238,6 @@ class CheckpointWriter:
                f"{self.manager.latest_step()}")
     if self.on_error == "stop":
       raise CheckpointSaveError(
-          f"{message}; stopping (config.on_checkpoint_save_error='stop')") from error
+          f"{message}; stopping (on_error='stop')") from error
     logging.error("%s; training goes on and tries again at the next checkpoint step "
-                  "(config.on_checkpoint_save_error='continue')", message)
+                  "(on_error='continue')", message)

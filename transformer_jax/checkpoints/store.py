@@ -37,7 +37,7 @@ INFO = "info"
 PARAMS = "params"
 
 
-class CorruptCheckpointError(RuntimeError):
+class CorruptCheckpointError(UserError):
   """A checkpoint step that cannot be read back as it was written."""
 
 
@@ -138,7 +138,8 @@ def restore_params(manager: ocp.CheckpointManager, abstract_params, *, step: int
   """The parameters saved at `step` (default: the latest), laid out as `abstract_params` says.
 
   Reads a train checkpoint (skipping its optimizer state) or a params-only
-  one. `abstract_params` is a tree of `jax.ShapeDtypeStruct` with shardings;
+  one, which is checked against its fingerprint (CorruptCheckpointError).
+  `abstract_params` is a tree of `jax.ShapeDtypeStruct` with shardings;
   every process reads only its shards.
   """
   step = _latest(manager, step)
@@ -146,7 +147,14 @@ def restore_params(manager: ocp.CheckpointManager, abstract_params, *, step: int
   args = ocp.args.PyTreeRestore(
       item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item),
       partial_restore=True)
-  return _on_state(manager, step, lambda handler, path: handler.restore(path, args=args))[PARAMS]
+  restored = _on_state(manager, step, lambda handler, path: handler.restore(path, args=args))
+  saved = saved_fingerprints(manager, step)
+  params_only = (manager.directory / str(step) / INFO).exists()
+  if params_only and saved and integrity.tree_fingerprint(restored) != saved[STATE]:
+    raise CorruptCheckpointError(
+        f"checkpoint {manager.directory / str(step)}: the parameters read back differ from those "
+        "saved (fingerprint mismatch)")
+  return restored[PARAMS]
 
 
 def _on_state(manager: ocp.CheckpointManager, step: int, read):

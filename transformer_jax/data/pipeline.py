@@ -331,13 +331,13 @@ def make_train_loader(data_config, tokenizer, *, seed, shard_index, shard_count)
 
 
 def make_eval_batches(data_config, tokenizer, split, *, shard_index=0, shard_count=1):
-  """Every pair of `split` exactly once, in order, as [(batch, source texts, target texts)].
+  """Every pair of `split` exactly once, in order, as a list of batches.
 
   Nothing is dropped or cut. Batches have `data.eval_batch_size` global rows
   (this host: 1/shard_count of them, its consecutive share of each batch) and a
   length from the small series of `padded_length`, the same on every host.
   Rows past the end of the split (in the last batch) are all padding
-  (segmentation 0); the text lists hold the real rows only, which come first.
+  (segmentation 0). The texts of the split are `sources.split_texts`.
   """
   c = config_lib.validate_config(data_config)
   multiple = _rows_multiple(c, shard_index, shard_count)
@@ -353,6 +353,5 @@ def make_eval_batches(data_config, tokenizer, split, *, shard_index=0, shard_cou
     length = padded_length(max(max(len(s), len(t)) for s, t in examples[start:stop]))
     lo = min(start + shard_index * local, stop)
     hi = min(lo + local, stop)
-    batch = layout(examples[lo:hi], np.arange(hi - lo), local, length)
-    out.append((batch, [p[0] for p in pairs[lo:hi]], [p[1] for p in pairs[lo:hi]]))
+    out.append(layout(examples[lo:hi], np.arange(hi - lo), local, length))
   return out

@@ -181,8 +181,11 @@ def _text_builder(c):
 
 
 def _check_line_counts(path_a, path_b):
-  with open(path_a, "rb") as fa, open(path_b, "rb") as fb:
-    counts = sum(1 for _ in fa), sum(1 for _ in fb)
+  try:
+    with open(path_a, "rb") as fa, open(path_b, "rb") as fb:
+      counts = sum(1 for _ in fa), sum(1 for _ in fb)
+  except OSError as error:
+    raise DataError(f"cannot read {error.filename}: {error.strerror}") from None
   for path, count in zip((path_a, path_b), counts):
     if not count:
       raise DataError(f"{path} is empty: a text dataset needs one sentence per line.")
@@ -255,6 +258,9 @@ def _prepare(builder, **kwargs) -> bool:
       raise
     logging.info("%s was prepared by another process meanwhile", builder.info.full_name)
     return False
+  except OSError as error:  # An unwritable data dir, an unreadable file, a full disk.
+    raise DataError(f"cannot prepare {builder.info.full_name} in {builder.data_dir_root} "
+                    f"(data.data_dir): {error}") from None
   return True
 
 

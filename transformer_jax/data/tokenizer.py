@@ -30,7 +30,11 @@ class Tokenizer:
     self.model_proto = model_proto
     self.path = path  # where the model file lives, if anywhere
     self.digest = hashlib.sha1(model_proto).hexdigest()
-    self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
+    try:
+      self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
+    except RuntimeError:  # SentencePiece's error for bytes that are not a model.
+      raise sources.DataError(f"{path or 'the vocabulary'} is not a SentencePiece model") \
+          from None
     ids = (self._sp.pad_id(), self._sp.eos_id(), self._sp.unk_id(), self._sp.bos_id())
     if ids != (PAD_ID, EOS_ID, UNK_ID, -1):
       raise sources.DataError(f"SentencePiece model {path or ''} has (pad, eos, unk, bos) "
@@ -93,6 +97,19 @@ def _training_sentences(data_config):
       yield tgt
 
 
+def _save(proto: bytes, path: str) -> None:
+  """Write the serialized model to `path` atomically (concurrent hosts never read a partial file)."""
+  directory = os.path.dirname(os.path.abspath(path))
+  try:
+    os.makedirs(directory, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=directory, delete=False) as f:
+      f.write(proto)
+    os.replace(f.name, path)
+  except OSError as error:
+    raise sources.DataError(f"cannot write the vocabulary {path}: {error.strerror or error}") \
+        from None
+
+
 def get_tokenizer(data_config, vocab_dir):
   """Loads the vocabulary at `data.vocab_path` (default: `default_vocab_path` in `vocab_dir`),
   training and saving it first if absent."""
@@ -101,15 +118,15 @@ def get_tokenizer(data_config, vocab_dir):
   if not os.path.exists(path):
     logging.info("Training a %d-token SentencePiece BPE vocabulary on %d pairs of %s",
                  c.vocab_size, c.tokenizer_sample_size, c.name)
-    proto = train_model(_training_sentences(c), c.vocab_size)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=os.path.dirname(os.path.abspath(path)),
-                                     delete=False) as f:
-      f.write(proto)
-    os.replace(f.name, path)  # atomic: concurrent hosts never read a partial file
+    _save(train_model(_training_sentences(c), c.vocab_size), path)
     logging.info("Saved the vocabulary to %s", path)
-  with open(path, "rb") as f:
-    tokenizer = Tokenizer(f.read(), path)
+  try:
+    with open(path, "rb") as f:
+      proto = f.read()
+  except OSError as error:
+    raise sources.DataError(f"cannot read the vocabulary {path}: {error.strerror or error}") \
+        from None
+  tokenizer = Tokenizer(proto, path)
   if tokenizer.vocab_size != c.vocab_size:
     logging.warning("%s has %d tokens, data.vocab_size says %d: using the file.",
                     path, tokenizer.vocab_size, c.vocab_size)

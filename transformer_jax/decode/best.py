@@ -15,13 +15,20 @@ from transformer_jax import data
 from transformer_jax.checkpoints import store
 from transformer_jax.decode import files, metrics
 from transformer_jax.decode.translator import Translator
+from transformer_jax.errors import UserError
 from transformer_jax.workdir import Workdir
 
 
 def read_best(workdir: Workdir) -> dict | None:
-  """The record of `<workdir>/best.json` (step, bleu, split, sentences, search), or None."""
+  """The record of `<workdir>/best.json` (step, bleu, split, sentences, search, alpha), or None."""
   path = epath.Path(workdir.best_json)
-  return json.loads(path.read_text()) if path.exists() else None
+  if not path.exists():
+    return None
+  try:
+    return json.loads(path.read_text())
+  except (OSError, ValueError) as error:
+    raise UserError(f"{path} cannot be read ({error}); remove it (and {workdir.best}) to keep "
+                    "the best validation BLEU anew") from None
 
 
 class ValidationBleu:
@@ -50,7 +57,7 @@ class ValidationBleu:
       manager.close()
       self.best = {
           "step": step, "bleu": bleu, "split": self.split, "sentences": len(self.sources),
-          "search": self.translator.settings.search,
+          "search": self.translator.settings.search, "alpha": self.translator.settings.alpha,
           "checkpoint": str(manager.directory / str(step))}
       files.write_json(self.workdir.best_json, self.best)
       logging.info("step %d: best %s BLEU so far (%.2f), parameters saved in %s", step,

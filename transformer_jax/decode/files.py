@@ -58,7 +58,11 @@ def write_lines(path: str | None, lines) -> None:
 
 def write_json(path: str, record) -> None:
   """Write `record` as indented JSON to `path` (a local path or a URL such as gs://); process 0 only."""
-  if jax.process_index() == 0:
+  if jax.process_index() != 0:
+    return
+  try:
     path = epath.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=2) + "\n")
+  except OSError as error:
+    raise UserError(f"cannot write {path}: {error.strerror or error}") from None

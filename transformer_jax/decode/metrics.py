@@ -1,4 +1,4 @@
-"""Evaluation metrics: corpus BLEU (sacrebleu), and the teacher-forced loss and perplexity.
+"""Evaluation metrics: corpus BLEU (sacrebleu), and the teacher-forced loss sums of a split.
 
 `bleu` scores detokenized text with sacrebleu's defaults (13a tokenization,
 mixed case, exponential smoothing), which is what papers since 2018 report
@@ -12,7 +12,6 @@ to, not byte-identical with, multi-bleu.perl on Moses-tokenized text.
 
 from collections.abc import Sequence
 import functools
-import math
 import re
 
 import jax
@@ -59,20 +58,13 @@ def bleu(hypotheses: Sequence[str], references: Sequence[str], *, tokenized: boo
   return metric.corpus_score(hypotheses, [references]).score
 
 
-def perplexity(nll_sum: float, num_tokens: int) -> float:
-  """Per-token perplexity `exp(nll_sum / num_tokens)`."""
-  if num_tokens <= 0:
-    raise ValueError(f"perplexity needs at least one token; got num_tokens={num_tokens}")
-  return math.exp(nll_sum / num_tokens)
-
-
 class TeacherForcedLoss:
   """`(params, batches) -> loss sums`: `loss.loss_sums` (no dropout) of a placed model, summed
   over a split's batches on the devices and fetched to the host.
 
-  Batches are `(batch, source_texts, target_texts)` items of
-  `data.make_eval_batches`; every process passes its rows of the same global
-  batches, in the same order. The step is compiled once per batch shape.
+  Batches are those of `data.make_eval_batches`: every process passes its
+  rows of the same global batches, in the same order. The step is compiled
+  once per batch shape.
   """
 
   def __init__(self, placement: Placement, *, label_smoothing: float):
@@ -84,7 +76,7 @@ class TeacherForcedLoss:
 
   def __call__(self, params, batches) -> dict:
     total = None
-    for batch, _, _ in batches:
+    for batch in batches:
       sums = self.placement.run(self._sums, params, self.placement.global_batch(batch))
       total = sums if total is None else loss.add_sums(total, sums)
     if total is None:

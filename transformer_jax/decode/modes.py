@@ -11,7 +11,6 @@ onto the mesh and sharding rules of the config.
 """
 
 import dataclasses
-import os
 import time
 
 from absl import logging
@@ -25,10 +24,16 @@ from transformer_jax.data import tokenizer as tokenizer_lib
 from transformer_jax.decode import files, metrics
 from transformer_jax.decode.translator import DecodeSettings, Translator
 from transformer_jax.errors import UserError
+from transformer_jax.model.loss import perplexity
 from transformer_jax.sharding import Placement
 from transformer_jax.workdir import Workdir
 
-NAMED_CHECKPOINTS = ("averaged", "best")
+# --checkpoint names besides `latest` and a step: each is a directory of `Workdir`, and how a
+# user makes it.
+NAMED_CHECKPOINTS = {
+    "averaged": "run --mode=average first",
+    "best": "train with config.eval_every_steps > 0 and config.eval_bleu_sentences > 0",
+}
 
 
 @dataclasses.dataclass
@@ -38,13 +43,10 @@ class Loaded:
   placement: Placement
   params: object
   tokenizer: data.Tokenizer
+  workdir: Workdir
   step: int
   name: str  # "step 800", "averaged 600-800 (5 checkpoints)" or "best (step 700)", for people.
   label: str  # "step800", "averaged" or "best", for file names.
-
-
-def _directory(workdir: Workdir, checkpoint: str) -> str:
-  return {"averaged": workdir.averaged, "best": workdir.best}.get(checkpoint, workdir.checkpoints)
 
 
 def _manager_and_step(workdir: Workdir, checkpoint: str):
@@ -52,12 +54,11 @@ def _manager_and_step(workdir: Workdir, checkpoint: str):
   if checkpoint not in NAMED_CHECKPOINTS and checkpoint != "latest" and not checkpoint.isdigit():
     raise UserError(f"--checkpoint={checkpoint!r} is not understood; allowed: latest, averaged, "
                     "best or a step number")
-  directory = _directory(workdir, checkpoint)
+  directory = getattr(workdir, checkpoint) if checkpoint in NAMED_CHECKPOINTS else (
+      workdir.checkpoints)
   if not epath.Path(directory).is_dir():
-    hint = {"averaged": "run --mode=average first",
-            "best": "train with config.eval_every_steps > 0 and config.eval_bleu_sentences > 0"}
-    raise UserError(f"no checkpoint in {directory}: "
-                    f"{hint.get(checkpoint, 'train first, or pass the --workdir of a trained run')}")
+    hint = NAMED_CHECKPOINTS.get(checkpoint, "train first, or pass the --workdir of a trained run")
+    raise UserError(f"no checkpoint in {directory}: {hint}")
   manager = store.make_manager(directory)
   steps = manager.all_steps()
   step = int(checkpoint) if checkpoint.isdigit() else (max(steps) if steps else None)
@@ -69,12 +70,12 @@ def _manager_and_step(workdir: Workdir, checkpoint: str):
 
 def _model(config, workdir: Workdir) -> tuple[Placement, data.Tokenizer]:
   """The placed model of `config` with the vocabulary of `workdir`; UserError if it has none."""
-  config_lib.validate(config)
   vocab = config.data.vocab_path or tokenizer_lib.default_vocab_path(config.data, workdir.vocab)
-  if not os.path.exists(vocab):
+  if not epath.Path(vocab).exists():
     raise UserError(f"no vocabulary at {vocab}: pass the --workdir of a trained run and its "
                     "config (or --config.data.vocab_path)")
-  tokenizer = data.get_tokenizer(config.data, workdir.vocab)
+  with config_lib.section("data"):
+    tokenizer = data.get_tokenizer(config.data, workdir.vocab)
   return config_lib.placement(config, vocab_size=tokenizer.vocab_size), tokenizer
 
 
@@ -85,28 +86,35 @@ def _check(manager, step: int, placement: Placement, tokenizer: data.Tokenizer) 
       f"{tokenizer.path}, {tokenizer.vocab_size} tokens)"))
 
 
+def _describe(manager, checkpoint: str, step: int) -> str:
+  """The checkpoint for people: 'averaged 600-800 (5 checkpoints)', 'best (step 700)', 'step 800'."""
+  if checkpoint == "averaged":
+    steps = store.saved_info(manager, step).get("steps")
+    if steps:
+      return f"averaged {steps[0]}-{steps[-1]} ({len(steps)} checkpoints)"
+  if checkpoint in NAMED_CHECKPOINTS:
+    return f"{checkpoint} (step {step})"
+  return f"step {step}"
+
+
 def load(config, workdir: str, checkpoint: str = "latest") -> Loaded:
   """The parameters named by `checkpoint` in `workdir`, restored onto the mesh of `config`.
 
-  Raises UserError when the checkpoint or the vocabulary is missing, or when
-  the checkpoint's shapes disagree with the config and vocabulary.
+  Raises UserError (ConfigError, CheckpointMismatchError, ...) when the
+  config is invalid, the checkpoint or the vocabulary is missing, or the
+  checkpoint's shapes disagree with the config and vocabulary.
   """
+  config_lib.validate(config)
   workdir = Workdir(workdir)
   manager, step = _manager_and_step(workdir, checkpoint)
   placement, tokenizer = _model(config, workdir)
   _check(manager, step, placement, tokenizer)
   params = store.restore_params(manager, placement.abstract_params, step=step)
-  if checkpoint == "averaged":
-    steps = store.saved_info(manager, step)["steps"]
-    name = f"averaged {steps[0]}-{steps[-1]} ({len(steps)} checkpoints)"
-  elif checkpoint == "best":
-    name = f"best (step {step})"
-  else:
-    name = f"step {step}"
+  name = _describe(manager, checkpoint, step)
   logging.info("restored the parameters of %s from %s", name, manager.directory)
   manager.close()
   label = checkpoint if checkpoint in NAMED_CHECKPOINTS else f"step{step}"
-  return Loaded(placement, params, tokenizer, step, name, label)
+  return Loaded(placement, params, tokenizer, workdir, step, name, label)
 
 
 def average(config, workdir: str) -> dict:
@@ -115,6 +123,7 @@ def average(config, workdir: str) -> dict:
   Returns `{"steps": [...], "directory": ...}`. Fewer checkpoints than asked
   for are averaged with a warning; none is a UserError.
   """
+  config_lib.validate(config)
   workdir = Workdir(workdir)
   manager, _ = _manager_and_step(workdir, "latest")
   placement, tokenizer = _model(config, workdir)
@@ -146,10 +155,11 @@ def evaluate_split(config, workdir: str, checkpoint: str = "latest") -> dict:
   split, settings = config.decode.split, DecodeSettings.from_config(config)
   shard_index, shard_count = loaded.placement.data_shard
   try:
-    sources, references = data.split_texts(config.data, split)
-    batches = data.make_eval_batches(config.data, loaded.tokenizer, split,
-                                     shard_index=shard_index, shard_count=shard_count)
-  except data.DataError as error:
+    with config_lib.section("data"):
+      sources, references = data.split_texts(config.data, split)
+      batches = data.make_eval_batches(config.data, loaded.tokenizer, split,
+                                       shard_index=shard_index, shard_count=shard_count)
+  except (data.DataError, data.DataUnavailableError) as error:
     raise UserError(f"config.decode.split={split!r}: {error}") from None
   loss = metrics.TeacherForcedLoss(loaded.placement, label_smoothing=config.label_smoothing)
   sums = loss(loaded.params, batches)
@@ -162,7 +172,7 @@ def evaluate_split(config, workdir: str, checkpoint: str = "latest") -> dict:
       "split": split, "checkpoint": loaded.name, "step": loaded.step,
       "sentences": len(sources),
       "bleu": metrics.bleu(hypotheses, references),
-      "perplexity": metrics.perplexity(float(sums["nll"]), int(sums["tokens"])),
+      "perplexity": perplexity(float(sums["nll"]), int(sums["tokens"])),
       "search": settings.search, "beam_size": settings.beam_size, "alpha": settings.alpha,
       "max_extra": settings.max_extra,
       "decode_seconds": round(seconds, 2),
@@ -170,7 +180,7 @@ def evaluate_split(config, workdir: str, checkpoint: str = "latest") -> dict:
   }
   if config.decode.tokenized_bleu:
     record["bleu_tokenized"] = metrics.bleu(hypotheses, references, tokenized=True)
-  stem = Workdir(workdir).eval_file(f"{split}-{loaded.label}-{settings.search}")
+  stem = loaded.workdir.eval_file(f"{split}-{loaded.label}-{settings.search}")
   record["hypotheses"] = stem + ".txt"
   files.write_lines(stem + ".txt", hypotheses)
   files.write_json(stem + ".json", record)

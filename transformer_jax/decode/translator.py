@@ -22,12 +22,13 @@ from transformer_jax.sharding import Placement
 
 @dataclasses.dataclass(frozen=True)
 class DecodeSettings:
-  """How to decode: the paper's beam search (beam 4, alpha 0.6, input + 50) by default."""
+  """How to decode (the paper: beam 4, alpha 0.6, input length + 50); `from_config` reads them
+  from an experiment config, whose `config.decode` declares the defaults."""
 
-  beam_size: int = 4  # 1 = greedy decoding.
-  alpha: float = 0.6  # GNMT length penalty ((5 + len) / 6) ** alpha.
-  max_extra: int = 50  # A sentence's output has at most its source tokens + this many.
-  batch_size: int = 64  # Sentences per decoding batch (rounded up to the batch shards).
+  beam_size: int  # 1 = greedy decoding.
+  alpha: float  # GNMT length penalty ((5 + len) / 6) ** alpha.
+  max_extra: int  # A sentence's output has at most its source tokens + this many.
+  batch_size: int  # Sentences per decoding batch (rounded up to the batch shards).
 
   @classmethod
   def from_config(cls, config, *, beam_size: int | None = None) -> "DecodeSettings":
@@ -53,7 +54,7 @@ class Translator:
   (the paper: input length + 50), never more than the model's `max_len`.
   """
 
-  def __init__(self, placement: Placement, tokenizer, settings: DecodeSettings = DecodeSettings()):
+  def __init__(self, placement: Placement, tokenizer, settings: DecodeSettings):
     self.placement, self.tokenizer, self.settings = placement, tokenizer, settings
     shards = placement.batch_shards
     self.batch_size = -(-settings.batch_size // shards) * shards

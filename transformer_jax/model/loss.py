@@ -5,6 +5,7 @@ Pure functions of (model, params, batch). The train step differentiates
 """
 
 from collections.abc import Mapping
+import math
 
 import flax.linen as nn
 import jax
@@ -62,3 +63,11 @@ def loss_sums(model: nn.Module, params, batch: Mapping[str, jax.Array], *, label
 def add_sums(a, b):
   """Two trees of summed metrics (`loss_sums`, train-step metrics), added leaf by leaf."""
   return jax.tree.map(jnp.add, a, b)
+
+
+def perplexity(nll_sum: float, num_tokens: float) -> float:
+  """Per-token perplexity `exp(nll_sum / num_tokens)`, capped at exp(50) so that a diverging run
+  still reports a number."""
+  if num_tokens <= 0:
+    raise ValueError(f"perplexity needs at least one token; got num_tokens={num_tokens}")
+  return math.exp(min(nll_sum / num_tokens, 50.0))

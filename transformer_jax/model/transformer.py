@@ -99,19 +99,22 @@ class TransformerConfig:
     and D4 differ from base only in label smoothing, a training setting, so
     their architecture is base's.
     """
-    return cls(**{"vocab_size": 37000, **preset_fields(name, **overrides)})
+    vocab_size = overrides.pop("vocab_size", 37000)
+    return cls(vocab_size=vocab_size, **preset_fields(name, **overrides))
 
 
 def preset_fields(name: str, **overrides: Any) -> dict[str, Any]:
-  """Every field of preset `name` but `vocab_size`, with `overrides`; FieldError for an unknown
-  preset or field."""
+  """Every field of preset `name` but `vocab_size`, with `overrides`.
+
+  ValueError for an unknown preset; FieldError for an override that is not a
+  field (`vocab_size` included: the vocabulary sets it).
+  """
   if name not in PRESETS:
-    raise FieldError("TransformerConfig", "preset", f": unknown preset {name!r}; allowed: "
-                     f"{', '.join(PRESETS)}")
+    raise ValueError(f"unknown preset {name!r}; allowed: {', '.join(PRESETS)}")
   fields = {f.name: f.default for f in dataclasses.fields(TransformerConfig)
             if f.name != "vocab_size"}
   for field in overrides:
-    if field not in fields and field != "vocab_size":
+    if field not in fields:
       raise _error(field, f" is not a model field; fields: {', '.join(sorted(fields))}")
   return {**fields, **PRESETS[name], **overrides}
 

@@ -32,6 +32,7 @@ import numpy as np
 
 from transformer_jax import config as config_lib
 from transformer_jax import data, sharding
+from transformer_jax.conventions import PAD_ID, UNK_ID
 from transformer_jax.data.config import BATCH_MODES
 from transformer_jax.decode import search
 from transformer_jax.model.transformer import TransformerConfig
@@ -107,11 +108,11 @@ def synthetic_batch(workload: Workload, vocab_size: int, seed: int = 0) -> dict:
   batch = {}
   for side, length in (("inputs", workload.source_length), ("targets", workload.target_length)):
     real = int(round(REAL_FRACTION * length))
-    ids = rng.integers(3, vocab_size, (workload.batch, length)).astype(np.int32)
-    ids[:, real:] = 0
+    ids = rng.integers(UNK_ID + 1, vocab_size, (workload.batch, length)).astype(np.int32)
+    ids[:, real:] = PAD_ID
     batch[side] = ids
-    batch[f"{side}_segmentation"] = (ids != 0).astype(np.int32)
-    batch[f"{side}_position"] = np.where(ids != 0, np.arange(length, dtype=np.int32), 0)
+    batch[f"{side}_segmentation"] = (ids != PAD_ID).astype(np.int32)
+    batch[f"{side}_position"] = np.where(ids != PAD_ID, np.arange(length, dtype=np.int32), 0)
   return batch
 
 
@@ -137,7 +138,7 @@ def measure_decoding(model, params, runs: int) -> dict:
   """Seconds per batch for beam 4 (alpha 0.6) and greedy, forced to DECODE_OUTPUT_LENGTH tokens."""
   vocab = model.config.vocab_size
   inputs = jnp.asarray(np.random.default_rng(1).integers(
-      3, vocab, (DECODE_SENTENCES, DECODE_SOURCE_LENGTH)), jnp.int32)
+      UNK_ID + 1, vocab, (DECODE_SENTENCES, DECODE_SOURCE_LENGTH)), jnp.int32)
   variables = {"params": params}
   common = dict(max_len=DECODE_OUTPUT_LENGTH, max_extra=DECODE_OUTPUT_LENGTH, eos_id=-1)
   searches = {

@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 
+from transformer_jax.conventions import PAD_ID
 from transformer_jax.model.layers import sinusoidal_table
 from transformer_jax.model.transformer import TransformerConfig
 
@@ -45,7 +46,7 @@ def build(config: TransformerConfig, *, label_smoothing: float, warmup_steps: in
     targets = torch.from_numpy(np.asarray(batch["targets"], np.int64))
     logits = model(inputs, targets)
     loss = torch.nn.functional.cross_entropy(
-        logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=0,
+        logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=PAD_ID,
         label_smoothing=label_smoothing)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
@@ -79,13 +80,13 @@ def _TorchTransformer(torch, config: TransformerConfig):
       return self.dropout(x)
 
     def forward(self, inputs, targets):
-      decoder_inputs = torch.nn.functional.pad(targets, (1, 0))[:, :-1]
+      decoder_inputs = torch.nn.functional.pad(targets, (1, 0), value=PAD_ID)[:, :-1]
       length = targets.shape[1]
       causal = torch.triu(torch.ones(length, length, dtype=torch.bool), diagonal=1)
       out = self.core(
           self._embed(inputs), self._embed(decoder_inputs), tgt_mask=causal,
-          src_key_padding_mask=inputs == 0, tgt_key_padding_mask=targets == 0,
-          memory_key_padding_mask=inputs == 0)
+          src_key_padding_mask=inputs == PAD_ID, tgt_key_padding_mask=targets == PAD_ID,
+          memory_key_padding_mask=inputs == PAD_ID)
       return out @ self.embed.weight.T
 
   return TorchTransformer()

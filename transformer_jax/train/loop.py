@@ -53,7 +53,7 @@ class PreemptionWatch:
       self._timer.start()
 
   def _expire(self):
-    logging.error("no checkpoint within %g s of SIGTERM (config.preemption_grace_seconds); "
+    logging.error("no checkpoint within %g s of SIGTERM (preemption_grace_seconds); "
                   "exiting without one: the steps since the latest checkpoint in %s are lost",
                   self.grace_seconds, self.manager.directory)
     logging.flush()
@@ -75,15 +75,16 @@ class NonFiniteError(UserError):
 
 @dataclasses.dataclass(frozen=True)
 class FitSettings:
-  """How `fit` runs; the fields are the experiment config's fields of the same names."""
+  """How `fit` runs: the experiment config's fields of the same names (`from_config`), which
+  declare the defaults."""
 
   num_train_steps: int
-  log_every_steps: int = 100
-  checkpoint_every_steps: int = 1000
-  keep_checkpoints: int = 0  # The newest K are kept; 0: all.
-  eval_every_steps: int = 0  # And after the last step; 0: never.
-  max_consecutive_nonfinite_steps: int = 0  # Skipped updates in a row that stop the run; 0: any.
-  on_checkpoint_save_error: str = "stop"  # Or "continue" (`recovery.CheckpointWriter`).
+  log_every_steps: int
+  checkpoint_every_steps: int
+  keep_checkpoints: int  # The newest K are kept; 0: all.
+  eval_every_steps: int  # And after the last step; 0: never.
+  max_consecutive_nonfinite_steps: int  # Skipped updates in a row that stop the run; 0: any.
+  on_checkpoint_save_error: str  # "stop" or "continue" (`recovery.CheckpointWriter`).
 
   @classmethod
   def from_config(cls, config) -> "FitSettings":
@@ -183,10 +184,10 @@ def fit(trainer: Trainer, state: TrainState, train_iter, settings: FitSettings, 
         writer.finish()
         raise NonFiniteError(
             f"{in_a_row} updates in a row, the last at step {step}, had a non-finite loss or "
-            f"gradient and were skipped (the limit is config.max_consecutive_nonfinite_steps="
-            f"{limit}); the latest checkpoint in {manager.directory} is step "
-            f"{manager.latest_step()}. Lower config.learning_rate, set config.grad_clip_norm or "
-            "check the training data")
+            f"gradient and were skipped (the limit is max_consecutive_nonfinite_steps={limit}); "
+            f"the latest checkpoint in {manager.directory} is step {manager.latest_step()}. "
+            "Lower the learning rate, clip the gradients (grad_clip_norm) or check the training "
+            "data")
     stop = stop_requested(step)
     if stop or _every(step, settings.checkpoint_every_steps, last):
       writer.save(step, state, train_iter)

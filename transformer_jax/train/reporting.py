@@ -8,9 +8,10 @@ import time
 from absl import logging
 import jax
 import jax.numpy as jnp
-import numpy as np
 import tensorboardX
 import tqdm
+
+from transformer_jax.model.loss import perplexity
 
 
 def measure_matmul_flops(dtype=jnp.float32, device: jax.Device | None = None) -> float:
@@ -31,9 +32,8 @@ def measure_matmul_flops(dtype=jnp.float32, device: jax.Device | None = None) ->
 def per_token(sums: Mapping[str, float]) -> dict:
   """Loss and NLL per target token and the perplexity, from summed metrics."""
   tokens = max(float(sums["tokens"]), 1.0)
-  nll = float(sums["nll"]) / tokens
-  return {"loss": float(sums["loss"]) / tokens, "nll": nll,
-          "perplexity": float(np.exp(min(nll, 50.0)))}
+  return {"loss": float(sums["loss"]) / tokens, "nll": float(sums["nll"]) / tokens,
+          "perplexity": perplexity(float(sums["nll"]), tokens)}
 
 
 class TrainLogger:

@@ -59,18 +59,34 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> TrainState:
   return state
 
 
+def _resume(config, manager, trainer: Trainer, train_iter) -> TrainState | None:
+  """`recovery.resume`, its errors saying which config fields to look at."""
+  try:
+    return recovery.resume(manager, trainer.abstract_state, train_iter,
+                           start_over=config.on_bad_checkpoints == "start_over")
+  except store.CheckpointMismatchError as error:
+    raise store.CheckpointMismatchError(
+        f"{error}. Was config.model, config.data.vocab_size (or the vocabulary file) or "
+        "config.grad_clip_norm changed? Use the config it was trained with, or another "
+        "--workdir") from None
+  except recovery.UnusableCheckpointsError as error:
+    raise recovery.UnusableCheckpointsError(
+        f"{error}: --config.on_bad_checkpoints=start_over") from None
+
+
 def _train(config, workdir: Workdir, manager, preemption) -> TrainState:
-  tokenizer = data.get_tokenizer(config.data, workdir.vocab)
+  with config_lib.section("data"):
+    tokenizer = data.get_tokenizer(config.data, workdir.vocab)
   trainer, schedule = make_trainer(config, vocab_size=tokenizer.vocab_size)
   placement = trainer.placement
   model_config = placement.model.config
   logging.info("model: %s, %s parameters; mesh %s; sharding rules %s", model_config,
                f"{count_params(model_config):,}", dict(placement.mesh.shape), placement.rules)
   shard_index, shard_count = placement.data_shard
-  train_iter = iter(data.make_train_loader(config.data, tokenizer, seed=config.seed,
-                                           shard_index=shard_index, shard_count=shard_count))
-  state = recovery.resume(manager, trainer.abstract_state, train_iter,
-                          start_over=config.on_bad_checkpoints == "start_over")
+  with config_lib.section("data"):
+    train_iter = iter(data.make_train_loader(config.data, tokenizer, seed=config.seed,
+                                             shard_index=shard_index, shard_count=shard_count))
+  state = _resume(config, manager, trainer, train_iter)
   if state is None:
     state = trainer.init()
   else:
@@ -96,16 +112,17 @@ def _evaluator(config, workdir: Workdir, placement, tokenizer):
       Translator(placement, tokenizer,
                  DecodeSettings.from_config(config, beam_size=config.eval_bleu_beam_size)),
       config.data, workdir, split=split, sentences=config.eval_bleu_sentences)
-  batches = []  # Read and tokenized at the first evaluation.
+  batches = []
 
   def evaluate(state):
-    if not batches:
-      shard_index, shard_count = placement.data_shard
-      batches.extend(data.make_eval_batches(config.data, tokenizer, split,
-                                            shard_index=shard_index, shard_count=shard_count))
-    sums = loss(state.params, batches)
-    if config.eval_bleu_sentences:
-      sums = {**sums, "bleu": validation_bleu(int(state.step), state.params)}
+    with config_lib.section("data"):  # The split is read at the first evaluation.
+      if not batches:
+        shard_index, shard_count = placement.data_shard
+        batches.extend(data.make_eval_batches(config.data, tokenizer, split,
+                                              shard_index=shard_index, shard_count=shard_count))
+      sums = loss(state.params, batches)
+      if config.eval_bleu_sentences:
+        sums = {**sums, "bleu": validation_bleu(int(state.step), state.params)}
     return split, sums
 
   return evaluate
