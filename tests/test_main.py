@@ -104,6 +104,8 @@ def test_the_command_line_shows_one_error_line_for_each_user_mistake(shared, tmp
       "uneven.de has 1 lines but": {**text, "data__text_train": tmp_path / "uneven"},
       "--config.on_bad_checkpoints=start_over": {"workdir": tmp_path / "broken"},
       "cannot make the directory: Not a directory": {"workdir": tmp_path / "a_file" / "run"},
+      "cannot read the vocabulary": {"data__vocab_path": tmp_path},
+      "a_file is not a SentencePiece model": {"data__vocab_path": tmp_path / "a_file"},
   }
   runs = {}
   for number, (message, overrides) in enumerate(cases.items()):

@@ -13,7 +13,7 @@ import glob
 import json
 import os
 
-from absl import app, flags
+from absl import app, flags, logging
 import numpy as np
 
 from transformer_jax.checkpoints import integrity, recovery, store
@@ -87,6 +87,8 @@ def describe(directory: str, *, verify: bool = False) -> tuple[list[str], bool]:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  if not flags.FLAGS["verbosity"].present:  # Orbax logs every file it reads at INFO.
+    logging.set_verbosity(logging.WARNING)
   lines, good = describe(Workdir(flags.FLAGS.workdir).checkpoints, verify=flags.FLAGS.verify)
   print("\n".join(lines))
   if not good:
