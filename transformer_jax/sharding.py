@@ -180,11 +180,9 @@ def data_shard(sharding: NamedSharding) -> tuple[int, int]:
   return lo // block, shards // block
 
 
-def abstract_tree(tree, shardings=None):
-  """`jax.ShapeDtypeStruct` leaves of `tree` (arrays or abstract leaves), with `shardings` if given."""
-  if shardings is None:
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-                        tree)
+def abstract_tree(tree, shardings):
+  """`jax.ShapeDtypeStruct` leaves of `tree` (arrays or abstract leaves) with `shardings`: what
+  a checkpoint is restored onto."""
   return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                       tree, shardings)
 
