@@ -2,7 +2,7 @@
 
 Not a paper result: a small Transformer (3 + 3 layers, d_model 128) on the
 100k-pair corpus shipped in `transformer_jax/data/embedded.py`, sized to reach
-a test BLEU above 90 on 2 CPU cores in about seven minutes. From the paper:
+a test BLEU above 90 on 2 CPU cores in five to seven minutes. From the paper:
 Adam 0.9/0.98/1e-9, the inverse-square-root warmup schedule, label smoothing
 0.1, beam 4 with alpha 0.6. Changed for speed on this corpus, where every
 sentence has exactly one translation: no dropout (it only slowed learning) and
