@@ -148,9 +148,9 @@ def restore_params(manager: ocp.CheckpointManager, abstract_params, *, step: int
       item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item),
       partial_restore=True)
   restored = _on_state(manager, step, lambda handler, path: handler.restore(path, args=args))
-  saved = saved_fingerprints(manager, step)
   params_only = (manager.directory / str(step) / INFO).exists()
-  if params_only and saved and integrity.tree_fingerprint(restored) != saved[STATE]:
+  saved = saved_fingerprints(manager, step) if params_only else None
+  if saved and integrity.tree_fingerprint(restored) != saved[STATE]:
     raise CorruptCheckpointError(
         f"checkpoint {manager.directory / str(step)}: the parameters read back differ from those "
         "saved (fingerprint mismatch)")
