@@ -8,6 +8,7 @@ translated in reverse order.
 
 import json
 import os
+import shutil
 
 import pytest
 
@@ -112,3 +113,28 @@ def test_user_mistakes_give_one_clear_message(run, tmp_path):
           for message, (dir_, *extra) in cases.items()}
   for message, process in runs.items():
     assert message in process.fail(), (message, process.output[-2000:])
+
+
+def _damage_arrays(step_dir):
+  """Flip a byte in the middle of every array data file of a checkpoint step."""
+  for path in (step_dir / "state").rglob("d/*"):
+    content = bytearray(path.read_bytes())
+    content[len(content) // 2] ^= 0x5A
+    path.write_bytes(bytes(content))
+
+
+def test_average_skips_a_broken_checkpoint_and_eval_refuses_it(run, tmp_path):
+  workdir = tmp_path / "copy"
+  shutil.copytree(run["workdir"] / "checkpoints", workdir / "checkpoints")
+  broken = workdir / "checkpoints" / str(STEPS)
+  _damage_arrays(broken)
+  average = _mode(run, "--mode=average", "--config.average_last=2", workdir=workdir)
+  log = average.succeed()
+  assert f"not averaging checkpoint {broken}: checkpoint {broken}" in log
+  assert "averaged 1 checkpoints, not config.average_last=2" in log
+  assert average.stdout.decode().startswith("averaged steps 10 into ")
+  evaluation = _mode(run, "--mode=eval", f"--checkpoint={STEPS}", workdir=workdir)
+  assert evaluation.fail().startswith(f"error: checkpoint {broken}")
+  _damage_arrays(workdir / "checkpoints" / "10")
+  error = _mode(run, "--mode=average", workdir=workdir).fail()
+  assert f"none of the checkpoints 10, {STEPS} in {workdir / 'checkpoints'} reads back" in error

@@ -1,6 +1,7 @@
 """Orbax checkpoints: restore across meshes (8 devices to a 1-device process and back), data
 position, keep-last-K, and what a step is read to hold."""
 
+import json
 import os
 import subprocess
 import sys
@@ -88,6 +89,25 @@ def test_only_the_last_k_checkpoints_are_kept(tmp_path):
   manager.wait_until_finished()
   assert manager.all_steps() == [30, 40]
   assert sorted(os.listdir(tmp_path)) == ["30", "40"]
+  (tmp_path / "50.orbax-checkpoint-tmp").mkdir()  # A write under way.
+  assert store.committed_steps(str(tmp_path)) == [30, 40]
+  assert store.committed_steps(str(tmp_path / "absent")) == []
+
+
+def test_the_parameters_of_a_train_checkpoint_are_verified_alone(tmp_path):
+  trainer = _trainer({"data": 1}, "dp", jax.devices()[:1])
+  state = _random_state(trainer, 3)
+  manager = store.make_manager(str(tmp_path), async_save=False)
+  store.save(manager, 1, state)
+  abstract = trainer.placement.abstract_params
+  params = store.restore_params(manager, abstract, step=1)
+  assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(params),
+                                                  jax.tree.leaves(state.params)))
+  saved = store.saved_fingerprints(manager, 1)
+  (tmp_path / "1" / "integrity" / "metadata").write_text(
+      json.dumps({**saved, "params": saved["params"] ^ 1}))
+  with pytest.raises(store.CorruptCheckpointError, match="the parameters read back differ"):
+    store.restore_params(manager, abstract, step=1)
 
 
 def test_saved_arrays_and_check_layout_read_names_and_shapes_without_the_data(tmp_path):

@@ -22,3 +22,9 @@ class FieldError(UserError, ValueError):
   def suffix(self) -> str:
     """The message after the owner's name: `.field` (if any) and `detail`."""
     return (f".{self.field}" if self.field else "") + self.detail
+
+
+def first_line(error: BaseException) -> str:
+  """'TypeName: the first line of its message' (at most 400 characters), for one-line reports."""
+  text = str(error).strip().splitlines()
+  return f"{type(error).__name__}: {text[0][:400] if text else ''}"

@@ -74,3 +74,21 @@ def iterator_fingerprints(iterator) -> list[str]:
   digest = np.frombuffer(bytes.fromhex(data_fingerprint(iterator.get_state())), np.uint8)
   gathered = np.asarray(multihost_utils.process_allgather(digest)).reshape(-1, digest.size)
   return [bytes(row).hex() for row in gathered]
+
+
+def gather_codes(code: int) -> list[int]:
+  """Every process's `code` (a small int), in process order; every process calls this at the
+  same point (a collective)."""
+  if jax.process_count() == 1:
+    return [code]
+  return [int(c) for c in np.asarray(multihost_utils.process_allgather(np.int32(code))).reshape(-1)]
+
+
+def process_zero_steps(steps: list[int]) -> list[int]:
+  """Process 0's `steps`, on every process (each may list a shared directory differently)."""
+  if jax.process_count() == 1:
+    return list(steps)
+  count = int(multihost_utils.broadcast_one_to_all(np.int32(len(steps))))
+  padded = np.zeros(count, np.int32)
+  padded[:min(count, len(steps))] = steps[:count]
+  return [int(step) for step in multihost_utils.broadcast_one_to_all(padded)]

@@ -25,8 +25,8 @@ import jax
 from jax.experimental import multihost_utils
 import orbax.checkpoint as ocp
 
-from transformer_jax.checkpoints import store
-from transformer_jax.errors import UserError
+from transformer_jax.checkpoints import integrity, store
+from transformer_jax.errors import UserError, first_line
 
 PARTIAL_MARK = ".orbax-checkpoint-tmp"
 UNUSABLE_MARK = ".unusable-"
@@ -38,11 +38,6 @@ class UnusableCheckpointsError(UserError):
 
 class CheckpointSaveError(UserError):
   """A checkpoint could not be written."""
-
-
-def _first_line(error: BaseException) -> str:
-  text = str(error).strip().splitlines()
-  return f"{type(error).__name__}: {text[0][:400] if text else ''}"
 
 
 def _on_main_process(fn):
@@ -121,20 +116,18 @@ def resume(manager: ocp.CheckpointManager, abstract_state, data_iterator=None, *
     logging.warning("removed %s, left by a checkpoint write (or deletion) that was interrupted",
                     path)
   manager.reload()
-  steps = sorted(manager.all_steps(), reverse=True)
+  steps = sorted(integrity.process_zero_steps(manager.all_steps()), reverse=True)
   if not steps:
     return None
-  initial_position = None if data_iterator is None else data_iterator.get_state()
   bad = []
   for step in steps:
     try:
-      store.check_layout(manager, step, abstract_state)
       state = store.restore(manager, abstract_state, data_iterator, step=step)
     except store.CheckpointMismatchError:
       raise
     except Exception as error:  # Any failure to read it back makes the step unusable.
       logging.warning("checkpoint %s is unusable, skipping it: %s", manager.directory / str(step),
-                      _first_line(error))
+                      first_line(error))
       bad.append(step)
       continue
     if bad:
@@ -149,8 +142,6 @@ def resume(manager: ocp.CheckpointManager, abstract_state, data_iterator=None, *
         "them away or fix them, or start over (start_over) to move them aside and train from "
         "step 0")
   moved = _quarantine(manager, steps)
-  if data_iterator is not None:
-    data_iterator.set_state(initial_position)
   logging.warning("starting over from step 0 (start_over); the "
                   "unusable checkpoints were moved aside: %s", ", ".join(moved))
   return None
@@ -200,6 +191,8 @@ class CheckpointWriter:
       _check_writable(self.manager.directory)
       if store.save(self.manager, step, state, data_iterator):
         self._pending = step
+    except jax.errors.JaxRuntimeError:  # A collective failed: another process is gone.
+      raise
     except Exception as error:  # Whatever the storage raised.
       self._failed(step, error)
 
@@ -216,6 +209,8 @@ class CheckpointWriter:
     step, self._pending = self._pending, None
     try:
       self.manager.wait_until_finished()
+    except jax.errors.JaxRuntimeError:
+      raise
     except Exception as error:  # The background write failed.
       self._failed(step, error)
       return
@@ -234,7 +229,7 @@ class CheckpointWriter:
       self.manager.reload()
     self.failed_step = step
     message = (f"could not save the checkpoint of step {step} in {self.manager.directory}: "
-               f"{_first_line(error)}. The latest good checkpoint is step "
+               f"{first_line(error)}. The latest good checkpoint is step "
                f"{self.manager.latest_step()}")
     if self.on_error == "stop":
       raise CheckpointSaveError(

@@ -16,6 +16,7 @@ dtypes, without reading the arrays), `saved_fingerprints`,
 compares the arrays with what a run expects.
 """
 
+import functools
 import glob
 import json
 import os
@@ -27,7 +28,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from transformer_jax.checkpoints import integrity
-from transformer_jax.errors import UserError
+from transformer_jax.errors import UserError, first_line
 from transformer_jax.workdir import absolute
 
 STATE = "state"
@@ -35,6 +36,7 @@ DATA = "data"
 INTEGRITY = "integrity"
 INFO = "info"
 PARAMS = "params"
+COMMIT_MARKER = "commit_success.txt"  # Orbax's, in object stores.
 
 
 class CorruptCheckpointError(UserError):
@@ -62,18 +64,33 @@ def save(manager: ocp.CheckpointManager, step: int, state, data_iterator=None) -
   """Save `state` (and the iterator's position) as `step`; returns whether a save started.
 
   A step that already exists is not saved again. The fingerprints of both
-  are saved with them. Asynchronous: call `manager.wait_until_finished()`
+  are saved with them, and one of the state's `params` alone (`restore_params`). Asynchronous: call `manager.wait_until_finished()`
   before reading the files.
   """
   if manager.latest_step() == step:
     return False
-  fingerprints = {STATE: integrity.tree_fingerprint(state)}
+  fingerprints = {STATE: integrity.tree_fingerprint(state),
+                  PARAMS: integrity.tree_fingerprint({PARAMS: _params_of(state)})}
   items = {STATE: ocp.args.StandardSave(state)}
   if data_iterator is not None:
     items[DATA] = grain.checkpoint.CheckpointSave(data_iterator)
     fingerprints[DATA] = integrity.iterator_fingerprints(data_iterator)
   items[INTEGRITY] = ocp.args.JsonSave(fingerprints)
   return manager.save(step, args=ocp.args.Composite(**items), force=True)
+
+
+def committed_steps(directory: str) -> list[int]:
+  """The committed steps under `directory`, sorted, read from the listing alone (no manager, so
+  without touching the devices): a step's directory appears at commit (in an object store, it has
+  Orbax's commit marker)."""
+  path = epath.Path(absolute(directory))
+  try:
+    names = [p.name for p in path.iterdir()]
+  except OSError:
+    return []
+  url = "://" in str(path)
+  return sorted(int(name) for name in names
+                if name.isdigit() and (not url or (path / name / COMMIT_MARKER).exists()))
 
 
 def _latest(manager: ocp.CheckpointManager, step: int | None) -> int:
@@ -83,37 +100,84 @@ def _latest(manager: ocp.CheckpointManager, step: int | None) -> int:
   return step
 
 
+def _params_of(state):
+  return state[PARAMS] if isinstance(state, dict) else getattr(state, PARAMS)
+
+
+def _agree(path, local_error: UserError | None) -> None:
+  """Raise on every process when reading checkpoint `path` failed on any (each process read its
+  own shards and data position): this process's error, or one naming those that failed. Every
+  process calls it at the same point, so all go on, or all skip the checkpoint."""
+  code = 0 if local_error is None else 2 if isinstance(local_error, CheckpointMismatchError) else 1
+  codes = integrity.gather_codes(code)
+  if local_error is not None:
+    raise local_error
+  failed = [process for process, other in enumerate(codes) if other]
+  if failed:
+    kind = CheckpointMismatchError if 2 in codes else CorruptCheckpointError
+    raise kind(f"checkpoint {path} cannot be read on process {', '.join(map(str, failed))} (see "
+               "its log), so no process uses it")
+
+
+def _read_locally(path, read):
+  """`read()`, its failures as a UserError for `_agree`."""
+  try:
+    return read(), None
+  except CheckpointMismatchError as error:
+    return None, error
+  except Exception as error:  # Any failure to read the files makes the step unusable.
+    return None, CorruptCheckpointError(f"checkpoint {path} cannot be read: {first_line(error)}")
+
+
+def _read_data_position(path, saved: dict | None):
+  """This process's saved data position in step directory `path`, checked against `saved`."""
+  name = f"process_{jax.process_index()}-of-{jax.process_count()}.json"
+  position = json.loads((path / DATA / name).read_text())
+  if saved is None:
+    return position
+  if DATA not in saved:
+    raise CorruptCheckpointError(f"checkpoint {path} was saved without a data position")
+  if integrity.data_fingerprint(position) != saved[DATA][jax.process_index()]:
+    raise CorruptCheckpointError(
+        f"checkpoint {path}: the data position read back differs from the one saved")
+  return position
+
+
 def restore(manager: ocp.CheckpointManager, abstract_state, data_iterator=None, *,
             step: int | None = None):
   """The state saved at `step` (default: the latest), laid out as `abstract_state` says.
 
   `abstract_state` is a tree of `jax.ShapeDtypeStruct` with shardings (see
   `sharding.abstract_tree`). A given `data_iterator` is moved to the saved
-  position in place. Raises FileNotFoundError when there is no checkpoint,
-  and CorruptCheckpointError when what was read disagrees with the
-  fingerprints saved with it (a step saved without them is restored with a
-  warning).
+  position. Raises FileNotFoundError when there is no checkpoint,
+  CheckpointMismatchError when the arrays do not fit `abstract_state`, and
+  CorruptCheckpointError when the files cannot be read or what was read
+  disagrees with the fingerprints saved with them (a step saved without them
+  is restored with a warning). Each process reads its shards and its data
+  position; when any of them fails, every process raises (`_agree`).
   """
   step = _latest(manager, step)
-  path = os.path.join(manager.directory, str(step))
-  items = {STATE: ocp.args.StandardRestore(abstract_state)}
-  if data_iterator is not None:
-    items[DATA] = grain.checkpoint.CheckpointRestore(data_iterator)
-  saved = saved_fingerprints(manager, step)
-  restored = manager.restore(step, args=ocp.args.Composite(**items))
+  path = manager.directory / str(step)
+
+  def read():
+    check_layout(manager, step, abstract_state)
+    saved = saved_fingerprints(manager, step)
+    state = _reader(ocp.StandardCheckpointHandler).restore(
+        path / STATE, args=ocp.args.StandardRestore(abstract_state))
+    position = None if data_iterator is None else _read_data_position(path, saved)
+    return saved, state, position
+
+  result, error = _read_locally(path, read)
+  _agree(path, error)
+  saved, state, position = result
   if saved is None:
     logging.warning("checkpoint %s has no fingerprints (older format): restored unverified", path)
-    return restored[STATE]
-  if integrity.tree_fingerprint(restored[STATE]) != saved[STATE]:
+  elif integrity.tree_fingerprint(state) != saved[STATE]:  # The same on every process.
     raise CorruptCheckpointError(
         f"checkpoint {path}: the arrays read back differ from those saved (fingerprint mismatch)")
   if data_iterator is not None:
-    if DATA not in saved:
-      raise CorruptCheckpointError(f"checkpoint {path} was saved without a data position")
-    if integrity.iterator_fingerprints(data_iterator) != saved[DATA]:
-      raise CorruptCheckpointError(
-          f"checkpoint {path}: the data position read back differs from the one saved")
-  return restored[STATE]
+    data_iterator.set_state(position)
+  return state
 
 
 def make_params_manager(directory: str) -> ocp.CheckpointManager:
@@ -138,39 +202,55 @@ def restore_params(manager: ocp.CheckpointManager, abstract_params, *, step: int
   """The parameters saved at `step` (default: the latest), laid out as `abstract_params` says.
 
   Reads a train checkpoint (skipping its optimizer state) or a params-only
-  one, which is checked against its fingerprint (CorruptCheckpointError).
-  `abstract_params` is a tree of `jax.ShapeDtypeStruct` with shardings;
-  every process reads only its shards.
+  one, and checks them against the fingerprint saved with them
+  (CorruptCheckpointError, as when the files cannot be read; a train
+  checkpoint of an older format without one is read unverified, with a
+  warning). `abstract_params` is a tree of `jax.ShapeDtypeStruct` with
+  shardings; every process reads only its shards (`_agree`).
   """
   step = _latest(manager, step)
+  path = manager.directory / str(step)
   item = {PARAMS: abstract_params}
   args = ocp.args.PyTreeRestore(
       item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item),
       partial_restore=True)
-  restored = _on_state(manager, step, lambda handler, path: handler.restore(path, args=args))
-  params_only = (manager.directory / str(step) / INFO).exists()
-  saved = saved_fingerprints(manager, step) if params_only else None
-  if saved and integrity.tree_fingerprint(restored) != saved[STATE]:
+
+  def read():
+    saved = saved_fingerprints(manager, step) or {}
+    params_only = (path / INFO).exists()
+    return saved.get(PARAMS, saved.get(STATE) if params_only else None), _reader(
+        ocp.PyTreeCheckpointHandler).restore(path / STATE, args=args)
+
+  result, error = _read_locally(path, read)
+  _agree(path, error)
+  expected, restored = result
+  if expected is None:
+    logging.warning("checkpoint %s has no fingerprint of its parameters (older format): read "
+                    "unverified", path)
+  elif integrity.tree_fingerprint(restored) != expected:
     raise CorruptCheckpointError(
-        f"checkpoint {manager.directory / str(step)}: the parameters read back differ from those "
-        "saved (fingerprint mismatch)")
+        f"checkpoint {path}: the parameters read back differ from those saved (fingerprint "
+        "mismatch)")
   return restored[PARAMS]
 
 
-def _on_state(manager: ocp.CheckpointManager, step: int, read):
-  """`read(handler, path)` on the `state` item of `step`, through a PyTree handler of its own
-  (the manager's may be registered for StandardSave, which cannot read a part)."""
-  handler = ocp.PyTreeCheckpointHandler()
-  try:
-    return read(handler, manager.directory / str(step) / STATE)
-  finally:
-    handler.close()
+@functools.cache
+def _reader(handler_type) -> ocp.Checkpointer:
+  """A checkpointer of `handler_type` that reads for this process alone (no barrier with the
+  others: `_agree` is the one meeting point). One per process, never closed: closing one while
+  reads of a broken file are still completing makes them fail noisily."""
+  return ocp.Checkpointer(handler_type(), multiprocessing_options=ocp.options.MultiprocessingOptions(
+      primary_host=None, active_processes={jax.process_index()}))
 
 
 def saved_arrays(manager: ocp.CheckpointManager, step: int) -> dict:
   """`{name: metadata}` of every array saved in `step`'s state, named by `integrity.leaf_name`
   ('params/embed/embedding'); each metadata has `.shape` and `.dtype`. Reads no array data."""
-  tree = _on_state(manager, step, lambda handler, path: handler.metadata(path).tree)
+  handler = ocp.PyTreeCheckpointHandler()  # The manager's may be registered for StandardSave.
+  try:
+    tree = handler.metadata(manager.directory / str(step) / STATE).tree
+  finally:
+    handler.close()
   return {integrity.leaf_name(path): leaf
           for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
@@ -194,9 +274,11 @@ def saved_data_positions(manager: ocp.CheckpointManager, step: int) -> list:
 
 
 def _read_json(manager: ocp.CheckpointManager, step: int, item: str):
-  if not (manager.directory / str(step) / item).exists():
+  """A JSON item of `step`, or None; read by this process alone (no barrier of the manager)."""
+  directory = manager.directory / str(step) / item
+  if not directory.exists():
     return None
-  return manager.restore(step, args=ocp.args.Composite(**{item: ocp.args.JsonRestore()}))[item]
+  return ocp.JsonCheckpointHandler().restore(directory)
 
 
 def saved_fingerprints(manager: ocp.CheckpointManager, step: int) -> dict | None:
@@ -218,11 +300,15 @@ def check_layout(manager: ocp.CheckpointManager, step: int, abstract_tree, *,
   arrays below that name only (the parameters of a train checkpoint). Errors
   reading the checkpoint's metadata propagate as they are (a broken
   checkpoint, not a mismatch). `hint` ends the message: what the user may
-  have changed.
+  have changed. CorruptCheckpointError when its metadata cannot be read.
   """
   prefix = f"{under}/" if under else ""
-  saved = {name: tuple(leaf.shape) for name, leaf in saved_arrays(manager, step).items()
-           if name.startswith(prefix)}
+  try:
+    arrays = saved_arrays(manager, step)
+  except Exception as error:  # Whatever the metadata's reader raised.
+    raise CorruptCheckpointError(f"checkpoint {manager.directory / str(step)} cannot be read: "
+                                 f"{first_line(error)}") from error
+  saved = {name: tuple(leaf.shape) for name, leaf in arrays.items() if name.startswith(prefix)}
   wanted = {prefix + integrity.leaf_name(path): tuple(leaf.shape)
             for path, leaf in jax.tree_util.tree_flatten_with_path(abstract_tree)[0]}
   if saved == wanted:

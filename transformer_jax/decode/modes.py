@@ -120,22 +120,27 @@ def load(config, workdir: str, checkpoint: str = "latest") -> Loaded:
 def average(config, workdir: str) -> dict:
   """Average the last `config.average_last` checkpoints of `workdir` into `<workdir>/averaged`.
 
-  Returns `{"steps": [...], "directory": ...}`. Fewer checkpoints than asked
-  for are averaged with a warning; none is a UserError.
+  Returns `{"steps": [...], "directory": ...}`. A checkpoint that does not read
+  back intact is skipped with a warning and the one before it used; fewer
+  checkpoints than asked for are averaged with a warning; none is a UserError.
   """
   config_lib.validate(config)
   workdir = Workdir(workdir)
   manager, _ = _manager_and_step(workdir, "latest")
   placement, tokenizer = _model(config, workdir)
-  steps = manager.all_steps()[-config.average_last:]
-  for step in steps:
-    _check(manager, step, placement, tokenizer)
-  if len(steps) < config.average_last:
-    logging.warning("averaging %d checkpoints, not config.average_last=%d: only %d are in %s",
-                    len(steps), config.average_last, len(steps), manager.directory)
+  for step in reversed(manager.all_steps()):  # The newest whose metadata reads.
+    try:
+      _check(manager, step, placement, tokenizer)
+      break
+    except store.CorruptCheckpointError:
+      continue  # Averaging skips it, naming it.
   start = time.perf_counter()
-  params = average_lib.average_params(manager, steps, placement.abstract_params)
+  params, steps = average_lib.average_params(manager, manager.all_steps(),
+                                             placement.abstract_params, count=config.average_last)
   manager.close()
+  if len(steps) < config.average_last:
+    logging.warning("averaged %d checkpoints, not config.average_last=%d: only %d in %s read back "
+                    "intact", len(steps), config.average_last, len(steps), manager.directory)
   out = store.make_params_manager(workdir.averaged)
   store.save_params(out, steps[-1], params, steps=steps)
   out.close()
