@@ -11,6 +11,7 @@ import glob
 import os
 import pathlib
 import re
+import socket
 import struct
 import subprocess
 import sys
@@ -181,6 +182,13 @@ def flags(shared: pathlib.Path, **overrides) -> list[str]:
   return ["--config=experiments/default.py", *(f"--config.{k}={v}" for k, v in config.items())]
 
 
+def free_port() -> int:
+  """A TCP port nobody listens on, for a coordinator."""
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
 def environment(shared: pathlib.Path | None = None, devices: int = 1) -> dict:
   """The environment of a subprocess: the CPU with `devices` devices, this repository importable,
   and the session's compilation cache in `shared` (when given)."""
@@ -198,17 +206,18 @@ class Run:
   """One `python -m transformer_jax.main` process with a tiny run's flags (`flags`).
 
   `extra_flags` come after those flags (`--mode=eval`, `--checkpoint=best`);
-  `overrides` are `flags`' config overrides; `stdin` is fed to the process.
+  `overrides` are `flags`' config overrides; `stdin` is fed to the process,
+  which sees `devices` CPU devices.
   Threads collect its output: `stdout` (bytes, what the program prints) and
   `lines` (stdout and stderr lines as text, as they come).
   """
 
   def __init__(self, shared, workdir, *extra_flags, stdin: bytes | None = None,
-               preexec_fn=None, **overrides):
+               preexec_fn=None, devices: int = 1, **overrides):
     self.process = subprocess.Popen(
         [sys.executable, "-m", "transformer_jax.main", f"--workdir={workdir}",
          *flags(shared, **overrides), *extra_flags],
-        cwd=REPO, env=environment(shared), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        cwd=REPO, env=environment(shared, devices), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, preexec_fn=preexec_fn)
     self.lines, self.stdout = [], b""
     self._changed = threading.Condition()

@@ -6,7 +6,6 @@ Run as a script, this file is one worker of the two-process test.
 """
 
 import pathlib
-import socket
 import subprocess
 import sys
 
@@ -16,7 +15,7 @@ from jax.experimental import multihost_utils
 import numpy as np
 import pytest
 
-from helpers import environment, make_trainer, synthetic_batch, tiny_model_config
+from helpers import environment, free_port, make_trainer, synthetic_batch, tiny_model_config
 from transformer_jax import sharding
 from transformer_jax.conventions import BATCH_KEYS
 from transformer_jax.errors import FieldError
@@ -149,12 +148,6 @@ def test_every_logical_axis_name_of_the_model_is_known_to_the_rules():
   assert names <= set(sharding.LOGICAL_AXES), names - set(sharding.LOGICAL_AXES)
 
 
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("localhost", 0))
-    return s.getsockname()[1]
-
-
 def test_two_processes_match_one_process(data_parallel_8, tmp_path):
   """2 processes x 4 CPU devices (gloo collectives) against 1 process x 8 devices.
 
@@ -162,7 +155,7 @@ def test_two_processes_match_one_process(data_parallel_8, tmp_path):
   across the processes (devices interleaved so that each data-parallel row
   pairs a device of each process): both read the whole batch.
   """
-  port = _free_port()
+  port = free_port()
   env = environment(devices=4)
   workers = [
       subprocess.Popen([sys.executable, __file__, str(i), str(port), str(tmp_path)], env=env,

@@ -104,6 +104,10 @@ FIELDS: dict[str, Field] = {
                                   "and train from step 0", "stop", "start_over"),
     "preemption_grace_seconds": _number(120.0, "after SIGTERM, exit this long later at the latest",
                                         "a number >= 0 (0 = no limit)", lambda v: v >= 0),
+    "host_timeout_seconds": Field(
+        60, "an integer >= 5", lambda v: _is_int(v) and v >= 5,
+        "a process of a multi-process run not heard from for this long is lost: the others stop "
+        "naming it; a work directory lock not refreshed for this long is stale"),
 }
 
 DECODE_FIELDS: dict[str, Field] = {
@@ -171,6 +175,13 @@ def _check_fields(values: Mapping, fields: Mapping[str, Field], prefix: str,
     if not field.check(values[name]):
       raise ConfigError(f"{prefix}{name} must be {field.allowed}; got {values[name]!r} "
                         f"({field.help})")
+
+
+def checked_field(config: ml_collections.ConfigDict, name: str):
+  """The top-level field `name` of `config`, checked as `validate` checks it (for what must be
+  known before the devices may be touched)."""
+  _check_fields({name: config[name]} if name in config else {}, {name: FIELDS[name]}, "config.")
+  return config[name]
 
 
 def validate(config: ml_collections.ConfigDict) -> None:

@@ -13,8 +13,9 @@ eval and translate read the parameters that --checkpoint names.
 `--config` is an `ml_collections` config file, optionally followed by
 `:variant`; every field can be overridden with `--config.<field>=<value>`.
 Unknown or invalid values stop the run before anything compiles. On several
-processes (one per host), `jax.distributed.initialize()` connects them first;
-see `--distributed`. A user's mistake (bad config, missing or bad data,
+processes (one per host), `jax.distributed.initialize()` connects them first
+(see `--distributed`); each process then runs as the child of a supervisor
+that names a lost process in one line (`supervisor.py`). A user's mistake (bad config, missing or bad data,
 unusable checkpoints) or a run that must stop (non-finite losses, a failed
 checkpoint save), each a `UserError`, ends with one error line and exit
 status 1; anything else is a bug and keeps its traceback. The config is
@@ -31,9 +32,12 @@ from absl import app, flags, logging
 import jax
 from ml_collections import config_flags
 
+from transformer_jax import config as config_lib
+from transformer_jax import hosts, supervisor
 from transformer_jax.decode import modes
 from transformer_jax.errors import UserError
 from transformer_jax.train import run as train_run
+from transformer_jax.workdir import Workdir
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None,
@@ -76,13 +80,17 @@ def launched_on_several_processes(environ=os.environ) -> bool:
   return bool(environ.get("JAX_COORDINATOR_ADDRESS")) or int(environ.get("SLURM_NTASKS", "1")) > 1
 
 
-def initialize_distributed(mode: str) -> None:
-  """Connect the processes of a multi-process run (`mode`: auto, on or off)."""
+def distributed(mode: str) -> bool:
+  """Whether this run connects several processes (`--distributed` `mode`: auto, on or off)."""
   explicit = _COORDINATOR.value is not None or _NUM_PROCESSES.value is not None
-  if mode == "off" or (mode == "auto" and not explicit and not launched_on_several_processes()):
-    return
+  return mode == "on" or (mode == "auto" and (explicit or launched_on_several_processes()))
+
+
+def initialize_distributed(timeout_seconds: int) -> None:
+  """Connect the processes of a multi-process run; one silent for `timeout_seconds` is lost."""
   jax.distributed.initialize(coordinator_address=_COORDINATOR.value,
-                             num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value)
+                             num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value,
+                             heartbeat_timeout_seconds=timeout_seconds)
   logging.info("process %d of %d; %d local and %d global devices", jax.process_index(),
                jax.process_count(), jax.local_device_count(), jax.device_count())
 
@@ -110,6 +118,14 @@ class _LibraryLogFilter(std_logging.Filter):
     if logging.get_verbosity() < 1:
       record.exc_info, record.exc_text = None, None
     return True
+
+
+def _unraisable_at_verbosity_1(unraisable) -> None:
+  """Show the errors that Python can only report, not raise, at `--verbosity=1` only: here they
+  come from the background reads of a broken checkpoint file, still completing after the read
+  failed (and was reported) when the program ends."""
+  if logging.get_verbosity() >= 1:
+    sys.__unraisablehook__(unraisable)
 
 
 def run(mode: str, config, workdir: str) -> None:
@@ -150,15 +166,42 @@ def reports_user_errors(fn):
   return wrapped
 
 
+def run_connected(config, workdir: Workdir, timeout_seconds: int) -> None:
+  """`run` in a process of a multi-process run: it beats (`hosts.Heartbeat`), and a failed
+  computation or collective ends it with `supervisor.LOST_CONTACT_STATUS` for its supervisor to
+  explain."""
+  initialize_distributed(timeout_seconds)  # Before anything touches the devices.
+  workdir.create()
+  record = hosts.own_record(process=jax.process_index(), processes=jax.process_count(),
+                            supervisor=os.getppid())
+  with hosts.Heartbeat([workdir.heartbeat_file(jax.process_index())], record,
+                       hosts.beat_interval(timeout_seconds)):
+    try:
+      run(_MODE.value, config, workdir.root)
+    except jax.errors.JaxRuntimeError as error:
+      logging.debug("traceback of the failure below", exc_info=True)
+      logging.warning("a computation or collective failed: %s", str(error).splitlines()[0])
+      logging.flush()
+      os._exit(supervisor.LOST_CONTACT_STATUS)  # Without JAX's shutdown, which waits for all.
+
+
 @reports_user_errors
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   logging.get_absl_handler().addFilter(_LibraryLogFilter())
-  initialize_distributed(_DISTRIBUTED.value)  # Before anything touches the devices.
+  sys.unraisablehook = _unraisable_at_verbosity_1
   config = _CONFIG.value
   logging.debug("config %s:\n%s", config_flags.get_config_filename(flags.FLAGS["config"]), config)
-  run(_MODE.value, config, _WORKDIR.value)  # Each mode validates the config first.
+  if not distributed(_DISTRIBUTED.value):
+    run(_MODE.value, config, _WORKDIR.value)  # Each mode validates the config first.
+    return
+  workdir = Workdir(_WORKDIR.value)
+  timeout = config_lib.checked_field(config, "host_timeout_seconds")
+  if supervisor.SUPERVISED_ENV in os.environ:
+    run_connected(config, workdir, timeout)
+  else:
+    sys.exit(supervisor.supervise(sys.argv, workdir, timeout))
 
 
 if __name__ == "__main__":

@@ -24,6 +24,8 @@ class Workdir:
   tensorboard/          event files
   vocab/                the SentencePiece vocabulary and its length tables
   config.txt            the config of the latest training run
+  lock.json             the training run that holds the directory (`hosts.WorkdirLock`)
+  hosts/                each process's heartbeat while it runs (`hosts.Heartbeat`)
   """
 
   root: str
@@ -61,6 +63,18 @@ class Workdir:
   @property
   def config_file(self) -> str:
     return self._path("config.txt")
+
+  @property
+  def lock_file(self) -> str:
+    return self._path("lock.json")
+
+  @property
+  def hosts(self) -> str:
+    return self._path("hosts")
+
+  def heartbeat_file(self, process: int) -> str:
+    """`hosts/process_<process>.json`."""
+    return os.path.join(self.hosts, f"process_{process}.json")
 
   def eval_file(self, name: str) -> str:
     """`eval/<name>`: e.g. `test-averaged-beam4.txt`."""

@@ -4,13 +4,17 @@ The one module of `train/` that knows about decoding: each evaluation also
 scores validation BLEU and keeps the best parameters (`decode.best`).
 """
 
+import contextlib
+
 from absl import logging
 from etils import epath
 import jax
+from jax.experimental import multihost_utils
 import ml_collections
+import numpy as np
 
 from transformer_jax import config as config_lib
-from transformer_jax import data
+from transformer_jax import data, hosts
 from transformer_jax.checkpoints import recovery, store
 from transformer_jax.decode import best, metrics
 from transformer_jax.decode.translator import DecodeSettings, Translator
@@ -49,14 +53,47 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> TrainState:
   config_lib.validate(config)
   workdir = Workdir(workdir)
   workdir.create()
-  if jax.process_index() == 0:
-    epath.Path(workdir.config_file).write_text(str(config))
-  # No limit of its own: fit deletes old steps, safely (recovery.delete_steps).
-  manager = store.make_manager(workdir.checkpoints)
-  with PreemptionWatch(manager, grace_seconds=config.preemption_grace_seconds) as preemption:
-    state = _train(config, workdir, manager, preemption)
-  manager.close()
+  with _holding(workdir, config.host_timeout_seconds):
+    if jax.process_index() == 0:
+      epath.Path(workdir.config_file).write_text(str(config))
+    # No limit of its own: fit deletes old steps, safely (recovery.delete_steps).
+    manager = store.make_manager(workdir.checkpoints)
+    with PreemptionWatch(manager, grace_seconds=config.preemption_grace_seconds) as preemption:
+      state = _train(config, workdir, manager, preemption)
+    manager.close()
   return state
+
+
+@contextlib.contextmanager
+def _holding(workdir: Workdir, timeout_seconds: int):
+  """Hold the work directory's lock (`hosts.WorkdirLock`, one per run: process 0 takes it for all)
+  while in the block; every process raises WorkdirInUseError when another run holds it."""
+  lock = hosts.WorkdirLock(workdir, stale_after=timeout_seconds)
+  record = hosts.own_record(processes=jax.process_count())
+  refused = None
+  if jax.process_index() == 0:
+    try:
+      taken_over = lock.acquire(record)
+    except hosts.WorkdirInUseError as error:
+      refused = error
+    else:
+      if taken_over:
+        logging.warning("%s", taken_over)
+  if jax.process_count() > 1:
+    held = multihost_utils.broadcast_one_to_all(np.int32(refused is None))
+    if not held and refused is None:
+      refused = hosts.WorkdirInUseError(
+          f"the work directory is in use by another run (lock {lock.path}; process 0 says which)")
+  if refused is not None:
+    raise refused
+  beating = (hosts.Heartbeat([lock.path], record, hosts.beat_interval(timeout_seconds))
+             if jax.process_index() == 0 else contextlib.nullcontext())
+  try:
+    with beating:
+      yield
+  finally:
+    if jax.process_index() == 0:
+      lock.release(record)
 
 
 def _resume(config, manager, trainer: Trainer, train_iter) -> TrainState | None:

@@ -1,0 +1,137 @@
+"""Faults of runs on several processes, and of two runs on one work directory.
+
+Runs of 2 processes x 4 CPU devices (gloo collectives) through the command
+line, each process under its supervisor (`transformer_jax.supervisor`), with
+a checkpoint every 2 steps and a loss logged at every step. Every loss that
+any run logged must equal, bitwise, the loss of that step in one
+uninterrupted 2-process run: a fault loses nothing but the steps since the
+last committed checkpoint.
+"""
+
+import json
+import re
+import shutil
+import signal
+import time
+
+import pytest
+
+import helpers
+
+STEPS = 8
+TIMEOUT = 10  # config.host_timeout_seconds of these runs.
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+  return helpers.shared_dir(tmp_path_factory)
+
+
+def _start(shared, workdir, **overrides) -> list[helpers.Run]:
+  """The two processes of a run of STEPS steps in `workdir`."""
+  port = helpers.free_port()
+  overrides = {"num_train_steps": STEPS, "host_timeout_seconds": TIMEOUT, **overrides}
+  return [helpers.Run(shared, workdir, f"--coordinator_address=127.0.0.1:{port}",
+                      "--num_processes=2", f"--process_id={i}", devices=4, **overrides)
+          for i in range(2)]
+
+
+@pytest.fixture(scope="module")
+def reference(shared, tmp_path_factory):
+  """(workdir, {step: loss}) of an uninterrupted 2-process run."""
+  workdir = tmp_path_factory.mktemp("reference")
+  for run in _start(shared, workdir):
+    run.succeed()
+  (losses,) = helpers.scalars_per_run(workdir)  # Process 0 writes them.
+  assert sorted(losses) == list(range(1, STEPS + 1))
+  return workdir, losses
+
+
+def _assert_losses_match(workdir, reference_losses, *, runs: int):
+  """Every loss that each of `runs` runs in `workdir` logged equals the reference's; together
+  they logged every step."""
+  per_run = helpers.scalars_per_run(workdir)
+  assert len(per_run) == runs
+  for number, losses in enumerate(per_run):
+    for step, loss in losses.items():
+      assert loss == reference_losses[step], f"run {number}, step {step}"
+  assert set().union(*per_run) == set(range(1, STEPS + 1))
+
+
+def _resumed_at(run: helpers.Run) -> int:
+  return int(run.wait_for(r"resumed from \S+ at step (\d+)").group(1))
+
+
+def test_a_killed_process_is_named_by_the_survivor_and_a_restart_resumes(
+    shared, reference, tmp_path):
+  runs = _start(shared, tmp_path)
+  runs[1].wait_for(r"\] step 5/")
+  runs[1].process.kill()
+  killed = time.monotonic()
+  error = runs[0].fail(timeout=120)
+  waited = time.monotonic() - killed
+  newest = helpers.committed_steps(tmp_path)[-1]
+  assert re.search(rf"lost contact with process 1 of 2 \(host \S+, pid \d+, since .*\): its "
+                   rf"heartbeat stopped; the newest committed checkpoint in \S+ is step {newest}\. "
+                   "Start all processes again", error), error
+  assert waited < TIMEOUT + 30, waited
+  restarted = _start(shared, tmp_path)
+  for run in restarted:
+    run.succeed()
+  assert {_resumed_at(run) for run in restarted} == {newest}
+  _assert_losses_match(tmp_path, reference[1], runs=2)
+
+
+def test_sigterm_to_every_process_saves_one_step_and_the_restart_continues(
+    shared, reference, tmp_path):
+  runs = _start(shared, tmp_path)
+  runs[0].wait_for(r"\] step 3/")
+  for run in runs:
+    run.process.send_signal(signal.SIGTERM)
+  outputs = [run.succeed() for run in runs]
+  stopped = {int(re.search(r"stopped at step (\d+) for preemption", out).group(1))
+             for out in outputs}
+  assert len(stopped) == 1 and stopped <= set(helpers.committed_steps(tmp_path))
+  restarted = _start(shared, tmp_path)
+  for run in restarted:
+    run.succeed()
+  assert {_resumed_at(run) for run in restarted} == stopped
+  _assert_losses_match(tmp_path, reference[1], runs=2)
+
+
+def test_a_checkpoint_broken_for_one_process_is_skipped_by_all(shared, reference, tmp_path):
+  """Process 1's data position of the newest step altered: only process 1 reads it."""
+  shutil.copytree(reference[0] / "checkpoints", tmp_path / "checkpoints")
+  newest = helpers.committed_steps(tmp_path)[-1]
+  position = tmp_path / "checkpoints" / str(newest) / "data" / "process_1-of-2.json"
+  state = json.loads(position.read_text())
+  position.write_text(json.dumps({**state, "altered": 1}))
+  runs = _start(shared, tmp_path, num_train_steps=STEPS + 2)
+  for run in runs:
+    run.succeed()
+  before = helpers.committed_steps(reference[0])[-2]
+  assert {_resumed_at(run) for run in runs} == {before}
+  assert f"checkpoint {tmp_path / 'checkpoints' / str(newest)} is unusable" in runs[0].output
+  (losses,) = helpers.scalars_per_run(tmp_path)
+  assert all(losses[step] == reference[1][step] for step in range(before + 1, STEPS + 1))
+
+
+def test_a_second_run_on_a_work_directory_stops_and_a_stale_lock_is_taken_over(
+    shared, tmp_path):
+  first = helpers.Run(shared, tmp_path, num_train_steps=1000, host_timeout_seconds=TIMEOUT)
+  first.wait_for(r"\] step 1/")
+  lock = json.loads((tmp_path / "lock.json").read_text())
+  assert lock["pid"] == first.process.pid
+  second = helpers.Run(shared, tmp_path, num_train_steps=1000)
+  error = second.fail(timeout=120)
+  assert re.search(rf"the work directory is in use by another run \(host {lock['host']}, pid "
+                   rf"{first.process.pid}, since .* UTC; lock \S+lock.json\)", error), error
+  first.process.kill()
+  first.finish()
+  third = helpers.Run(shared, tmp_path, num_train_steps=1000)
+  third.wait_for(r"took over the lock of a run that is no longer running \(host \S+, pid "
+                 rf"{first.process.pid}, .*\): its process is gone")
+  third.wait_for(r"\] step \d+/")
+  third.process.send_signal(signal.SIGTERM)
+  third.succeed()
+  assert not (tmp_path / "lock.json").exists()

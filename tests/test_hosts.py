@@ -1,0 +1,88 @@
+"""Heartbeats, lost processes and the work directory's lock (`transformer_jax.hosts`)."""
+
+import json
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from transformer_jax import hosts
+from transformer_jax.workdir import Workdir
+
+
+def _dead_pid() -> int:
+  process = subprocess.Popen([sys.executable, "-c", "pass"])
+  process.wait()
+  return process.pid
+
+
+def test_a_heartbeat_refreshes_its_records_and_marks_them_ended(tmp_path):
+  workdir = Workdir(str(tmp_path))
+  paths = [workdir.heartbeat_file(3), workdir.lock_file]
+  record = hosts.own_record(process=3)
+  with hosts.Heartbeat(paths, record, interval=0.05):
+    first = hosts.read_record(paths[0])
+    time.sleep(0.3)
+    later = hosts.read_record(paths[0])
+    assert later["time"] > first["time"] and later["process"] == 3 and "ended" not in later
+    assert hosts.read_record(paths[1])["pid"] == record["pid"]
+  assert all(hosts.read_record(path)["ended"] == "exited" for path in paths)
+
+
+def test_lost_processes_are_those_that_neither_beat_nor_ended(tmp_path):
+  workdir = Workdir(str(tmp_path))
+  (tmp_path / "hosts").mkdir()
+  for process in range(3):
+    hosts.write_record(workdir.heartbeat_file(process), {"process": process, "time": 1.0})
+
+  def meanwhile(seconds):  # Process 0 beats, process 2 ends; process 1 is silent.
+    assert seconds == 7
+    hosts.write_record(workdir.heartbeat_file(0), {"process": 0, "time": 2.0})
+    hosts.mark_ended(workdir.heartbeat_file(2), "lost contact")
+
+  lost = hosts.lost_processes(workdir, 7, sleep=meanwhile)
+  assert lost == [{"process": 1, "time": 1.0}]
+
+
+def test_the_beat_interval_is_a_fifth_of_the_timeout_within_bounds():
+  assert [hosts.beat_interval(t) for t in (2, 10, 60, 1000)] == [1.0, 2.0, 12.0, 30.0]
+
+
+def test_a_lock_is_exclusive_and_names_its_holder(tmp_path):
+  workdir = Workdir(str(tmp_path))
+  lock = hosts.WorkdirLock(workdir, stale_after=60)
+  record = hosts.own_record()
+  assert lock.acquire(record) is None
+  with pytest.raises(hosts.WorkdirInUseError, match=(
+      rf"in use by another run \(host {socket.gethostname()}, pid {record['pid']}, since "
+      r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC; lock .*lock.json\)")):
+    hosts.WorkdirLock(workdir, stale_after=60).acquire(hosts.own_record())
+  lock.release({**record, "pid": record["pid"] + 1})  # Not its holder: kept.
+  assert (tmp_path / "lock.json").exists()
+  lock.release(record)
+  assert not (tmp_path / "lock.json").exists()
+
+
+@pytest.mark.parametrize("holder, reason", [
+    (lambda: {"host": socket.gethostname(), "pid": _dead_pid(), "time": time.time()},
+     "its process is gone"),
+    (lambda: {"host": "elsewhere", "pid": 1, "time": time.time() - 100},
+     "it has not refreshed the lock for 100 s"),
+])
+def test_a_stale_lock_is_taken_over_with_the_reason(tmp_path, holder, reason):
+  (tmp_path / "lock.json").write_text(json.dumps(holder()))
+  lock = hosts.WorkdirLock(Workdir(str(tmp_path)), stale_after=60)
+  record = hosts.own_record()
+  warning = lock.acquire(record)
+  assert "took over the lock of a run that is no longer running" in warning
+  assert warning.endswith(reason)
+  assert hosts.read_record(lock.path)["pid"] == record["pid"]
+
+
+def test_a_live_lock_of_another_host_is_kept(tmp_path):
+  (tmp_path / "lock.json").write_text(json.dumps(
+      {"host": "elsewhere", "pid": 1, "since": 0, "time": time.time() - 10}))
+  with pytest.raises(hosts.WorkdirInUseError, match="host elsewhere, pid 1, since 1970-01-01"):
+    hosts.WorkdirLock(Workdir(str(tmp_path)), stale_after=60).acquire(hosts.own_record())

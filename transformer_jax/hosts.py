@@ -1,0 +1,205 @@
+"""Which processes of a run are alive, and which run holds a work directory.
+
+Each process of a run writes `<workdir>/hosts/process_<i>.json` (its host,
+pid and clock time) every few seconds from a thread of its own (`Heartbeat`),
+so the beats go on while its main thread waits in a collective or compiles.
+When a run stops because a process stopped answering, the processes whose
+beats stopped and who did not say they ended are the lost ones
+(`lost_processes`).
+
+A training run holds `<workdir>/lock.json` (`WorkdirLock`), written by its
+process 0 and refreshed with its beats: a second run on the same work
+directory stops at once, naming the holder. A lock whose process is gone (on
+this host) or whose beats stopped (on any host) is stale and taken over.
+Nothing here uses JAX: the supervisor of a process (`supervisor.py`) reads
+these files without touching the devices.
+"""
+
+import glob
+import json
+import os
+import socket
+import threading
+import time
+
+from etils import epath
+
+from transformer_jax.errors import UserError
+from transformer_jax.workdir import Workdir
+
+
+def beat_interval(timeout_seconds: float) -> float:
+  """Seconds between beats, for a run that declares a process lost after `timeout_seconds`."""
+  return max(1.0, min(30.0, timeout_seconds / 5))
+
+
+def read_record(path: str) -> dict | None:
+  """The JSON record at `path`; None when it is missing or unreadable (being replaced)."""
+  try:
+    return json.loads(epath.Path(path).read_text())
+  except (OSError, ValueError):
+    return None
+
+
+def write_record(path: str, record: dict) -> None:
+  """Write `record` to `path` whole: readers see the old record or the new one."""
+  target = epath.Path(path)
+  temporary = target.parent / f".{target.name}.{os.getpid()}.tmp"
+  temporary.write_text(json.dumps(record))
+  temporary.replace(target)
+
+
+def describe(record: dict) -> str:
+  """'host h, pid 12, since 2026-11-23 01:02:03 UTC'."""
+  since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(record.get("since", 0)))
+  return f"host {record.get('host', '?')}, pid {record.get('pid', '?')}, since {since}"
+
+
+def _pid_alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:  # Another user's process.
+    return True
+  return True
+
+
+def own_record(**fields) -> dict:
+  """A record naming this process: host, pid, since (now) and `fields`."""
+  now = time.time()
+  return {"host": socket.gethostname(), "pid": os.getpid(), "since": now, "time": now, **fields}
+
+
+class Heartbeat:
+  """Rewrites `record` (with the time) to each of `paths` every `interval` seconds, from a daemon
+  thread, while in its `with` block; on leaving it, marks the records ended."""
+
+  def __init__(self, paths: list[str], record: dict, interval: float):
+    self.paths, self.record, self.interval = paths, dict(record), interval
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
+
+  def _write(self) -> None:
+    self.record["time"] = time.time()
+    for path in self.paths:
+      try:
+        write_record(path, self.record)
+      except OSError:  # A missed beat; the next one tries again.
+        pass
+
+  def _run(self) -> None:
+    while not self._stop.wait(self.interval):
+      self._write()
+
+  def __enter__(self):
+    epath.Path(os.path.dirname(self.paths[0])).mkdir(parents=True, exist_ok=True)
+    self._write()
+    self._thread.start()
+    return self
+
+  def __exit__(self, *exc):
+    self._stop.set()
+    self._thread.join()
+    self.record["ended"] = "exited"
+    self._write()
+
+
+def mark_ended(path: str, how: str) -> None:
+  """Record in the heartbeat file at `path` that its process ended (`how`)."""
+  record = read_record(path)
+  if record is not None:
+    record["ended"] = how
+    write_record(path, record)
+
+
+def heartbeat_records(workdir: Workdir) -> dict[str, dict | None]:
+  """`{path: record}` of every heartbeat file in `workdir`."""
+  return {path: read_record(path)
+          for path in glob.glob(os.path.join(workdir.hosts, "process_*.json"))}
+
+
+def lost_processes(workdir: Workdir, wait_seconds: float, *, sleep=time.sleep) -> list[dict]:
+  """The heartbeat records of `workdir` that neither changed within `wait_seconds` nor say their
+  process ended: the processes of the run that are gone."""
+  before = heartbeat_records(workdir)
+  sleep(wait_seconds)
+  lost = []
+  for path, first in sorted(before.items()):
+    last = read_record(path)
+    if last is not None and last == first and not last.get("ended"):
+      lost.append(last)
+  return sorted(lost, key=lambda record: record.get("process", 0))
+
+
+class WorkdirInUseError(UserError):
+  """Another run holds the work directory."""
+
+
+class WorkdirLock:
+  """`<workdir>/lock.json`: which run may write checkpoints in `workdir`.
+
+  `acquire` creates it (exclusively, on a local file system) with this
+  process's record, or raises WorkdirInUseError naming the run that holds it;
+  a lock whose pid is gone (same host) or whose record was not refreshed for
+  `stale_after` seconds is taken over with a warning returned. `release`
+  removes it when it is still this process's.
+  """
+
+  def __init__(self, workdir: Workdir, stale_after: float):
+    self.path = workdir.lock_file
+    self.stale_after = stale_after
+
+  def stale(self, holder: dict | None) -> str | None:
+    """Why the lock of `holder` is stale, or None while its run may be alive."""
+    if holder is None:
+      return "its lock file is unreadable"
+    if holder.get("host") == socket.gethostname() and not _pid_alive(int(holder.get("pid", 0))):
+      return "its process is gone"
+    silent = time.time() - float(holder.get("time", 0))
+    if silent > self.stale_after:
+      return f"it has not refreshed the lock for {silent:.0f} s"
+    return None
+
+  def acquire(self, record: dict) -> str | None:
+    """Take the lock for `record` (`own_record()`); returns a warning when a stale lock was taken
+    over."""
+    taken_over = None
+    for _ in range(2):
+      if self._create(record):
+        return taken_over
+      holder = read_record(self.path)
+      reason = self.stale(holder)
+      if reason is None:
+        raise WorkdirInUseError(
+            f"the work directory is in use by another run ({describe(holder)}; lock "
+            f"{self.path}): wait for that run to end or stop it, or use another --workdir")
+      taken_over = (f"took over the lock of a run that is no longer running "
+                    f"({describe(holder or {})}): {reason}")
+      try:
+        epath.Path(self.path).unlink()
+      except FileNotFoundError:
+        pass
+    raise WorkdirInUseError(f"another run took the lock {self.path} at the same time")
+
+  def _create(self, record: dict) -> bool:
+    if "://" in self.path:  # Object stores have no exclusive create: the check is best effort.
+      if epath.Path(self.path).exists():
+        return False
+      write_record(self.path, record)
+      return True
+    temporary = f"{self.path}.{os.getpid()}.tmp"
+    with open(temporary, "w") as f:
+      json.dump(record, f)
+    try:  # A hard link appears whole, and fails when the lock exists.
+      os.link(temporary, self.path)
+    except FileExistsError:
+      return False
+    finally:
+      os.unlink(temporary)
+    return True
+
+  def release(self, record: dict) -> None:
+    holder = read_record(self.path)
+    if holder and holder.get("pid") == record["pid"] and holder.get("host") == record["host"]:
+      epath.Path(self.path).unlink(missing_ok=True)
