@@ -39,9 +39,7 @@ import jax
 import ml_collections
 from ml_collections import config_flags
 
-from transformer_jax.decode import modes
 from transformer_jax.errors import UserError
-from transformer_jax.train import run as train_run
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None,
@@ -224,7 +222,13 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 
 def run(mode: str, config, workdir: str) -> None:
-  """Run one mode; results meant for the user go to stdout (translations, or one summary line)."""
+  """Run one mode; results meant for the user go to stdout (translations, or one summary line).
+
+  The training and decoding code (JAX, Flax, Orbax, TFDS) loads here, after the flags are
+  parsed, so that a mistake in them is reported at once.
+  """
+  from transformer_jax.decode import modes  # pylint: disable=import-outside-toplevel
+  from transformer_jax.train import run as train_run  # pylint: disable=import-outside-toplevel
   if mode == "train":
     train_run.train(config, workdir)
   elif mode == "average":
