@@ -98,7 +98,7 @@ CASES = [
      "experiments: default.py,"),
     ("a config file without get_config",
      lambda shared, d: ["--workdir=x", f"--config={_no_get_config(d)}"],
-     "mine.py has no get_config()"),
+     "--config={d}/mine.py: the file has no get_config()"),
     ("a variant the config file does not take",
      lambda shared, d: ["--workdir=x", "--config=experiments/default.py:big"],
      "experiments/default.py takes no variant; drop ':big'"),

@@ -143,10 +143,10 @@ def _load_config(spec: str):
   try:
     loader.exec_module(module)
   except Exception as error:  # pylint: disable=broad-except  # Whatever the user's file raises.
-    return f"--config={spec}: {path} does not load: {type(error).__name__}: {error}"
+    return f"--config={spec}: the file does not load: {type(error).__name__}: {error}"
   get_config = getattr(module, "get_config", None)
   if not callable(get_config):
-    return (f"--config={spec}: {path} has no get_config(); a config file defines get_config() "
+    return (f"--config={spec}: the file has no get_config(); a config file defines get_config() "
             "(or get_config(variant)) returning an ml_collections.ConfigDict")
   try:
     inspect.signature(get_config).bind(*variant)
