@@ -25,6 +25,7 @@ logged at `--verbosity=1` and written to <workdir>/config.txt by training.
 
 import difflib
 import functools
+import glob
 import importlib.machinery
 import importlib.util
 import inspect
@@ -129,37 +130,38 @@ def _config_arguments(argv: list[str]) -> tuple[str | None, list[str]]:
   return spec, overrides
 
 
-def _load_config(spec: str):
-  """The ConfigDict that `--config=spec` names, or a string saying why there is none."""
+def _load_config(spec: str) -> ml_collections.ConfigDict:
+  """The ConfigDict that `--config=spec` names; UserError saying why there is none."""
   path, *variant = spec.split(":", 1)
   if not os.path.isfile(path):
     folder = os.path.dirname(path) or "."
-    files = sorted(f for f in os.listdir(folder) if f.endswith(".py")) if os.path.isdir(
-        folder) else []
-    return (f"--config={spec}: there is no file {path}" +
-            (f" (the config files in {folder}: {', '.join(files)})" if files else ""))
+    files = sorted(glob.glob("*.py", root_dir=folder)) if os.path.isdir(folder) else []
+    raise UserError(f"--config={spec}: there is no file {path}" +
+                    (f" (the config files in {folder}: {', '.join(files)})" if files else ""))
   loader = importlib.machinery.SourceFileLoader("_config_being_checked", path)
   module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
   try:
     loader.exec_module(module)
   except Exception as error:  # pylint: disable=broad-except  # Whatever the user's file raises.
-    return f"--config={spec}: the file does not load: {type(error).__name__}: {error}"
+    raise UserError(f"--config={spec}: the file does not load: "
+                    f"{type(error).__name__}: {error}") from None
   get_config = getattr(module, "get_config", None)
   if not callable(get_config):
-    return (f"--config={spec}: the file has no get_config(); a config file defines get_config() "
-            "(or get_config(variant)) returning an ml_collections.ConfigDict")
+    raise UserError(f"--config={spec}: the file has no get_config(); a config file defines "
+                    "get_config() (or get_config(variant)) returning an ml_collections.ConfigDict")
   try:
     inspect.signature(get_config).bind(*variant)
   except TypeError:
-    return (f"--config={spec}: {path} takes no variant; drop ':{variant[0]}'" if variant else
-            f"--config={spec}: {path} needs a variant: --config={path}:<variant>")
+    raise UserError(f"--config={spec}: {path} takes no variant; drop ':{variant[0]}'" if variant
+                    else f"--config={spec}: {path} needs a variant: --config={path}:<variant>") \
+        from None
   try:
     config = get_config(*variant)
   except Exception as error:  # pylint: disable=broad-except
-    return f"--config={spec}: {type(error).__name__}: {error}"
+    raise UserError(f"--config={spec}: {type(error).__name__}: {error}") from None
   if not isinstance(config, ml_collections.ConfigDict):
-    return (f"--config={spec}: get_config() returned {type(config).__name__}, not an "
-            "ml_collections.ConfigDict")
+    raise UserError(f"--config={spec}: get_config() returned {type(config).__name__}, not an "
+                    "ml_collections.ConfigDict")
   return config
 
 
@@ -173,14 +175,14 @@ def _field_paths(config, prefix: str = "") -> list[str]:
   return paths
 
 
-def _unknown_field(config, path: str) -> str | None:
-  """What is wrong with the override `--config.<path>`, naming the closest known field; None if
-  `path` is a field of `config`."""
+def _check_override(config: ml_collections.ConfigDict, path: str) -> None:
+  """UserError unless the override `--config.<path>` names a field of `config`; it names the
+  closest known field."""
   parts, node = path.split("."), config
   for depth, part in enumerate(parts):
     holder = ".".join(["config", *parts[:depth]])
     if not isinstance(node, ml_collections.ConfigDict):
-      return f"--config.{path}: {holder} is a value, not a section of fields"
+      raise UserError(f"--config.{path}: {holder} is a value, not a section of fields")
     if part not in node:
       known = _field_paths(config)
       close = (difflib.get_close_matches(path, known, n=1) or
@@ -188,9 +190,8 @@ def _unknown_field(config, path: str) -> str | None:
                 difflib.get_close_matches(parts[-1], [k.rsplit(".", 1)[-1] for k in known], 1)])
       hint = (f"did you mean --config.{close[0]}?" if close else
               f"its fields: {', '.join(node)}")
-      return f"--config.{path}: {holder} has no field {part!r}; {hint}"
+      raise UserError(f"--config.{path}: {holder} has no field {part!r}; {hint}")
     node = node[part]
-  return None
 
 
 def config_flag_problem(argv: list[str]) -> str | None:
@@ -199,10 +200,13 @@ def config_flag_problem(argv: list[str]) -> str | None:
   spec, overrides = _config_arguments(argv)
   if spec is None:
     return None
-  config = _load_config(spec)
-  if isinstance(config, str):
-    return config
-  return next(filter(None, (_unknown_field(config, path) for path in overrides)), None)
+  try:
+    config = _load_config(spec)
+    for path in overrides:
+      _check_override(config, path)
+  except UserError as error:
+    return str(error)
+  return None
 
 
 def parse_flags(argv: list[str]) -> list[str]:
