@@ -7,11 +7,13 @@ import os
 import re
 
 import pytest
+import sentencepiece as spm
 import tensorflow_datasets as tfds
 
 from transformer_jax import data
 from transformer_jax.data import embedded
 from transformer_jax.data import sources
+from transformer_jax.data import tokenizer
 from transformer_jax.errors import FieldError
 
 
@@ -29,7 +31,7 @@ def text_config(tmp_path, lines_en, lines_de, **overrides):
 
 
 def test_text_files_become_an_arrayrecord_source_in_file_order(tmp_path):
-  en = ["Hello world.", "  spaces kept  ", "", "Grüße, ünïcode ✓ \r inside"]
+  en = ["Hello world.", "  spaces kept  ", "x", "Grüße, ünïcode ✓ \r inside"]
   de = ["Hallo Welt.", "Leerzeichen", "leer links", "Grüße"]
   c = text_config(tmp_path, en, de)
   source = sources.open_split(c, "train")
@@ -69,8 +71,8 @@ def test_missing_text_file_names_the_field(tmp_path):
 
 def test_unknown_split_lists_the_splits(tmp_path):
   c = text_config(tmp_path, ["a"], ["x"])
-  with pytest.raises(data.DataError, match="has no split 'test': it has train"):
-    sources.open_split(c, "test")
+  with pytest.raises(data.DataError, match="has no split 'dev': it has train"):
+    sources.open_split(c, "dev")
 
 
 def test_embedded_builder_holds_the_seeded_corpus_in_order(tmp_path):
@@ -191,3 +193,47 @@ def test_lines_not_utf8_or_too_long_are_skipped_counted_and_logged(tmp_path, cap
 def test_a_split_left_without_pairs_is_an_error(tmp_path):
   with pytest.raises(data.DataError, match=r"corpus.de, .*corpus.en: no usable line pairs"):
     sources.open_split(_text(tmp_path, b"\xff\n", b"x\n"), "train")
+
+
+def test_windows_line_ends_a_byte_order_mark_and_no_final_newline_are_plain_text(tmp_path):
+  en = "\ufeffHello world.\r\nThe cat sleeps.\r\nA last line"
+  de = "\ufeffHallo Welt.\r\nDie Katze schläft.\r\nEine letzte Zeile"
+  split = sources.open_split(_text(tmp_path, en.encode(), de.encode()), "train")
+  pairs = split.pairs(range(len(split)))
+  assert pairs == [("Hello world.", "Hallo Welt."), ("The cat sleeps.", "Die Katze schläft."),
+                   ("A last line", "Eine letzte Zeile")]
+  sentences = [text for pair in pairs for text in pair]
+  characters = set("".join(sentences).replace(" ", ""))
+  model = spm.SentencePieceProcessor(model_proto=tokenizer.train_model(
+      sentences, len(characters) + 4 + 10))  # "▁", pad, EOS, unk, and a few merges.
+  pieces = [model.id_to_piece(i) for i in range(model.get_piece_size())]
+  assert not [piece for piece in pieces if "\ufeff" in piece or "\r" in piece]
+  first = model.encode("Hello world.", out_type=str)
+  assert first[0].startswith("▁H") and model.decode(model.encode(sentences[0])) == "Hello world."
+
+
+def test_line_pairs_with_an_empty_side_are_skipped_counted_and_logged(tmp_path, caplog):
+  with caplog.at_level(logging.WARNING):
+    split = sources.open_split(_text(tmp_path, b"a\n\nc\n  \ne\n", b"v\nw\n\t\ny\nz\n"),
+                               "train")
+  assert split.pairs(range(len(split))) == [("a", "v"), ("e", "z")]
+  assert re.search(r"skipped 3 line pairs with an empty side \(lines 2, 3, 4\)", caplog.text)
+
+
+def test_two_files_of_the_same_text_are_an_error(tmp_path):
+  with pytest.raises(data.DataError, match=r"corpus.de and .*corpus.en are the same text"):
+    sources.open_split(_text(tmp_path, b"a\nb\n", b"a\nb\n"), "train")
+
+
+def test_a_language_without_a_file_lists_the_files_there_are(tmp_path):
+  c = _text(tmp_path, b"a\n", b"b\n")
+  c.target_lang = "fr"
+  with pytest.raises(FieldError, match=r"data.text_train=.*: no file .*corpus.fr \(expected "
+                     r".*; found .*corpus.de, .*corpus.en\)"):
+    sources.open_split(c, "train")
+
+
+@pytest.mark.parametrize("split", ["validation", "test"])
+def test_an_evaluation_split_without_files_names_its_field(tmp_path, split):
+  with pytest.raises(FieldError, match=f"data.text_{split}='': there is no {split} split"):
+    sources.open_split(_text(tmp_path, b"a\n", b"b\n"), split)

@@ -1,6 +1,7 @@
 """The shared SentencePiece BPE vocabulary on the (tiny) embedded corpus, and the pipeline with it."""
 
 import io
+import logging
 import os
 import pickle
 
@@ -14,6 +15,7 @@ from transformer_jax.data import embedded
 from transformer_jax.data import pipeline
 from transformer_jax.data import sources
 from transformer_jax.data import tokenizer as tokenizer_lib
+from transformer_jax.errors import FieldError
 
 TINY = {"train": 2_000, "validation": 200, "test": 200}
 
@@ -79,11 +81,51 @@ def test_pickles_for_grain_workers(setup):
 
 def test_trains_on_a_bounded_evenly_spaced_sample(setup):
   c, _, _ = setup
-  c = c.copy_and_resolve_references()
-  c.tokenizer_sample_size = 5
+  source = sources.open_split(c, "train")
   train = embedded.generate_corpus(1, TINY)["train"]
   expected = [text for i in (0, 500, 1000, 1499, 1999) for text in train[i]]
-  assert list(tokenizer_lib._training_sentences(c)) == expected
+  assert list(tokenizer_lib._training_sentences(source, 5)) == expected
+
+
+@pytest.mark.parametrize("sample_size, logged", [
+    (5, "on 5 of the 2000 train pairs of embedded_tiny (10 sentences)"),
+    (200_000, "on 2000 of the 2000 train pairs of embedded_tiny (4000 sentences)")])
+def test_the_log_gives_the_sample_actually_trained_on(setup, tmp_path, monkeypatch, caplog,
+                                                      sample_size, logged):
+  c, _, tok = setup
+  c = c.copy_and_resolve_references()
+  c.tokenizer_sample_size = sample_size
+  seen = []
+  monkeypatch.setattr(tokenizer_lib, "train_model",
+                      lambda sentences, size: seen.extend(sentences) or tok.model_proto)
+  with caplog.at_level(logging.INFO):
+    data.get_tokenizer(c, str(tmp_path))
+  assert logged in caplog.text
+  assert len(seen) == 2 * min(sample_size, 2000)
+
+
+# Ten short pairs: few characters, few merges.
+_SENTENCES = [f"{w} sees {v}" for w, v in zip("cat dog bird fish cow".split(),
+                                                "tree house car sun moon".split())] * 2
+
+
+def test_a_vocabulary_larger_than_the_text_supports_names_the_largest_that_works():
+  with pytest.raises(FieldError, match=r"^data.vocab_size=1000 is more than the training text "
+                     r"supports: set it to at most \d+$") as info:
+    tokenizer_lib.train_model(_SENTENCES, 1000)
+  largest = int(str(info.value).rsplit(" ", 1)[1])
+  assert data.Tokenizer(tokenizer_lib.train_model(_SENTENCES, largest)).vocab_size == largest
+  with pytest.raises(FieldError, match=f"at most {largest}$"):
+    tokenizer_lib.train_model(_SENTENCES, largest + 1)
+
+
+def test_a_vocabulary_smaller_than_the_characters_names_the_smallest_that_works():
+  characters = len(set("".join(_SENTENCES).replace(" ", "")))  # Space becomes the piece "▁".
+  smallest = characters + 1 + 3  # "▁", and pad, EOS, unk.
+  with pytest.raises(FieldError, match=f"^data.vocab_size=16 is too small for the characters of "
+                     f"the training text: set it to at least {smallest}$"):
+    tokenizer_lib.train_model(_SENTENCES, 16)
+  assert data.Tokenizer(tokenizer_lib.train_model(_SENTENCES, smallest)).vocab_size == smallest
 
 
 def test_rejects_a_model_with_other_special_ids():

@@ -85,7 +85,7 @@ def test_bad_flags_fail_before_compiling(shared, tmp_path):
   for flag, run in runs.items():
     assert cases[flag] in run.fail(timeout=120), (flag, run.output[-2000:])
     assert "compiling" not in run.output
-  assert typo.finish(timeout=120) != 0 and "num_train_step" in typo.output
+  assert "did you mean --config.num_train_steps?" in typo.fail(timeout=120)
   assert "compiling" not in typo.output
 
 

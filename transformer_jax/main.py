@@ -18,18 +18,27 @@ processes (one per host), `jax.distributed.initialize()` connects them first
 that names a lost process in one line (`supervisor.py`). A user's mistake (bad config, missing or bad data,
 unusable checkpoints) or a run that must stop (non-finite losses, a failed
 checkpoint save), each a `UserError`, ends with one error line and exit
-status 1; anything else is a bug and keeps its traceback. The config is
+status 1, and so does a mistake in the flags (`parse_flags`: a config file
+that is missing or has no `get_config`, a variant it does not take, an
+unknown `--config.<field>`); anything else is a bug and keeps its traceback. The config is
 logged at `--verbosity=1` and written to <workdir>/config.txt by training.
 """
 
+import difflib
 import functools
+import glob
+import importlib.machinery
+import importlib.util
+import inspect
 import json
 import logging as std_logging
 import os
+import re
 import sys
 
 from absl import app, flags, logging
 import jax
+import ml_collections
 from ml_collections import config_flags
 
 from transformer_jax import config as config_lib
@@ -128,6 +137,112 @@ def _unraisable_at_verbosity_1(unraisable) -> None:
     sys.__unraisablehook__(unraisable)
 
 
+def _config_arguments(argv: list[str]) -> tuple[str | None, list[str]]:
+  """(the value of the last --config, the field paths of its --config.<path> overrides)."""
+  spec, overrides = None, []
+  for i, arg in enumerate(argv[1:], 1):
+    if match := re.fullmatch(r"--?config(?:=(.*))?", arg, re.DOTALL):
+      spec = match[1] if match[1] is not None else (argv[i + 1] if i + 1 < len(argv) else "")
+    elif match := re.match(r"--?(?:no)?config\.([^=]*)", arg):
+      overrides.append(match[1])
+  return spec, overrides
+
+
+def _load_config(spec: str) -> ml_collections.ConfigDict:
+  """The ConfigDict that `--config=spec` names; UserError saying why there is none."""
+  path, *variant = spec.split(":", 1)
+  if not os.path.isfile(path):
+    folder = os.path.dirname(path) or "."
+    files = sorted(glob.glob("*.py", root_dir=folder)) if os.path.isdir(folder) else []
+    raise UserError(f"--config={spec}: there is no file {path}" +
+                    (f" (the config files in {folder}: {', '.join(files)})" if files else ""))
+  loader = importlib.machinery.SourceFileLoader("_config_being_checked", path)
+  module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+  try:
+    loader.exec_module(module)
+  except Exception as error:  # pylint: disable=broad-except  # Whatever the user's file raises.
+    raise UserError(f"--config={spec}: the file does not load: "
+                    f"{type(error).__name__}: {error}") from None
+  get_config = getattr(module, "get_config", None)
+  if not callable(get_config):
+    raise UserError(f"--config={spec}: the file has no get_config(); a config file defines "
+                    "get_config() (or get_config(variant)) returning an ml_collections.ConfigDict")
+  try:
+    inspect.signature(get_config).bind(*variant)
+  except TypeError:
+    raise UserError(f"--config={spec}: {path} takes no variant; drop ':{variant[0]}'" if variant
+                    else f"--config={spec}: {path} needs a variant: --config={path}:<variant>") \
+        from None
+  try:
+    config = get_config(*variant)
+  except Exception as error:  # pylint: disable=broad-except
+    raise UserError(f"--config={spec}: {type(error).__name__}: {error}") from None
+  if not isinstance(config, ml_collections.ConfigDict):
+    raise UserError(f"--config={spec}: get_config() returned {type(config).__name__}, not an "
+                    "ml_collections.ConfigDict")
+  return config
+
+
+def _field_paths(config, prefix: str = "") -> list[str]:
+  """The dotted paths of every field and section of `config`."""
+  paths = []
+  for name, value in config.items():
+    paths.append(prefix + name)
+    if isinstance(value, ml_collections.ConfigDict):
+      paths += _field_paths(value, f"{prefix}{name}.")
+  return paths
+
+
+def _check_override(config: ml_collections.ConfigDict, path: str) -> None:
+  """UserError unless the override `--config.<path>` names a field of `config`; it names the
+  closest known field."""
+  parts, node = path.split("."), config
+  for depth, part in enumerate(parts):
+    holder = ".".join(["config", *parts[:depth]])
+    if not isinstance(node, ml_collections.ConfigDict):
+      raise UserError(f"--config.{path}: {holder} is a value, not a section of fields")
+    if part not in node:
+      known = _field_paths(config)
+      close = (difflib.get_close_matches(path, known, n=1) or
+               [p for p in known if p.rsplit(".", 1)[-1] in
+                difflib.get_close_matches(parts[-1], [k.rsplit(".", 1)[-1] for k in known], 1)])
+      hint = (f"did you mean --config.{close[0]}?" if close else
+              f"its fields: {', '.join(node)}")
+      raise UserError(f"--config.{path}: {holder} has no field {part!r}; {hint}")
+    node = node[part]
+
+
+def config_flag_problem(argv: list[str]) -> str | None:
+  """What is wrong with `--config` and its overrides in `argv` (a missing or broken config file,
+  a variant it does not take, an unknown field), or None."""
+  spec, overrides = _config_arguments(argv)
+  if spec is None:
+    return None
+  try:
+    config = _load_config(spec)
+    for path in overrides:
+      _check_override(config, path)
+  except UserError as error:
+    return str(error)
+  return None
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing, where a mistake in the flags or the config file ends the program with
+  one `error:` line (status 1) instead of what `ml_collections` raises (a traceback, or an
+  object that fails later); the arguments left for `main`."""
+  try:
+    remaining = flags.FLAGS(argv)
+  except Exception as error:  # pylint: disable=broad-except  # ml_collections: KeyError, ...
+    problem = config_flag_problem(argv)
+    if problem is None and not isinstance(error, flags.Error):
+      raise
+    sys.exit(f"error: {problem or str(error).splitlines()[0]}")
+  if not isinstance(_CONFIG.value, ml_collections.ConfigDict):  # A file that failed to load.
+    sys.exit(f"error: {config_flag_problem(argv) or '--config gave no ConfigDict'}")
+  return remaining
+
+
 def run(mode: str, config, workdir: str) -> None:
   """Run one mode; results meant for the user go to stdout (translations, or one summary line)."""
   if mode == "train":
@@ -206,4 +321,4 @@ def main(argv):
 
 if __name__ == "__main__":
   flags.mark_flags_as_required(["config", "workdir"])
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

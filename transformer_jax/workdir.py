@@ -83,6 +83,8 @@ class Workdir:
   def create(self) -> None:
     """Make the directory if needed; UserError if it cannot be made, is not a directory or (a
     local one) is not writable."""
+    if epath.Path(self.root).exists() and not epath.Path(self.root).is_dir():
+      raise UserError(f"--workdir={self.root} is a file, not a directory")
     try:
       epath.Path(self.root).mkdir(parents=True, exist_ok=True)
     except OSError as error:

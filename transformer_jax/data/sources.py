@@ -6,15 +6,20 @@ Three kinds, chosen by `data.name` (no TensorFlow anywhere):
   * 'wmt14_translate/de-en', 'wmt14_translate/fr-en', 'wmt17_translate/de-en':
     TFDS's WMT builders (download, or TFDS's manual dir, then prepare once);
   * 'text': the user's files `<prefix>.<lang>` (one sentence per line),
-    converted once into the same form. Missing or empty files and files of
-    different line counts are errors; a line pair with bytes that are not
-    UTF-8, or with a line over MAX_LINE_BYTES bytes, is skipped at
-    conversion, and the skips are counted and logged with their line numbers.
+    converted once into the same form. Lines end at '\n' or '\r\n', the last
+    one may lack it, and a UTF-8 byte-order mark at the start of a file is
+    dropped. Missing or empty files, files of different line counts and two
+    identical files are errors; a line pair with bytes that are not UTF-8,
+    with a line over MAX_LINE_BYTES bytes, or with a side that is empty (or
+    only white space) is skipped at conversion, and the skips are counted and
+    logged with their line numbers.
 `open_split` returns a `ParallelSource`: random access to (source, target) strings.
 Several processes may prepare the same dataset at once (hosts sharing a data dir).
 """
 
+import codecs
 import dataclasses
+import glob
 import hashlib
 import importlib
 import os
@@ -117,7 +122,7 @@ class ParallelTextConfig(tfds.core.BuilderConfig):
                      [(os.path.getsize(p), os.path.getmtime(p))
                       for pair in files.values() for p in pair]))
     super().__init__(name=hashlib.sha1(identity.encode()).hexdigest()[:16],
-                     version=tfds.core.Version("1.0.0"))
+                     version=tfds.core.Version("1.1.0"))  # 1.1: BOM dropped, empty sides skipped
     self.files = files
     self.languages = languages
 
@@ -140,17 +145,23 @@ class TransformerJaxParallelText(tfds.core.GeneratorBasedBuilder):
 
   def _generate_examples(self, paths):
     lang_a, lang_b = self.builder_config.languages
-    skipped = {f"with a line over {MAX_LINE_BYTES} bytes": [], "not UTF-8": []}
+    too_long = f"with a line over {MAX_LINE_BYTES} bytes"
+    skipped = {too_long: [], "not UTF-8": [], "with an empty side": []}
     kept = 0
     with open(paths[0], "rb") as fa, open(paths[1], "rb") as fb:  # lines end at \n only
       for i, (a, b) in enumerate(zip(fa, fb, strict=True)):
+        if i == 0:
+          a, b = a.removeprefix(codecs.BOM_UTF8), b.removeprefix(codecs.BOM_UTF8)
         if max(len(a), len(b)) > MAX_LINE_BYTES:
-          skipped[f"with a line over {MAX_LINE_BYTES} bytes"].append(i + 1)
+          skipped[too_long].append(i + 1)
           continue
         try:
           texts = a.decode("utf-8").rstrip("\r\n"), b.decode("utf-8").rstrip("\r\n")
         except UnicodeDecodeError:
           skipped["not UTF-8"].append(i + 1)
+          continue
+        if not (texts[0].strip() and texts[1].strip()):
+          skipped["with an empty side"].append(i + 1)
           continue
         kept += 1
         yield i, {lang_a: texts[0], lang_b: texts[1]}
@@ -172,26 +183,43 @@ def _text_builder(c):
     paths = tuple(f"{os.path.abspath(prefix)}.{lang}" for lang in languages)
     for p in paths:
       if not os.path.isfile(p):
-        raise FieldError("data", f"text_{split}",
-                         f"={prefix!r}: no file {p} (expected <prefix>.<lang>).")
+        found = sorted(glob.glob(glob.escape(os.path.abspath(prefix)) + ".*"))
+        raise FieldError("data", f"text_{split}", f"={prefix!r}: no file {p} (expected "
+                         "<prefix>.<lang> for data.source_lang and data.target_lang; "
+                         f"{'found ' + ', '.join(found) if found else 'no <prefix>.* exists'}).")
     files[split] = paths
   config = ParallelTextConfig(files=files, languages=languages)
   return TransformerJaxParallelText(config=config, data_dir=c.data_dir or None,
                                     file_format="array_record")
 
 
-def _check_line_counts(path_a, path_b):
+def _digest_and_count(path):
+  """(SHA-1 of the file's bytes, its number of lines)."""
+  digest, count = hashlib.sha1(), 0
+  with open(path, "rb") as f:
+    for line in f:
+      digest.update(line)
+      count += 1
+  return digest.digest(), count
+
+
+def _check_files(path_a, path_b):
+  """DataError if a file of a pair is unreadable or empty, if their line counts differ, or if
+  they are the same text."""
   try:
-    with open(path_a, "rb") as fa, open(path_b, "rb") as fb:
-      counts = sum(1 for _ in fa), sum(1 for _ in fb)
+    contents = [_digest_and_count(path_a), _digest_and_count(path_b)]
   except OSError as error:
     raise DataError(f"cannot read {error.filename}: {error.strerror}") from None
+  counts = [count for _, count in contents]
   for path, count in zip((path_a, path_b), counts):
     if not count:
       raise DataError(f"{path} is empty: a text dataset needs one sentence per line.")
   if counts[0] != counts[1]:
     raise DataError(f"{path_a} has {counts[0]} lines but {path_b} has {counts[1]}: "
                      "line i of one file must translate line i of the other.")
+  if contents[0] == contents[1]:
+    raise DataError(f"{path_a} and {path_b} are the same text: the file of each language "
+                    "must hold its own side of the translation.")
 
 
 def _wmt_downloads(builder):
@@ -277,7 +305,7 @@ def get_builder(c):
     builder = _text_builder(c)
     if not builder.is_prepared():
       for path_a, path_b in builder.builder_config.files.values():
-        _check_line_counts(path_a, path_b)
+        _check_files(path_a, path_b)
       if not _prepare(builder):
         return get_builder(c)
   else:
@@ -302,6 +330,10 @@ def open_split(c, split):
   """The `split` of dataset `data.name` as a ParallelSource in the configured direction."""
   builder = get_builder(c)
   if split not in builder.info.splits:
+    if c.name == "text" and split in ("validation", "test"):
+      raise FieldError("data", f"text_{split}", f"={getattr(c, f'text_{split}')!r}: there is "
+                       f"no {split} split to read; set it to the prefix of the {split} files "
+                       "(or evaluate another split: data.eval_split, decode.split).")
     raise DataError(f"{builder.info.full_name} has no split {split!r}: it has "
                      f"{' | '.join(builder.info.splits)}.")
   records = builder.as_data_source(split=split)

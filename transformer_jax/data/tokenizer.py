@@ -18,6 +18,7 @@ import sentencepiece as spm
 from transformer_jax.conventions import EOS_ID, PAD_ID, UNK_ID
 from transformer_jax.data import config as config_lib
 from transformer_jax.data import sources
+from transformer_jax.errors import FieldError
 
 
 class Tokenizer:
@@ -62,16 +63,34 @@ class Tokenizer:
     self.__init__(state["model_proto"], state["path"])
 
 
+# SentencePiece's refusals of a vocabulary size that the text does not fit, and the size it needs.
+_TOO_LARGE = re.compile(r"Vocabulary size too high \(\d+\)\. Please set it to a value <= (\d+)")
+_TOO_SMALL = re.compile(r"Vocabulary size is smaller than required_chars\. \d+ vs (\d+)")
+
+
 def train_model(sentences, vocab_size):
-  """Serialized SentencePiece BPE model trained on an iterable of strings."""
+  """Serialized SentencePiece BPE model trained on an iterable of strings.
+
+  FieldError naming `data.vocab_size` and the largest (or smallest) size that
+  works when the text does not fit `vocab_size` tokens.
+  """
   buffer = io.BytesIO()
-  with open(os.devnull, "w") as quiet:
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(sentences), model_writer=buffer, logstream=quiet,
-        vocab_size=vocab_size, model_type="bpe", character_coverage=1.0,
-        pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID, bos_id=-1,
-        input_sentence_size=0, shuffle_input_sentence=False,
-        num_threads=os.cpu_count() or 1)
+  try:
+    with open(os.devnull, "w") as quiet:
+      spm.SentencePieceTrainer.train(
+          sentence_iterator=iter(sentences), model_writer=buffer, logstream=quiet,
+          vocab_size=vocab_size, model_type="bpe", character_coverage=1.0,
+          pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID, bos_id=-1,
+          input_sentence_size=0, shuffle_input_sentence=False,
+          num_threads=os.cpu_count() or 1)
+  except RuntimeError as error:
+    if match := _TOO_LARGE.search(str(error)):
+      raise FieldError("data", "vocab_size", f"={vocab_size} is more than the training text "
+                       f"supports: set it to at most {match[1]}") from None
+    if match := _TOO_SMALL.search(str(error)):
+      raise FieldError("data", "vocab_size", f"={vocab_size} is too small for the characters "
+                       f"of the training text: set it to at least {match[1]}") from None
+    raise
   return buffer.getvalue()
 
 
@@ -86,10 +105,9 @@ def default_vocab_path(data_config, vocab_dir):
   return os.path.join(vocab_dir, f"{name}-{langs}-{c.vocab_size}.model")
 
 
-def _training_sentences(data_config):
-  """Both sides of up to `tokenizer_sample_size` evenly spaced training pairs."""
-  source = sources.open_split(data_config, data_config.train_split)
-  n = min(len(source), data_config.tokenizer_sample_size)
+def _training_sentences(source, sample_size):
+  """Both sides of up to `sample_size` evenly spaced pairs of the ParallelSource `source`."""
+  n = min(len(source), sample_size)
   ids = np.linspace(0, len(source) - 1, n).round().astype(np.int64)
   for start in range(0, n, 4096):
     for src, tgt in source.pairs(ids[start:start + 4096]):
@@ -116,9 +134,12 @@ def get_tokenizer(data_config, vocab_dir):
   c = config_lib.validate_config(data_config)
   path = c.vocab_path or default_vocab_path(c, vocab_dir)
   if not os.path.exists(path):
-    logging.info("Training a %d-token SentencePiece BPE vocabulary on %d pairs of %s",
-                 c.vocab_size, c.tokenizer_sample_size, c.name)
-    _save(train_model(_training_sentences(c), c.vocab_size), path)
+    source = sources.open_split(c, c.train_split)
+    sample = min(len(source), c.tokenizer_sample_size)
+    logging.info("Training a %d-token SentencePiece BPE vocabulary on %d of the %d %s pairs "
+                 "of %s (%d sentences)", c.vocab_size, sample, len(source), c.train_split,
+                 c.name, 2 * sample)
+    _save(train_model(_training_sentences(source, sample), c.vocab_size), path)
     logging.info("Saved the vocabulary to %s", path)
   try:
     with open(path, "rb") as f:

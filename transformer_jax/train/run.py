@@ -114,6 +114,8 @@ def _resume(config, manager, trainer: Trainer, train_iter) -> TrainState | None:
 def _train(config, workdir: Workdir, manager, preemption) -> TrainState:
   with config_lib.section("data"):
     tokenizer = data.get_tokenizer(config.data, workdir.vocab)
+    if config.eval_every_steps:  # A split that is not there stops the run now, not at step N.
+      data.open_split(config.data, config.data.eval_split)
   trainer, schedule = make_trainer(config, vocab_size=tokenizer.vocab_size)
   placement = trainer.placement
   model_config = placement.model.config
