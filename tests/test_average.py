@@ -28,7 +28,8 @@ def test_the_average_of_two_checkpoints_is_their_mean_parameter_by_parameter(tmp
   manager.wait_until_finished()
 
   abstract = trainer.placement.abstract_params
-  averaged = average_params(manager, [100, 200], abstract)
+  averaged, used = average_params(manager, [100, 200], abstract)
+  assert used == [100, 200]
   for got, a, b in zip(_leaves(averaged), _leaves(states[0].params), _leaves(states[1].params)):
     np.testing.assert_allclose(got, (a + b) / 2, rtol=1e-6, atol=1e-7)
   for leaf, target in zip(jax.tree.leaves(averaged), jax.tree.leaves(abstract)):
@@ -47,6 +48,25 @@ def test_the_average_of_two_checkpoints_is_their_mean_parameter_by_parameter(tmp
              for p in (restored, averaged)]
   np.testing.assert_array_equal(decoded[0], decoded[1])
   assert decoded[0].shape == (2, 8)
+
+
+def test_the_newest_checkpoints_that_read_back_intact_are_averaged(tmp_path, caplog):
+  trainer = _trainer({"data": 1}, "dp", jax.devices()[:1])
+  states = {step: _random_state(trainer, step) for step in (1, 2, 3)}
+  manager = store.make_manager(str(tmp_path), async_save=False)
+  for step, state in states.items():
+    store.save(manager, step, state)
+  saved = store.saved_fingerprints(manager, 3)
+  (tmp_path / "3" / "integrity" / "metadata").write_text(
+      json.dumps({**saved, "params": saved["params"] ^ 1}))
+  abstract = trainer.placement.abstract_params
+  averaged, used = average_params(manager, [1, 2, 3], abstract, count=2)
+  assert used == [1, 2]
+  assert f"not averaging checkpoint {tmp_path / '3'}: " in caplog.text
+  for got, a, b in zip(_leaves(averaged), _leaves(states[1].params), _leaves(states[2].params)):
+    np.testing.assert_allclose(got, (a + b) / 2, rtol=1e-6, atol=1e-7)
+  with pytest.raises(store.CorruptCheckpointError, match="none of the checkpoints 3 in"):
+    average_params(manager, [3], abstract)
 
 
 def test_restore_params_reads_a_train_checkpoint_without_its_optimizer_state(tmp_path):

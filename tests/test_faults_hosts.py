@@ -66,6 +66,10 @@ def test_a_killed_process_is_named_by_the_survivor_and_a_restart_resumes(
     shared, reference, tmp_path):
   runs = _start(shared, tmp_path)
   runs[1].wait_for(r"\] step 5/")
+  lock = json.loads((tmp_path / "lock.json").read_text())  # One for the run, by process 0.
+  assert lock["processes"] == 2 and lock["pid"] != runs[0].process.pid  # Its supervised child.
+  assert sorted(p.name for p in (tmp_path / "hosts").glob("process_*")) == [
+      "process_0.json", "process_1.json"]
   runs[1].process.kill()
   killed = time.monotonic()
   error = runs[0].fail(timeout=120)

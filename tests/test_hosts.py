@@ -1,6 +1,8 @@
 """Heartbeats, lost processes and the work directory's lock (`transformer_jax.hosts`)."""
 
 import json
+import os
+import re
 import socket
 import subprocess
 import sys
@@ -35,15 +37,16 @@ def test_lost_processes_are_those_that_neither_beat_nor_ended(tmp_path):
   workdir = Workdir(str(tmp_path))
   (tmp_path / "hosts").mkdir()
   for process in range(3):
-    hosts.write_record(workdir.heartbeat_file(process), {"process": process, "time": 1.0})
+    hosts.write_record(workdir.heartbeat_file(process), {"process": process, "time": 1.0, "run": 5})
+  hosts.write_record(workdir.heartbeat_file(3), {"process": 3, "time": 1.0, "run": 4})  # Older.
 
   def meanwhile(seconds):  # Process 0 beats, process 2 ends; process 1 is silent.
     assert seconds == 7
-    hosts.write_record(workdir.heartbeat_file(0), {"process": 0, "time": 2.0})
+    hosts.write_record(workdir.heartbeat_file(0), {"process": 0, "time": 2.0, "run": 5})
     hosts.mark_ended(workdir.heartbeat_file(2), "lost contact")
 
-  lost = hosts.lost_processes(workdir, 7, sleep=meanwhile)
-  assert lost == [{"process": 1, "time": 1.0}]
+  lost = hosts.lost_processes(workdir, 5, 7, sleep=meanwhile)
+  assert lost == [{"process": 1, "time": 1.0, "run": 5}]
 
 
 def test_the_beat_interval_is_a_fifth_of_the_timeout_within_bounds():
@@ -53,7 +56,7 @@ def test_the_beat_interval_is_a_fifth_of_the_timeout_within_bounds():
 def test_a_lock_is_exclusive_and_names_its_holder(tmp_path):
   workdir = Workdir(str(tmp_path))
   lock = hosts.WorkdirLock(workdir, stale_after=60)
-  record = hosts.own_record()
+  record = {**hosts.own_record(), "pid": os.getppid()}  # Another live process of this host.
   assert lock.acquire(record) is None
   with pytest.raises(hosts.WorkdirInUseError, match=(
       rf"in use by another run \(host {socket.gethostname()}, pid {record['pid']}, since "
@@ -86,3 +89,18 @@ def test_a_live_lock_of_another_host_is_kept(tmp_path):
       {"host": "elsewhere", "pid": 1, "since": 0, "time": time.time() - 10}))
   with pytest.raises(hosts.WorkdirInUseError, match="host elsewhere, pid 1, since 1970-01-01"):
     hosts.WorkdirLock(Workdir(str(tmp_path)), stale_after=60).acquire(hosts.own_record())
+
+
+def test_an_unreadable_lock_is_waited_for_until_it_is_old(tmp_path):
+  (tmp_path / "lock.json").write_text("")
+  lock = hosts.WorkdirLock(Workdir(str(tmp_path)), stale_after=60)
+  with pytest.raises(hosts.WorkdirInUseError, match="host [?], pid [?]"):
+    lock.acquire(hosts.own_record())
+  os.utime(tmp_path / "lock.json", (time.time() - 100, time.time() - 100))
+  assert re.search(r"its lock file is unreadable and 10\d s old$", lock.acquire(hosts.own_record()))
+
+
+def test_a_lock_naming_this_very_process_is_stale():
+  """A restarted container: the same host name and pid as the run that held the lock."""
+  lock = hosts.WorkdirLock(Workdir("/nonexistent"), stale_after=60)
+  assert lock.stale(hosts.own_record()) == "its process is gone"

@@ -15,16 +15,17 @@ Nothing here uses JAX: the supervisor of a process (`supervisor.py`) reads
 these files without touching the devices.
 """
 
-import glob
 import json
 import os
 import socket
 import threading
 import time
+import uuid
 
+from absl import logging
 from etils import epath
 
-from transformer_jax.errors import UserError
+from transformer_jax.errors import UserError, first_line
 from transformer_jax.workdir import Workdir
 
 
@@ -41,12 +42,17 @@ def read_record(path: str) -> dict | None:
     return None
 
 
+def _temporary_name(path: str) -> str:
+  """A name beside `path` that no other process (on any host) writes."""
+  head, tail = os.path.split(path)
+  return os.path.join(head, f".{tail}.{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex}")
+
+
 def write_record(path: str, record: dict) -> None:
   """Write `record` to `path` whole: readers see the old record or the new one."""
-  target = epath.Path(path)
-  temporary = target.parent / f".{target.name}.{os.getpid()}.tmp"
+  temporary = epath.Path(_temporary_name(path))
   temporary.write_text(json.dumps(record))
-  temporary.replace(target)
+  temporary.replace(epath.Path(path))
 
 
 def describe(record: dict) -> str:
@@ -85,8 +91,8 @@ class Heartbeat:
     for path in self.paths:
       try:
         write_record(path, self.record)
-      except OSError:  # A missed beat; the next one tries again.
-        pass
+      except Exception as error:  # Whatever the storage raised: the next beat tries again.
+        logging.warning("could not write the heartbeat %s: %s", path, first_line(error))
 
   def _run(self) -> None:
     while not self._stop.wait(self.interval):
@@ -115,19 +121,22 @@ def mark_ended(path: str, how: str) -> None:
 
 def heartbeat_records(workdir: Workdir) -> dict[str, dict | None]:
   """`{path: record}` of every heartbeat file in `workdir`."""
-  return {path: read_record(path)
-          for path in glob.glob(os.path.join(workdir.hosts, "process_*.json"))}
+  directory = epath.Path(workdir.hosts)
+  if not directory.is_dir():
+    return {}
+  return {str(path): read_record(str(path)) for path in directory.glob("process_*.json")}
 
 
-def lost_processes(workdir: Workdir, wait_seconds: float, *, sleep=time.sleep) -> list[dict]:
-  """The heartbeat records of `workdir` that neither changed within `wait_seconds` nor say their
-  process ended: the processes of the run that are gone."""
+def lost_processes(workdir: Workdir, run: int, wait_seconds: float, *,
+                   sleep=time.sleep) -> list[dict]:
+  """The heartbeat records of run `run` in `workdir` that neither changed within `wait_seconds`
+  nor say their process ended: the processes of the run that are gone."""
   before = heartbeat_records(workdir)
   sleep(wait_seconds)
   lost = []
   for path, first in sorted(before.items()):
     last = read_record(path)
-    if last is not None and last == first and not last.get("ended"):
+    if last is not None and last == first and last.get("run") == run and not last.get("ended"):
       lost.append(last)
   return sorted(lost, key=lambda record: record.get("process", 0))
 
@@ -152,10 +161,15 @@ class WorkdirLock:
 
   def stale(self, holder: dict | None) -> str | None:
     """Why the lock of `holder` is stale, or None while its run may be alive."""
-    if holder is None:
-      return "its lock file is unreadable"
-    if holder.get("host") == socket.gethostname() and not _pid_alive(int(holder.get("pid", 0))):
-      return "its process is gone"
+    if holder is None:  # Being written (where hard links fail), or left half-written.
+      try:
+        age = time.time() - epath.Path(self.path).stat().mtime
+      except OSError:
+        return None
+      return f"its lock file is unreadable and {age:.0f} s old" if age > self.stale_after else None
+    if holder.get("host") == socket.gethostname() and (
+        holder.get("pid") == os.getpid() or not _pid_alive(int(holder.get("pid", 0)))):
+      return "its process is gone"  # The same pid here is a restarted container's.
     silent = time.time() - float(holder.get("time", 0))
     if silent > self.stale_after:
       return f"it has not refreshed the lock for {silent:.0f} s"
@@ -172,7 +186,7 @@ class WorkdirLock:
       reason = self.stale(holder)
       if reason is None:
         raise WorkdirInUseError(
-            f"the work directory is in use by another run ({describe(holder)}; lock "
+            f"the work directory is in use by another run ({describe(holder or {})}; lock "
             f"{self.path}): wait for that run to end or stop it, or use another --workdir")
       taken_over = (f"took over the lock of a run that is no longer running "
                     f"({describe(holder or {})}): {reason}")
@@ -188,13 +202,19 @@ class WorkdirLock:
         return False
       write_record(self.path, record)
       return True
-    temporary = f"{self.path}.{os.getpid()}.tmp"
+    temporary = _temporary_name(self.path)
     with open(temporary, "w") as f:
       json.dump(record, f)
     try:  # A hard link appears whole, and fails when the lock exists.
       os.link(temporary, self.path)
     except FileExistsError:
       return False
+    except OSError:  # A file system without hard links: create it, then fill it.
+      try:
+        with open(self.path, "x") as f:
+          json.dump(record, f)
+      except FileExistsError:
+        return False
     finally:
       os.unlink(temporary)
     return True

@@ -12,16 +12,22 @@ eval and translate read the parameters that --checkpoint names.
 
 `--config` is an `ml_collections` config file, optionally followed by
 `:variant`; every field can be overridden with `--config.<field>=<value>`.
-Unknown or invalid values stop the run before anything compiles. On several
-processes (one per host), `jax.distributed.initialize()` connects them first
-(see `--distributed`); each process then runs as the child of a supervisor
-that names a lost process in one line (`supervisor.py`). A user's mistake (bad config, missing or bad data,
-unusable checkpoints) or a run that must stop (non-finite losses, a failed
-checkpoint save), each a `UserError`, ends with one error line and exit
-status 1, and so does a mistake in the flags (`parse_flags`: a config file
-that is missing or has no `get_config`, a variant it does not take, an
-unknown `--config.<field>`); anything else is a bug and keeps its traceback. The config is
-logged at `--verbosity=1` and written to <workdir>/config.txt by training.
+Unknown or invalid values stop the run before anything compiles.
+
+A user's mistake (bad config, missing or bad data, unusable checkpoints) or
+a run that must stop (non-finite losses, a failed checkpoint save), each a
+`UserError`, ends with one error line and exit status 1, and so does a
+mistake in the flags (`parse_flags`: a config file that is missing or has no
+`get_config`, a variant it does not take, an unknown `--config.<field>`);
+anything else is a bug and keeps its traceback. The config is logged at
+`--verbosity=1` and written to <workdir>/config.txt by training.
+
+On several processes (one per host), `jax.distributed.initialize()` connects
+them first (see `--distributed`), and each process runs as the child of a
+supervisor (`supervisor.py`). There a failed computation or collective (most
+often: another process is gone) ends the process at once with a one-line
+warning (its traceback at `--verbosity=1`), and the supervisor says in one
+line which process went silent.
 """
 
 import difflib
@@ -33,12 +39,15 @@ import inspect
 import json
 import logging as std_logging
 import os
+import random
 import re
 import sys
 
 from absl import app, flags, logging
 import jax
+from jax.experimental import multihost_utils
 import ml_collections
+import numpy as np
 from ml_collections import config_flags
 
 from transformer_jax import config as config_lib
@@ -287,8 +296,9 @@ def run_connected(config, workdir: Workdir, timeout_seconds: int) -> None:
   explain."""
   initialize_distributed(timeout_seconds)  # Before anything touches the devices.
   workdir.create()
+  run_id = int(multihost_utils.broadcast_one_to_all(np.int32(random.getrandbits(31))))
   record = hosts.own_record(process=jax.process_index(), processes=jax.process_count(),
-                            supervisor=os.getppid())
+                            supervisor=os.getppid(), run=run_id)
   with hosts.Heartbeat([workdir.heartbeat_file(jax.process_index())], record,
                        hosts.beat_interval(timeout_seconds)):
     try:

@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 
 from transformer_jax import hosts
 from transformer_jax.checkpoints import store
@@ -25,7 +26,7 @@ from transformer_jax.workdir import Workdir
 SUPERVISED_ENV = "TRANSFORMER_JAX_SUPERVISED"
 LOST_CONTACT_STATUS = 75  # A child whose collective failed in a multi-process run exits with it.
 # Where the output of a process that JAX's runtime aborts starts to be noise.
-_RUNTIME_ABORT = ("coordination_service", "Terminating process because the JAX distributed",
+_RUNTIME_ABORT = ("Terminating process because the JAX distributed",
                   "terminate called after throwing", "Fatal Python error")
 _PR_SET_PDEATHSIG = 1
 
@@ -47,19 +48,21 @@ def _pass_through(stream, out) -> list[bytes]:
   return held
 
 
-def _mark_own_record_ended(workdir: Workdir, how: str) -> None:
-  """Mark the heartbeat record of this supervisor's child ended (the child cannot any more)."""
+def _child_record(workdir: Workdir) -> tuple[str, dict] | tuple[None, None]:
+  """The path and heartbeat record of this supervisor's child, if it wrote one."""
   for path, record in hosts.heartbeat_records(workdir).items():
     if record and record.get("supervisor") == os.getpid() and (
         record.get("host") == socket.gethostname()):
-      hosts.mark_ended(path, how)
+      return path, record
+  return None, None
 
 
-def lost_contact_message(workdir: Workdir, timeout_seconds: float, *, sleep=None) -> str | None:
-  """What to tell the user when the processes of this run went silent (None when none did)."""
+def lost_contact_message(workdir: Workdir, run: int, timeout_seconds: float, *,
+                         sleep=None) -> str | None:
+  """What to tell the user when processes of run `run` went silent (None when none did)."""
   wait = 2 * hosts.beat_interval(timeout_seconds) + 1
   kwargs = {} if sleep is None else {"sleep": sleep}
-  lost = hosts.lost_processes(workdir, wait, **kwargs)
+  lost = hosts.lost_processes(workdir, run, wait, **kwargs)
   if not lost:
     return None
   steps = store.committed_steps(workdir.checkpoints)
@@ -78,18 +81,27 @@ def supervise(argv: list[str], workdir: Workdir, timeout_seconds: float) -> int:
       [sys.executable, "-m", "transformer_jax.main", *argv[1:]],
       env=dict(os.environ, **{SUPERVISED_ENV: "1"}), stderr=subprocess.PIPE,
       preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
-  for signum in (signal.SIGTERM, signal.SIGINT):
-    signal.signal(signum, lambda signum, frame: child.send_signal(signum))
-  held = _pass_through(child.stderr, sys.stderr.buffer)
+  forwarded = {signum: signal.signal(signum, lambda signum, frame: child.send_signal(signum))
+               for signum in (signal.SIGTERM, signal.SIGINT)}
+  held = []
+  # A thread copies the output: processes the child started (data workers) may hold it open.
+  copier = threading.Thread(target=lambda: held.extend(
+      _pass_through(child.stderr, sys.stderr.buffer)), daemon=True)
+  copier.start()
   status = child.wait()
+  copier.join(timeout=5)
+  for signum, handler in forwarded.items():
+    signal.signal(signum, handler)
   if status in (LOST_CONTACT_STATUS, -signal.SIGABRT):
-    _mark_own_record_ended(workdir, "lost contact")
-    message = lost_contact_message(workdir, timeout_seconds)
-    if message is None and status == LOST_CONTACT_STATUS:
-      message = ("this process stopped on the failure in the warning above, and no other process "
-                 "of the run went silent")
-    if message is not None:
-      print(f"error: {message}", file=sys.stderr)
-      return 1
+    path, record = _child_record(workdir)
+    if path is not None:
+      hosts.mark_ended(path, "lost contact")
+      message = lost_contact_message(workdir, record.get("run"), timeout_seconds)
+      if message is None and status == LOST_CONTACT_STATUS:
+        message = ("this process stopped on the failure in the warning above (--verbosity=1 "
+                   "shows its traceback), and no other process of the run went silent")
+      if message is not None:
+        print(f"error: {message}", file=sys.stderr)
+        return 1
   sys.stderr.buffer.write(b"".join(held))  # Not a lost process: what the child said stands.
   return status if status >= 0 else 128 - status

@@ -90,7 +90,5 @@ class Workdir:
     except OSError as error:
       raise UserError(f"--workdir={self.root}: cannot make the directory: "
                       f"{error.strerror or error}") from None
-    if not epath.Path(self.root).is_dir():
-      raise UserError(f"--workdir={self.root} is not a directory")
     if "://" not in self.root and not os.access(self.root, os.W_OK):
       raise UserError(f"--workdir={self.root} is not writable")

@@ -123,8 +123,8 @@ def resume(manager: ocp.CheckpointManager, abstract_state, data_iterator=None, *
   for step in steps:
     try:
       state = store.restore(manager, abstract_state, data_iterator, step=step)
-    except store.CheckpointMismatchError:
-      raise
+    except (store.CheckpointMismatchError, jax.errors.JaxRuntimeError):
+      raise  # A changed config; or a collective failed: another process is gone.
     except Exception as error:  # Any failure to read it back makes the step unusable.
       logging.warning("checkpoint %s is unusable, skipping it: %s", manager.directory / str(step),
                       first_line(error))

@@ -104,19 +104,29 @@ def _params_of(state):
   return state[PARAMS] if isinstance(state, dict) else getattr(state, PARAMS)
 
 
-def _agree(path, local_error: UserError | None) -> None:
-  """Raise on every process when reading checkpoint `path` failed on any (each process read its
-  own shards and data position): this process's error, or one naming those that failed. Every
-  process calls it at the same point, so all go on, or all skip the checkpoint."""
-  code = 0 if local_error is None else 2 if isinstance(local_error, CheckpointMismatchError) else 1
-  codes = integrity.gather_codes(code)
+_VERIFIABLE, _UNVERIFIABLE, _BROKEN, _MISMATCHED = range(4)  # How a read went, for `_agree`.
+
+
+def _agree(path, local_error: UserError | None, fingerprinted: bool) -> bool:
+  """Whether the checkpoint at `path` can be verified: the same answer, or the same kind of
+  error, on every process. Each process read its own shards and data position and says how that
+  went (`local_error`, or whether it found the fingerprints); every process calls this at the
+  same point, so all go on, or all skip the checkpoint, and all run the same collectives after."""
   if local_error is not None:
-    raise local_error
-  failed = [process for process, other in enumerate(codes) if other]
+    code = _MISMATCHED if isinstance(local_error, CheckpointMismatchError) else _BROKEN
+  else:
+    code = _VERIFIABLE if fingerprinted else _UNVERIFIABLE
+  codes = integrity.gather_codes(code)
+  failed = [process for process, other in enumerate(codes) if other in (_BROKEN, _MISMATCHED)]
   if failed:
-    kind = CheckpointMismatchError if 2 in codes else CorruptCheckpointError
-    raise kind(f"checkpoint {path} cannot be read on process {', '.join(map(str, failed))} (see "
-               "its log), so no process uses it")
+    kind = CheckpointMismatchError if _MISMATCHED in codes else CorruptCheckpointError
+    raise kind(str(local_error) if local_error is not None else (
+        f"checkpoint {path} cannot be read on process {', '.join(map(str, failed))} (see its "
+        "log), so no process uses it"))
+  if len(set(codes)) > 1:
+    raise CorruptCheckpointError(f"checkpoint {path}: some processes find its fingerprints and "
+                                 "others do not")
+  return code == _VERIFIABLE
 
 
 def _read_locally(path, read):
@@ -129,10 +139,16 @@ def _read_locally(path, read):
     return None, CorruptCheckpointError(f"checkpoint {path} cannot be read: {first_line(error)}")
 
 
+def _position_file(process, count) -> str:
+  """The name of a process's data position in a step's `data` item (Grain's naming); a glob
+  pattern for `"*"`."""
+  return f"process_{process}-of-{count}.json"
+
+
 def _read_data_position(path, saved: dict | None):
   """This process's saved data position in step directory `path`, checked against `saved`."""
-  name = f"process_{jax.process_index()}-of-{jax.process_count()}.json"
-  position = json.loads((path / DATA / name).read_text())
+  position = json.loads((path / DATA / _position_file(jax.process_index(),
+                                                     jax.process_count())).read_text())
   if saved is None:
     return position
   if DATA not in saved:
@@ -168,9 +184,9 @@ def restore(manager: ocp.CheckpointManager, abstract_state, data_iterator=None, 
     return saved, state, position
 
   result, error = _read_locally(path, read)
-  _agree(path, error)
+  verifiable = _agree(path, error, result is not None and result[0] is not None)
   saved, state, position = result
-  if saved is None:
+  if not verifiable:
     logging.warning("checkpoint %s has no fingerprints (older format): restored unverified", path)
   elif integrity.tree_fingerprint(state) != saved[STATE]:  # The same on every process.
     raise CorruptCheckpointError(
@@ -222,9 +238,9 @@ def restore_params(manager: ocp.CheckpointManager, abstract_params, *, step: int
         ocp.PyTreeCheckpointHandler).restore(path / STATE, args=args)
 
   result, error = _read_locally(path, read)
-  _agree(path, error)
+  verifiable = _agree(path, error, result is not None and result[0] is not None)
   expected, restored = result
-  if expected is None:
+  if not verifiable:
     logging.warning("checkpoint %s has no fingerprint of its parameters (older format): read "
                     "unverified", path)
   elif integrity.tree_fingerprint(restored) != expected:
@@ -263,7 +279,7 @@ def read_state_on_host(manager: ocp.CheckpointManager, step: int):
 
 def saved_data_positions(manager: ocp.CheckpointManager, step: int) -> list:
   """The data-iterator position of each process saved in `step`, in process order ([] if none)."""
-  pattern = os.path.join(manager.directory, str(step), DATA, "process_*-of-*.json")
+  pattern = os.path.join(manager.directory, str(step), DATA, _position_file("*", "*"))
   files = sorted(glob.glob(pattern),
                  key=lambda f: int(os.path.basename(f).split("_")[1].split("-")[0]))
   positions = []
@@ -297,10 +313,10 @@ def check_layout(manager: ocp.CheckpointManager, step: int, abstract_tree, *,
   shape.
 
   With `under` (e.g. 'params'), `abstract_tree` is compared with the saved
-  arrays below that name only (the parameters of a train checkpoint). Errors
-  reading the checkpoint's metadata propagate as they are (a broken
-  checkpoint, not a mismatch). `hint` ends the message: what the user may
-  have changed. CorruptCheckpointError when its metadata cannot be read.
+  arrays below that name only (the parameters of a train checkpoint). Metadata
+  that cannot be read is a broken checkpoint, not a mismatch:
+  CorruptCheckpointError. `hint` ends the message: what the user may have
+  changed.
   """
   prefix = f"{under}/" if under else ""
   try:

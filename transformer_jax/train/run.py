@@ -67,32 +67,32 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> TrainState:
 @contextlib.contextmanager
 def _holding(workdir: Workdir, timeout_seconds: int):
   """Hold the work directory's lock (`hosts.WorkdirLock`, one per run: process 0 takes it for all)
-  while in the block; every process raises WorkdirInUseError when another run holds it."""
+  while in the block; every process raises when process 0 could not take it."""
   lock = hosts.WorkdirLock(workdir, stale_after=timeout_seconds)
   record = hosts.own_record(processes=jax.process_count())
   refused = None
   if jax.process_index() == 0:
     try:
       taken_over = lock.acquire(record)
-    except hosts.WorkdirInUseError as error:
+    except Exception as error:  # Whatever it is, the other processes must hear of it.
       refused = error
     else:
       if taken_over:
         logging.warning("%s", taken_over)
-  if jax.process_count() > 1:
-    held = multihost_utils.broadcast_one_to_all(np.int32(refused is None))
-    if not held and refused is None:
-      refused = hosts.WorkdirInUseError(
-          f"the work directory is in use by another run (lock {lock.path}; process 0 says which)")
-  if refused is not None:
-    raise refused
-  beating = (hosts.Heartbeat([lock.path], record, hosts.beat_interval(timeout_seconds))
-             if jax.process_index() == 0 else contextlib.nullcontext())
   try:
+    if jax.process_count() > 1:
+      held = multihost_utils.broadcast_one_to_all(np.int32(refused is None))
+      if not held and refused is None:
+        refused = hosts.WorkdirInUseError(
+            f"process 0 could not take the lock {lock.path} of the work directory (see its error)")
+    if refused is not None:
+      raise refused
+    beating = (hosts.Heartbeat([lock.path], record, hosts.beat_interval(timeout_seconds))
+               if jax.process_index() == 0 else contextlib.nullcontext())
     with beating:
       yield
   finally:
-    if jax.process_index() == 0:
+    if jax.process_index() == 0 and refused is None:
       lock.release(record)
 
 
