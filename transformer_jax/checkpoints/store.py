@@ -148,13 +148,17 @@ def restore_params(manager: ocp.CheckpointManager, abstract_params, *, step: int
       item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item),
       partial_restore=True)
   restored = _on_state(manager, step, lambda handler, path: handler.restore(path, args=args))
-  params_only = (manager.directory / str(step) / INFO).exists()
-  saved = saved_fingerprints(manager, step) if params_only else None
+  saved = saved_fingerprints(manager, step) if is_params_only(manager, step) else None
   if saved and integrity.tree_fingerprint(restored) != saved[STATE]:
     raise CorruptCheckpointError(
         f"checkpoint {manager.directory / str(step)}: the parameters read back differ from those "
         "saved (fingerprint mismatch)")
   return restored[PARAMS]
+
+
+def is_params_only(manager: ocp.CheckpointManager, step: int) -> bool:
+  """Whether `step` is a params-only checkpoint (`save_params`), not a train checkpoint."""
+  return (manager.directory / str(step) / INFO).exists()
 
 
 def _on_state(manager: ocp.CheckpointManager, step: int, read):

@@ -1,0 +1,175 @@
+"""Marian (OPUS-MT) models: import, equality with Hugging Face's model and tokenizer, export,
+fine-tuning through the command line.
+
+The Marian models are random and tiny, built here with every difference from
+the paper's model turned on (biases, swish, epsilon 1e-5, a logits bias, ids
+eos 0 / pad last, two SentencePiece models); the comparisons need `torch` and
+`transformers` (the `test` extra installs them).
+"""
+
+import io
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+import sentencepiece as spm
+
+import helpers
+from transformer_jax import data
+from transformer_jax.conventions import EOS_ID
+from transformer_jax.data import marian as marian_vocab
+from transformer_jax.decode import search
+from transformer_jax.errors import UserError
+from transformer_jax.model.transformer import Transformer
+from transformer_jax.pretrained import convert, weights
+
+torch = pytest.importorskip("torch", reason="comparing with Hugging Face needs torch "
+                            "(pip install -e '.[test]')")
+transformers = pytest.importorskip("transformers", reason="comparing with Hugging Face needs "
+                                   "transformers (pip install -e '.[test]')")
+
+TINY = dict(d_model=16, encoder_layers=2, decoder_layers=2, encoder_ffn_dim=32,
+            decoder_ffn_dim=32, encoder_attention_heads=2, decoder_attention_heads=2,
+            max_position_embeddings=128, dropout=0.0, scale_embedding=True)
+# Characters the SentencePiece models never saw, and a language code.
+UNSEEN = ["Zürich ☃ 漢字 ok", "ünïcödé ∑ x", ">>deu<< a b c", "", "  spaces   inside  "]
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+  return helpers.shared_dir(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def corpus(shared):
+  pairs = [(s, t) for s, t in zip(*data.split_texts(helpers.tiny_data_config(shared), "train"))
+           if len(s) < 40 and len(t) < 40][:2000]
+  return [s for s, _ in pairs], [t for _, t in pairs]
+
+
+def train_spm(sentences, vocab_size):
+  buffer = io.BytesIO()
+  with open(os.devnull, "w") as quiet:
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(sentences), model_writer=buffer, logstream=quiet,
+        vocab_size=vocab_size, model_type="unigram", character_coverage=1.0)
+  return buffer.getvalue()
+
+
+def marian_directory(path, corpus, *, activation="swish", seed=0, eos_bias=2.0, **overrides):
+  """A random MarianMTModel and its tokenizer files saved in `path`; returns the model."""
+  sources, targets = corpus
+  protos = {"source.spm": train_spm(sources, 60), "target.spm": train_spm(targets, 50)}
+  pieces = []
+  for proto in protos.values():
+    processor = spm.SentencePieceProcessor(model_proto=proto)
+    pieces += [processor.id_to_piece(i) for i in range(3, processor.get_piece_size())]
+  # Marian's numbering: eos 0, unk 1, the pieces (some dropped: unknown to vocab.json), pad last.
+  kept = [p for i, p in enumerate(dict.fromkeys(pieces)) if i % 9 != 4]
+  vocab = {"</s>": 0, "<unk>": 1, **{p: i + 2 for i, p in enumerate(kept)}}
+  vocab["<pad>"] = len(vocab)
+  path.mkdir(parents=True, exist_ok=True)
+  for name, proto in protos.items():
+    (path / name).write_bytes(proto)
+  (path / "vocab.json").write_text(json.dumps(vocab))
+  size = len(vocab)
+  config = transformers.MarianConfig(
+      **{**TINY, **overrides}, vocab_size=size, decoder_vocab_size=size,
+      activation_function=activation, pad_token_id=size - 1, decoder_start_token_id=size - 1,
+      eos_token_id=0, forced_eos_token_id=0)
+  torch.manual_seed(seed)
+  model = transformers.MarianMTModel(config).eval()
+  with torch.no_grad():
+    for name, tensor in model.state_dict().items():
+      if "embed_positions" not in name:
+        tensor.copy_(0.3 * torch.randn_like(tensor))
+    model.final_logits_bias[0, 0] += eos_bias  # Marian's EOS: some sentences end early.
+  model.save_pretrained(path)
+  return model
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory, corpus):
+  """(Hugging Face model, its tokenizer, our work directory, our config) of a swish model."""
+  root = tmp_path_factory.mktemp("marian")
+  model = marian_directory(root / "marian", corpus)
+  result = convert.import_marian(str(root / "marian"), str(root / "work"))
+  config = convert.load_config_file(result["config"])
+  tokenizer = transformers.MarianTokenizer.from_pretrained(str(root / "marian"))
+  return model, tokenizer, root / "work", config
+
+
+def ours(workdir, config):
+  """Our model, parameters and tokenizer loaded from the work directory."""
+  from transformer_jax.decode import modes  # pylint: disable=import-outside-toplevel
+  loaded = modes.load(config, str(workdir))
+  return loaded.placement.model, loaded.params, loaded.tokenizer
+
+
+def padded(rows, pad):
+  width = max(len(r) for r in rows)
+  return np.array([r + [pad] * (width - len(r)) for r in rows], np.int64)
+
+
+def test_logits_equal_hugging_face_on_padded_batches(imported, corpus):
+  hf, hf_tokenizer, workdir, config = imported
+  model, params, tokenizer = ours(workdir, config)
+  sources, targets = corpus[0][:6], corpus[1][:6]
+  order = np.asarray(marian_vocab.project_order(hf_tokenizer.get_vocab()))
+  ids = [tokenizer.encode(s) + [EOS_ID] for s in sources]
+  out = [tokenizer.encode_target(t) + [EOS_ID] for t in targets]
+  inputs, labels = padded(ids, 0), padded(out, 0)
+  logits = np.asarray(jax.jit(model.apply)({"params": params}, inputs, labels))
+  pad = hf.config.pad_token_id
+  with torch.no_grad():
+    want = hf(input_ids=torch.tensor(order[inputs]), attention_mask=torch.tensor(inputs != 0),
+              labels=torch.tensor(np.where(labels != 0, order[labels], -100))).logits.numpy()
+  real = labels != 0
+  difference = np.abs(logits[real] - want[real][:, order]).max()
+  print(f"logits max abs difference {difference:.2e}")
+  assert difference <= 1e-5
+  assert pad == order[0] and hf.config.decoder_start_token_id == order[0]
+
+
+def test_greedy_outputs_equal_generate(imported, corpus):
+  hf, hf_tokenizer, workdir, config = imported
+  model, params, tokenizer = ours(workdir, config)
+  order = np.asarray(marian_vocab.project_order(hf_tokenizer.get_vocab()))
+  ids = [tokenizer.encode(s) + [EOS_ID] for s in corpus[0][:8]]
+  inputs = padded(ids, 0).astype(np.int32)
+  extra = 12
+  decoded = search.greedy_decode(model, {"params": params}, inputs, max_len=128, max_extra=extra)
+  got = search.trim(np.asarray(decoded.tokens))
+  with torch.no_grad():
+    generated = hf.generate(
+        input_ids=torch.tensor(order[inputs]), attention_mask=torch.tensor(inputs != 0),
+        num_beams=1, do_sample=False, max_new_tokens=inputs.shape[1] + extra,
+        forced_eos_token_id=None, bad_words_ids=[[hf.config.pad_token_id]]).numpy()
+  ended = 0
+  for row, (source, hyp) in enumerate(zip(ids, got)):
+    theirs = [int(t) for t in generated[row, 1:len(source) + extra + 1]]  # Our limit, EOS included.
+    if 0 in theirs:  # Marian's EOS.
+      theirs, ended = theirs[:theirs.index(0)], ended + 1
+    assert [int(order[t]) for t in hyp] == theirs, row
+  assert ended >= 1  # Some sentences end with EOS before the limit.
+
+
+def test_tokenizer_ids_equal_marian_tokenizer(imported, corpus):
+  _, hf_tokenizer, workdir, config = imported
+  tokenizer = ours(workdir, config)[2]
+  order = np.asarray(marian_vocab.project_order(hf_tokenizer.get_vocab()))
+  sentences = corpus[0][:150] + corpus[1][:150] + UNSEEN
+  for sentence in sentences:
+    want = hf_tokenizer(sentence)["input_ids"]
+    assert [int(order[i]) for i in tokenizer.encode(sentence) + [EOS_ID]] == want, sentence
+    want = hf_tokenizer(text_target=sentence)["input_ids"]
+    assert [int(order[i]) for i in tokenizer.encode_target(sentence) + [EOS_ID]] == want
+  assert any(2 in tokenizer.encode(s) for s in UNSEEN)  # Unknown pieces are UNK_ID.
+  for sentence in corpus[1][:20]:
+    ids = tokenizer.encode_target(sentence)
+    assert tokenizer.decode(ids + [EOS_ID, 5]) == hf_tokenizer.decode(
+        [int(order[i]) for i in ids], skip_special_tokens=True)
