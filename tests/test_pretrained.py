@@ -34,7 +34,7 @@ transformers = pytest.importorskip("transformers", reason="comparing with Huggin
 
 TINY = dict(d_model=16, encoder_layers=2, decoder_layers=2, encoder_ffn_dim=32,
             decoder_ffn_dim=32, encoder_attention_heads=2, decoder_attention_heads=2,
-            max_position_embeddings=128, dropout=0.0, scale_embedding=True)
+            max_position_embeddings=256, dropout=0.0, scale_embedding=True)
 # Characters the SentencePiece models never saw, and a language code.
 UNSEEN = ["Zürich ☃ 漢字 ok", "ünïcödé ∑ x", ">>deu<< a b c", "", "  spaces   inside  "]
 
@@ -63,7 +63,7 @@ def train_spm(sentences, vocab_size):
 def marian_directory(path, corpus, *, activation="swish", seed=0, eos_bias=2.0, **overrides):
   """A random MarianMTModel and its tokenizer files saved in `path`; returns the model."""
   sources, targets = corpus
-  protos = {"source.spm": train_spm(sources, 60), "target.spm": train_spm(targets, 50)}
+  protos = {"source.spm": train_spm(sources, 120), "target.spm": train_spm(targets, 100)}
   pieces = []
   for proto in protos.values():
     processor = spm.SentencePieceProcessor(model_proto=proto)
@@ -142,7 +142,7 @@ def test_greedy_outputs_equal_generate(imported, corpus):
   ids = [tokenizer.encode(s) + [EOS_ID] for s in corpus[0][:8]]
   inputs = padded(ids, 0).astype(np.int32)
   extra = 12
-  decoded = search.greedy_decode(model, {"params": params}, inputs, max_len=128, max_extra=extra)
+  decoded = search.greedy_decode(model, {"params": params}, inputs, max_len=256, max_extra=extra)
   got = search.trim(np.asarray(decoded.tokens))
   with torch.no_grad():
     generated = hf.generate(
@@ -173,3 +173,49 @@ def test_tokenizer_ids_equal_marian_tokenizer(imported, corpus):
     ids = tokenizer.encode_target(sentence)
     assert tokenizer.decode(ids + [EOS_ID, 5]) == hf_tokenizer.decode(
         [int(order[i]) for i in ids], skip_special_tokens=True)
+
+
+def cli(shared, module, *args, status=0):
+  """`python -m <module> args...` in a subprocess; its stdout (and stderr on failure)."""
+  result = subprocess.run([sys.executable, "-m", module, *map(str, args)], cwd=helpers.REPO,
+                          env=helpers.environment(shared), capture_output=True, text=True,
+                          timeout=600)
+  assert result.returncode == status, result.stderr[-4000:]
+  return result.stdout if status == 0 else result.stderr
+
+
+def data_flags(shared, **overrides):
+  """Flags of the embedded_tiny data, for a work directory's own config.py."""
+  values = {"data.name": "embedded_tiny", "data.data_dir": shared / "tfds", **overrides}
+  return [f"--config.{name.replace('__', '.')}={value}" for name, value in values.items()]
+
+
+def hf_greedy_texts(hf, hf_tokenizer, sentences, max_extra):
+  """Hugging Face's greedy translations with our limit: source tokens (EOS included) + max_extra."""
+  texts = []
+  for sentence in sentences:
+    batch = hf_tokenizer([sentence], return_tensors="pt")
+    with torch.no_grad():
+      out = hf.generate(**batch, num_beams=1, do_sample=False, forced_eos_token_id=None,
+                        max_new_tokens=batch["input_ids"].shape[1] + max_extra,
+                        bad_words_ids=[[hf.config.pad_token_id]])
+    texts.append(hf_tokenizer.decode(out[0], skip_special_tokens=True))
+  return texts
+
+
+def test_translate_and_eval_an_imported_work_directory_through_the_command_line(
+    imported, corpus, shared, tmp_path):
+  hf, hf_tokenizer, workdir, _ = imported
+  sentences = corpus[0][-6:] + ["Zürich ☃"]
+  (tmp_path / "in.txt").write_text("\n".join(sentences) + "\n")
+  config = f"--config={workdir}/config.py"
+  cli(shared, "transformer_jax.main", config, f"--workdir={workdir}", "--mode=translate",
+      f"--input={tmp_path / 'in.txt'}", f"--output={tmp_path / 'out.txt'}",
+      "--config.decode.beam_size=1")
+  got = (tmp_path / "out.txt").read_text().splitlines()
+  assert got == hf_greedy_texts(hf, hf_tokenizer, sentences, max_extra=50)
+  printed = cli(shared, "transformer_jax.main", config, f"--workdir={workdir}", "--mode=eval",
+                *data_flags(shared, decode__split="test"))
+  assert "test BLEU" in printed and "step 0" in printed
+  record = json.loads((workdir / "eval" / "test-step0-beam4.json").read_text())
+  assert record["sentences"] > 0 and record["beam_size"] == 4
