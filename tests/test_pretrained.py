@@ -10,6 +10,8 @@ eos 0 / pad last, two SentencePiece models); the comparisons need `torch` and
 import io
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 
@@ -25,7 +27,7 @@ from transformer_jax.data import marian as marian_vocab
 from transformer_jax.decode import search
 from transformer_jax.errors import UserError
 from transformer_jax.model.transformer import Transformer
-from transformer_jax.pretrained import convert, weights
+from transformer_jax.pretrained import convert, marian
 
 torch = pytest.importorskip("torch", reason="comparing with Hugging Face needs torch "
                             "(pip install -e '.[test]')")
@@ -219,3 +221,137 @@ def test_translate_and_eval_an_imported_work_directory_through_the_command_line(
   assert "test BLEU" in printed and "step 0" in printed
   record = json.loads((workdir / "eval" / "test-step0-beam4.json").read_text())
   assert record["sentences"] > 0 and record["beam_size"] == 4
+
+
+# A model trained here that Marian can represent: post-LN, sinusoidal, d_k = d_model / heads.
+MARIAN_COMPATIBLE = dict(model__norm="post", model__attention_bias=True,
+                         model__logits_bias=True, model__activation="gelu",
+                         model__norm_epsilon=1e-5, num_train_steps=2)
+
+
+def restored_params(workdir, config):
+  from transformer_jax.decode import modes  # pylint: disable=import-outside-toplevel
+  return jax.device_get(modes.load(config, str(workdir)).params)
+
+
+def test_export_loads_in_hugging_face_with_equal_logits_and_imports_back_bit_identical(
+    shared, tmp_path):
+  trained, exported = tmp_path / "trained", tmp_path / "exported"
+  helpers.Run(shared, trained, **MARIAN_COMPATIBLE).succeed()
+  printed = cli(shared, "transformer_jax.pretrained", "export",
+                *helpers.flags(shared, **MARIAN_COMPATIBLE), f"--workdir={trained}",
+                f"--output={exported}")
+  assert "exported step 2" in printed
+  hf = transformers.MarianMTModel.from_pretrained(str(exported)).eval()
+  hf_tokenizer = transformers.MarianTokenizer.from_pretrained(str(exported))
+  config = helpers_config(shared, MARIAN_COMPATIBLE)
+  model, params, tokenizer = ours(trained, config)
+  order = np.asarray(marian_vocab.project_order(hf_tokenizer.get_vocab()))
+  sources = ["A small dog sees the lake.", "Some kings walk.", "Zürich ☃"]
+  targets = ["Setui kuraben.", "Vuzuvoe lenu lisat fipi.", "x"]
+  for sentence in sources:
+    assert [int(order[i]) for i in tokenizer.encode(sentence) + [EOS_ID]] == hf_tokenizer(
+        sentence)["input_ids"]
+  inputs = padded([tokenizer.encode(s) + [EOS_ID] for s in sources], 0)
+  labels = padded([tokenizer.encode(t) + [EOS_ID] for t in targets], 0)
+  logits = np.asarray(jax.jit(model.apply)({"params": params}, inputs, labels))
+  with torch.no_grad():
+    want = hf(input_ids=torch.tensor(order[inputs]), attention_mask=torch.tensor(inputs != 0),
+              labels=torch.tensor(np.where(labels != 0, order[labels], -100))).logits.numpy()
+  real = labels != 0
+  difference = np.abs(logits[real] - want[real][:, order]).max()
+  print(f"exported logits max abs difference {difference:.2e}")
+  assert difference <= 1e-5
+
+  reimported = tmp_path / "reimported"
+  cli(shared, "transformer_jax.pretrained", "import", f"--marian={exported}",
+      f"--workdir={reimported}")
+  again = restored_params(reimported, convert.load_config_file(str(reimported / "config.py")))
+  before = jax.tree_util.tree_leaves_with_path(jax.device_get(params))
+  after = dict(jax.tree_util.tree_leaves_with_path(again))
+  assert len(before) == len(after)
+  for path, leaf in before:
+    np.testing.assert_array_equal(after[path], leaf, err_msg=jax.tree_util.keystr(path))
+
+  error = cli(shared, "transformer_jax.pretrained", "export",
+              *helpers.flags(shared, **{**MARIAN_COMPATIBLE, "model__norm_epsilon": 1e-6}),
+              f"--workdir={trained}", f"--output={tmp_path / 'refused'}", status=1)
+  assert error.strip().splitlines()[-1] == (
+      "error: config.model.norm_epsilon=1e-06: a Marian model needs norm_epsilon = 1e-05")
+
+
+def helpers_config(shared, overrides):
+  """The config of `helpers.flags(shared, **overrides)`, as the command line builds it."""
+  from experiments import default  # pylint: disable=import-outside-toplevel
+  config = default.get_config()
+  for flag in helpers.flags(shared, **overrides)[1:]:
+    name, value = flag.removeprefix("--config.").split("=", 1)
+    node = config
+    *parents, field = name.split(".")
+    for parent in parents:
+      node = node[parent]
+    kind = type(node[field])
+    node[field] = (value == "True") if kind is bool else kind(value)
+  return config
+
+
+@pytest.mark.parametrize("overrides, field", [
+    (dict(norm="pre"), "norm"), (dict(positional="learned"), "positional"),
+    (dict(d_k=4), "d_k"), (dict(d_v=4), "d_v"), (dict(norm_epsilon=1e-6), "norm_epsilon"),
+    (dict(scan_layers=True), "scan_layers")])
+def test_export_refuses_a_model_marian_cannot_represent(overrides, field):
+  model = helpers.tiny_model_config(**{"norm_epsilon": 1e-5, **overrides})
+  with pytest.raises(UserError, match=f"TransformerConfig.{field}=.*: a Marian model needs"):
+    marian.marian_config(model, vocab_size=model.vocab_size, pad_id=9, eos_id=0)
+
+
+def edited_copy(source, target, **config_changes):
+  """A copy of Marian directory `source` with `config_changes` made to its config.json."""
+  shutil.copytree(source, target)
+  config = json.loads((target / "config.json").read_text())
+  (target / "config.json").write_text(json.dumps({**config, **config_changes}))
+  return target
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(decoder_layers=3), "config.json.decoder_layers=3 differs from encoder_layers=2"),
+    (dict(share_encoder_decoder_embeddings=False),
+     "config.json.share_encoder_decoder_embeddings=False: only models with embeddings shared"),
+    (dict(scale_embedding=False), "config.json.scale_embedding=False"),
+    (dict(activation_function="tanh"), "config.json.activation_function='tanh' is not one of"),
+    (dict(decoder_start_token_id=0), "config.json.decoder_start_token_id=0; vocab.json says"),
+    (dict(vocab_size=7), "config.json.vocab_size=7"),
+])
+def test_import_refuses_what_it_cannot_represent_naming_the_field(imported, tmp_path, changes,
+                                                                 message):
+  source = edited_copy(imported[2].parent / "marian", tmp_path / "marian", **changes)
+  with pytest.raises(UserError, match=re.escape(message)):
+    convert.import_marian(str(source), str(tmp_path / "work"))
+
+
+def test_import_errors_on_the_command_line_are_one_line(imported, shared, tmp_path):
+  source = tmp_path / "marian"
+  shutil.copytree(imported[2].parent / "marian", source)
+  (source / "target.spm").unlink()
+  error = cli(shared, "transformer_jax.pretrained", "import", f"--marian={source}",
+              f"--workdir={tmp_path / 'work'}", status=1)
+  assert error.strip().splitlines()[-1] == f"error: {source} lacks the tokenizer files target.spm"
+  assert "Traceback" not in error
+
+
+def test_pytorch_bin_imports_like_safetensors_and_needs_torch(imported, tmp_path, monkeypatch):
+  hf, _, workdir, config = imported
+  source = tmp_path / "marian"
+  shutil.copytree(workdir.parent / "marian", source)
+  (source / "model.safetensors").unlink()
+  torch.save(hf.state_dict(), source / "pytorch_model.bin")
+  convert.import_marian(str(source), str(tmp_path / "work"))
+  want = jax.tree_util.tree_leaves(restored_params(workdir, config))
+  got = restored_params(tmp_path / "work", convert.load_config_file(
+      str(tmp_path / "work" / "config.py")))
+  for a, b in zip(jax.tree_util.tree_leaves(got), want):
+    np.testing.assert_array_equal(a, b)
+  monkeypatch.setitem(sys.modules, "torch", None)  # As if PyTorch were not installed.
+  with pytest.raises(UserError, match="is a PyTorch file and PyTorch is not installed: pip "
+                     "install torch, or get the model.safetensors"):
+    convert.import_marian(str(source), str(tmp_path / "other"))

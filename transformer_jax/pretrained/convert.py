@@ -132,8 +132,9 @@ def export_marian(config, workdir: str, output: str, checkpoint: str = "latest")
   files = tokenizer_files(tokenizer)
   vocab = json.loads(files["vocab.json"])
   order = marian_vocab.project_order(vocab)
-  hf_config = marian.marian_config(model, vocab_size=len(vocab), pad_id=vocab["<pad>"],
-                                   eos_id=vocab["</s>"])
+  with config_lib.section("model"):
+    hf_config = marian.marian_config(model, vocab_size=len(vocab), pad_id=vocab["<pad>"],
+                                     eos_id=vocab["</s>"])
   params = jax.device_get(loaded.params)
   state = weights.to_state(params, num_layers=model.num_layers, num_heads=model.num_heads,
                            token_order=order, attention_bias=model.attention_bias,
