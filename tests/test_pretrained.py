@@ -355,3 +355,23 @@ def test_pytorch_bin_imports_like_safetensors_and_needs_torch(imported, tmp_path
   with pytest.raises(UserError, match="is a PyTorch file and PyTorch is not installed: pip "
                      "install torch, or get the model.safetensors"):
     convert.import_marian(str(source), str(tmp_path / "other"))
+
+
+def test_fine_tuning_an_imported_model_through_the_command_line_lowers_the_loss_and_resumes(
+    imported, shared, tmp_path):
+  workdir = tmp_path / "work"
+  shutil.copytree(imported[2], workdir)  # The config finds its tokenizer wherever it is.
+  train = ["transformer_jax.main", f"--config={workdir}/config.py", f"--workdir={workdir}",
+           "--mode=train", *data_flags(
+               shared, data__batch_mode="packed", data__batch_size=8, data__max_length=64,
+               data__max_source_length=64, data__max_target_length=64,
+               warmup_steps=4, log_every_steps=1, checkpoint_every_steps=4,
+               peak_flops_per_device=1e9, eval_every_steps=0)]
+  cli(shared, *train, "--config.num_train_steps=8")
+  losses = helpers.scalars(workdir)
+  assert sorted(losses) == list(range(1, 9))
+  assert losses[8] < 0.8 * losses[1], losses
+  assert helpers.committed_steps(workdir) == [0, 4, 8]
+  cli(shared, *train, "--config.num_train_steps=10")
+  assert sorted(helpers.scalars_per_run(workdir)[-1]) == [9, 10]  # Resumed at step 8.
+  assert helpers.committed_steps(workdir)[-1] == 10
