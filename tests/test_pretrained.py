@@ -90,6 +90,7 @@ def marian_directory(path, corpus, *, activation="swish", seed=0, eos_bias=2.0, 
       if "embed_positions" not in name:
         tensor.copy_(0.3 * torch.randn_like(tensor))
     model.final_logits_bias[0, 0] += eos_bias  # Marian's EOS: some sentences end early.
+  model.generation_config.update(num_beams=3, max_length=40, length_penalty=1.2)
   model.save_pretrained(path)
   return model
 
@@ -215,18 +216,22 @@ def test_translate_and_eval_an_imported_work_directory_through_the_command_line(
       f"--input={tmp_path / 'in.txt'}", f"--output={tmp_path / 'out.txt'}",
       "--config.decode.beam_size=1")
   got = (tmp_path / "out.txt").read_text().splitlines()
-  assert got == hf_greedy_texts(hf, hf_tokenizer, sentences, max_extra=50)
+  assert got == hf_greedy_texts(hf, hf_tokenizer, sentences, max_extra=39)
   printed = cli(shared, "transformer_jax.main", config, f"--workdir={workdir}", "--mode=eval",
                 *data_flags(shared, decode__split="test"))
   assert "test BLEU" in printed and "step 0" in printed
-  record = json.loads((workdir / "eval" / "test-step0-beam4.json").read_text())
-  assert record["sentences"] > 0 and record["beam_size"] == 4
+  record = json.loads((workdir / "eval" / "test-step0-beam3.json").read_text())
+  assert record["sentences"] > 0
+  # The generation config's search: beam 3, length ** 1.2, outputs of at most 39 tokens.
+  assert (record["beam_size"], record["length_normalization"], record["alpha"],
+          record["max_extra"]) == (3, "length", 1.2, 39)
 
 
 # A model trained here that Marian can represent: post-LN, sinusoidal, d_k = d_model / heads.
 MARIAN_COMPATIBLE = dict(model__norm="post", model__attention_bias=True,
                          model__logits_bias=True, model__activation="gelu",
-                         model__norm_epsilon=1e-5, num_train_steps=2)
+                         model__norm_epsilon=1e-5, num_train_steps=2,
+                         decode__length_normalization="length")
 
 
 def restored_params(workdir, config):
@@ -243,6 +248,9 @@ def test_export_loads_in_hugging_face_with_equal_logits_and_imports_back_bit_ide
                 f"--output={exported}")
   assert "exported step 2" in printed
   hf = transformers.MarianMTModel.from_pretrained(str(exported)).eval()
+  generation = hf.generation_config
+  assert (generation.num_beams, generation.length_penalty, generation.bad_words_ids) == (
+      4, 0.6, [[hf.config.pad_token_id]])
   hf_tokenizer = transformers.MarianTokenizer.from_pretrained(str(exported))
   config = helpers_config(shared, MARIAN_COMPATIBLE)
   model, params, tokenizer = ours(trained, config)

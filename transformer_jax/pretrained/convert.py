@@ -66,8 +66,11 @@ def load_config_file(path: str):
 
 
 def decode_settings(generation: dict, max_len: int) -> dict:
-  """`config.decode` fields from a `generation_config.json`: its beam size and maximum length."""
-  settings = {}
+  """`config.decode` fields from a `generation_config.json`: its beam size, maximum length and
+  Hugging Face's length normalization with its `length_penalty` (1.0 unless given)."""
+  penalty = generation.get("length_penalty", 1.0)
+  settings = {"length_normalization": "length",
+              "alpha": float(penalty) if isinstance(penalty, (int, float)) and penalty >= 0 else 1.0}
   if isinstance(generation.get("num_beams"), int) and generation["num_beams"] > 0:
     settings["beam_size"] = generation["num_beams"]
   if isinstance(generation.get("max_length"), int) and generation["max_length"] > 1:
@@ -163,7 +166,9 @@ def generation_config(config, hf_config: dict) -> dict:
           "eos_token_id": hf_config["eos_token_id"],
           "forced_eos_token_id": hf_config["eos_token_id"], "bad_words_ids": [[pad]],
           "num_beams": config.decode.beam_size, "max_length": hf_config["max_position_embeddings"],
-          "renormalize_logits": True}
+          "renormalize_logits": True, **(
+              {"length_penalty": config.decode.alpha}
+              if config.decode.length_normalization == "length" else {})}
 
 
 def tokenizer_files(tokenizer) -> dict[str, bytes]:
