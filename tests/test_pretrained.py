@@ -118,24 +118,36 @@ def padded(rows, pad):
   return np.array([r + [pad] * (width - len(r)) for r in rows], np.int64)
 
 
-def test_logits_equal_hugging_face_on_padded_batches(imported, corpus):
-  hf, hf_tokenizer, workdir, config = imported
+def logits_difference(hf, hf_tokenizer, workdir, config, sources, targets):
+  """Max abs difference of our logits and Hugging Face's on a padded batch of pairs."""
   model, params, tokenizer = ours(workdir, config)
-  sources, targets = corpus[0][:6], corpus[1][:6]
   order = np.asarray(marian_vocab.project_order(hf_tokenizer.get_vocab()))
+  assert hf.config.pad_token_id == order[0] and hf.config.decoder_start_token_id == order[0]
   ids = [tokenizer.encode(s) + [EOS_ID] for s in sources]
   out = [tokenizer.encode_target(t) + [EOS_ID] for t in targets]
   inputs, labels = padded(ids, 0), padded(out, 0)
   logits = np.asarray(jax.jit(model.apply)({"params": params}, inputs, labels))
-  pad = hf.config.pad_token_id
   with torch.no_grad():
     want = hf(input_ids=torch.tensor(order[inputs]), attention_mask=torch.tensor(inputs != 0),
               labels=torch.tensor(np.where(labels != 0, order[labels], -100))).logits.numpy()
   real = labels != 0
-  difference = np.abs(logits[real] - want[real][:, order]).max()
+  return np.abs(logits[real] - want[real][:, order]).max()
+
+
+def test_logits_equal_hugging_face_on_padded_batches(imported, corpus):
+  difference = logits_difference(*imported, corpus[0][:6], corpus[1][:6])
   print(f"logits max abs difference {difference:.2e}")
   assert difference <= 1e-5
-  assert pad == order[0] and hf.config.decoder_start_token_id == order[0]
+
+
+def test_a_relu_model_imports_with_equal_logits(tmp_path, corpus):
+  hf = marian_directory(tmp_path / "marian", corpus, activation="relu", seed=1)
+  result = convert.import_marian(str(tmp_path / "marian"), str(tmp_path / "work"))
+  config = convert.load_config_file(result["config"])
+  assert config.model.activation == "relu"
+  hf_tokenizer = transformers.MarianTokenizer.from_pretrained(str(tmp_path / "marian"))
+  assert logits_difference(hf, hf_tokenizer, tmp_path / "work", config, corpus[0][6:10],
+                           corpus[1][6:10]) <= 1e-5
 
 
 def test_greedy_outputs_equal_generate(imported, corpus):
@@ -253,21 +265,14 @@ def test_export_loads_in_hugging_face_with_equal_logits_and_imports_back_bit_ide
       4, 0.6, [[hf.config.pad_token_id]])
   hf_tokenizer = transformers.MarianTokenizer.from_pretrained(str(exported))
   config = helpers_config(shared, MARIAN_COMPATIBLE)
-  model, params, tokenizer = ours(trained, config)
+  _, params, tokenizer = ours(trained, config)
   order = np.asarray(marian_vocab.project_order(hf_tokenizer.get_vocab()))
   sources = ["A small dog sees the lake.", "Some kings walk.", "Zürich ☃"]
   targets = ["Setui kuraben.", "Vuzuvoe lenu lisat fipi.", "x"]
   for sentence in sources:
     assert [int(order[i]) for i in tokenizer.encode(sentence) + [EOS_ID]] == hf_tokenizer(
         sentence)["input_ids"]
-  inputs = padded([tokenizer.encode(s) + [EOS_ID] for s in sources], 0)
-  labels = padded([tokenizer.encode(t) + [EOS_ID] for t in targets], 0)
-  logits = np.asarray(jax.jit(model.apply)({"params": params}, inputs, labels))
-  with torch.no_grad():
-    want = hf(input_ids=torch.tensor(order[inputs]), attention_mask=torch.tensor(inputs != 0),
-              labels=torch.tensor(np.where(labels != 0, order[labels], -100))).logits.numpy()
-  real = labels != 0
-  difference = np.abs(logits[real] - want[real][:, order]).max()
+  difference = logits_difference(hf, hf_tokenizer, trained, config, sources, targets)
   print(f"exported logits max abs difference {difference:.2e}")
   assert difference <= 1e-5
 
