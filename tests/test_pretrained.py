@@ -2,9 +2,10 @@
 fine-tuning through the command line.
 
 The Marian models are random and tiny, built here with every difference from
-the paper's model turned on (biases, swish, epsilon 1e-5, a logits bias, ids
-eos 0 / pad last, two SentencePiece models); the comparisons need `torch` and
-`transformers` (the `test` extra installs them).
+the paper's model turned on (random biases and logits bias, swish or relu,
+epsilon 1e-5, ids eos 0 / pad last, two SentencePiece models trained here);
+the comparisons need `torch` and `transformers` (the `test` extra installs
+them).
 """
 
 import io
@@ -15,7 +16,9 @@ import shutil
 import subprocess
 import sys
 
+from absl import flags as absl_flags
 import jax
+from ml_collections import config_flags
 import numpy as np
 import pytest
 import sentencepiece as spm
@@ -26,9 +29,9 @@ from transformer_jax.conventions import EOS_ID
 from transformer_jax.data import marian as marian_vocab
 from transformer_jax.decode import search
 from transformer_jax.errors import UserError
-from transformer_jax.model.transformer import Transformer
 from transformer_jax.pretrained import convert, marian
 
+pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")
 torch = pytest.importorskip("torch", reason="comparing with Hugging Face needs torch "
                             "(pip install -e '.[test]')")
 transformers = pytest.importorskip("transformers", reason="comparing with Hugging Face needs "
@@ -252,7 +255,8 @@ def restored_params(workdir, config):
 
 
 def test_export_loads_in_hugging_face_with_equal_logits_and_imports_back_bit_identical(
-    shared, tmp_path):
+    shared, tmp_path, monkeypatch):
+  monkeypatch.chdir(helpers.REPO)  # The flags name experiments/default.py.
   trained, exported = tmp_path / "trained", tmp_path / "exported"
   helpers.Run(shared, trained, **MARIAN_COMPATIBLE).succeed()
   printed = cli(shared, "transformer_jax.pretrained", "export",
@@ -264,7 +268,7 @@ def test_export_loads_in_hugging_face_with_equal_logits_and_imports_back_bit_ide
   assert (generation.num_beams, generation.length_penalty, generation.bad_words_ids) == (
       4, 0.6, [[hf.config.pad_token_id]])
   hf_tokenizer = transformers.MarianTokenizer.from_pretrained(str(exported))
-  config = helpers_config(shared, MARIAN_COMPATIBLE)
+  config = config_of_flags(shared, MARIAN_COMPATIBLE)
   _, params, tokenizer = ours(trained, config)
   order = np.asarray(marian_vocab.project_order(hf_tokenizer.get_vocab()))
   sources = ["A small dog sees the lake.", "Some kings walk.", "Zürich ☃"]
@@ -293,19 +297,12 @@ def test_export_loads_in_hugging_face_with_equal_logits_and_imports_back_bit_ide
       "error: config.model.norm_epsilon=1e-06: a Marian model needs norm_epsilon = 1e-05")
 
 
-def helpers_config(shared, overrides):
-  """The config of `helpers.flags(shared, **overrides)`, as the command line builds it."""
-  from experiments import default  # pylint: disable=import-outside-toplevel
-  config = default.get_config()
-  for flag in helpers.flags(shared, **overrides)[1:]:
-    name, value = flag.removeprefix("--config.").split("=", 1)
-    node = config
-    *parents, field = name.split(".")
-    for parent in parents:
-      node = node[parent]
-    kind = type(node[field])
-    node[field] = (value == "True") if kind is bool else kind(value)
-  return config
+def config_of_flags(shared, overrides):
+  """The config that `helpers.flags(shared, **overrides)` gives on the command line."""
+  argv, values = ["test", *helpers.flags(shared, **overrides)], absl_flags.FlagValues()
+  config_flags.DEFINE_config_file("config", None, "", flag_values=values, sys_argv=argv)
+  values(argv)
+  return values.config
 
 
 @pytest.mark.parametrize("overrides, field", [
@@ -371,7 +368,7 @@ def test_pytorch_bin_imports_like_safetensors_and_needs_torch(imported, tmp_path
 
 
 def test_fine_tuning_an_imported_model_through_the_command_line_lowers_the_loss_and_resumes(
-    imported, shared, tmp_path):
+    imported, shared, corpus, tmp_path):
   workdir = tmp_path / "work"
   shutil.copytree(imported[2], workdir)  # The config finds its tokenizer wherever it is.
   train = ["transformer_jax.main", f"--config={workdir}/config.py", f"--workdir={workdir}",
@@ -388,3 +385,14 @@ def test_fine_tuning_an_imported_model_through_the_command_line_lowers_the_loss_
   cli(shared, *train, "--config.num_train_steps=10")
   assert sorted(helpers.scalars_per_run(workdir)[-1]) == [9, 10]  # Resumed at step 8.
   assert helpers.committed_steps(workdir)[-1] == 10
+
+  exported = tmp_path / "exported"  # The fine-tuned model, with the Marian tokenizer it came with.
+  cli(shared, "transformer_jax.pretrained", "export", f"--config={workdir}/config.py",
+      f"--workdir={workdir}", f"--output={exported}")
+  for name in marian_vocab.FILES:
+    assert (exported / name).read_bytes() == (imported[2] / "vocab" / "marian" / name).read_bytes()
+  hf = transformers.MarianMTModel.from_pretrained(str(exported)).eval()
+  hf_tokenizer = transformers.MarianTokenizer.from_pretrained(str(exported))
+  config = convert.load_config_file(str(workdir / "config.py"))
+  assert logits_difference(hf, hf_tokenizer, workdir, config, corpus[0][:4],
+                           corpus[1][:4]) <= 1e-5

@@ -59,8 +59,6 @@ def model_fields(config: dict, vocab: dict) -> dict:
     if config.get(field, True) is not True:
       raise _error(field, f"={config.get(field)}: only models with embeddings shared by both "
                    "stacks and the output, scaled by sqrt(d_model), are supported")
-  if config.get("normalize_before") or config.get("add_final_layer_norm"):
-    raise _error("normalize_before", ": pre-LN Marian models are not supported")
   activation = config.get("activation_function")
   if activation not in ACTIVATIONS:
     raise _error("activation_function", f"={activation!r} is not one of: "
