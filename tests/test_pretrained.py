@@ -347,6 +347,10 @@ def test_import_errors_on_the_command_line_are_one_line(imported, shared, tmp_pa
               f"--workdir={tmp_path / 'work'}", status=1)
   assert error.strip().splitlines()[-1] == f"error: {source} lacks the tokenizer files target.spm"
   assert "Traceback" not in error
+  error = cli(shared, "transformer_jax.pretrained", "import", f"--marian={source}",
+              f"--workdir={imported[2]}", status=1)
+  assert error.strip().splitlines()[-1] == (
+      f"error: {imported[2] / 'checkpoints'} exists: import into a new --workdir")
 
 
 def test_pytorch_bin_imports_like_safetensors_and_needs_torch(imported, tmp_path, monkeypatch):

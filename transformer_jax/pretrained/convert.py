@@ -18,8 +18,11 @@ import json
 import os
 import shutil
 
+from etils import epath
 import jax
 import numpy as np
+from safetensors.numpy import save_file
+import sentencepiece as spm
 
 from transformer_jax import config as config_lib
 from transformer_jax.checkpoints import store
@@ -84,8 +87,12 @@ def import_marian(source: str, workdir: str) -> dict:
 
   Returns `{"config": path of the experiment file, "parameters": count}`.
   Raises a UserError (naming the field of config.json) for a model this
-  project cannot represent, or files that are missing or unreadable.
+  project cannot represent, files that are missing or unreadable, or a work
+  directory that already has checkpoints.
   """
+  work = Workdir(workdir)
+  if epath.Path(work.checkpoints).exists():
+    raise marian.MarianError(f"{work.checkpoints} exists: import into a new --workdir")
   vocab = marian.read_tokenizer(source)
   hf_config = marian.read_json(os.path.join(source, "config.json"))
   fields = marian.model_fields(hf_config, vocab)
@@ -99,7 +106,6 @@ def import_marian(source: str, workdir: str) -> dict:
                                token_order=marian_vocab.project_order(vocab))
   except KeyError as error:
     raise marian.MarianError(f"the weights of {source} lack {error}") from None
-  work = Workdir(workdir)
   work.create()
   vocab_dir = os.path.join(work.root, *VOCAB_DIR)
   os.makedirs(vocab_dir, exist_ok=True)
@@ -143,7 +149,6 @@ def export_marian(config, workdir: str, output: str, checkpoint: str = "latest")
                            token_order=order, attention_bias=model.attention_bias,
                            logits_bias=model.logits_bias)
   os.makedirs(output, exist_ok=True)
-  from safetensors.numpy import save_file  # pylint: disable=import-outside-toplevel
   save_file(state, os.path.join(output, marian.SAFETENSORS), metadata={"format": "pt"})
   marian.write_json(os.path.join(output, "config.json"), hf_config)
   marian.write_json(os.path.join(output, "generation_config.json"),
@@ -177,7 +182,6 @@ def tokenizer_files(tokenizer) -> dict[str, bytes]:
   them (eos 0, unk 1, the rest in order, pad last)."""
   if isinstance(tokenizer, marian_vocab.MarianTokenizer):
     return dict(tokenizer.files)
-  import sentencepiece as spm  # pylint: disable=import-outside-toplevel
   processor = spm.SentencePieceProcessor(model_proto=tokenizer.model_proto)
   size = processor.get_piece_size()
   # Marian's id of each of our ids: pad last, then eos 0, unk 1, and the rest after them.

@@ -5,13 +5,14 @@ A Marian directory (what `MarianMTModel.save_pretrained` and
 holds `config.json`, `model.safetensors` (or the older `pytorch_model.bin`),
 `generation_config.json` (optional), and the tokenizer: `source.spm`,
 `target.spm`, `vocab.json`. Reading safetensors needs neither torch nor
-transformers.
+transformers (`safetensors` reads the file into numpy).
 """
 
 import json
 import os
 
 import numpy as np
+from safetensors.numpy import load_file
 
 from transformer_jax.data import marian as marian_vocab
 from transformer_jax.errors import FieldError, UserError
@@ -115,7 +116,6 @@ def read_state(directory: str) -> dict:
   pytorch_model.bin (which needs torch)."""
   path = os.path.join(directory, SAFETENSORS)
   if os.path.exists(path):
-    from safetensors.numpy import load_file  # pylint: disable=import-outside-toplevel
     try:
       return load_file(path)
     except Exception as error:  # safetensors raises its own error types for a bad file.

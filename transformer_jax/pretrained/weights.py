@@ -14,6 +14,9 @@ Both directions are plain permutations, transposes and reshapes: converting
 back and forth gives the same bits.
 """
 
+from collections.abc import Callable
+from typing import NamedTuple
+
 import numpy as np
 
 
@@ -23,13 +26,15 @@ def d_model_order(d_model: int) -> np.ndarray:
   return np.stack([np.arange(half), half + np.arange(half)], axis=1).reshape(-1)
 
 
-class _Kind:
-  """How one Marian tensor becomes one of our arrays: `to_ours(x, h)` reshapes or transposes,
-  `d_axis` is the d_model axis of our array (None: none); `vocab` for rows indexed by token id."""
+class _Kind(NamedTuple):
+  """How one Marian tensor becomes one of our arrays and back: `to_ours(x, heads)` and
+  `to_marian(y, heads)` reshape or transpose; `d_axis` and `vocab_axis` are the axes of our
+  array indexed by the d_model feature and by the token id (None: none)."""
 
-  def __init__(self, to_ours, to_marian, d_axis, vocab_axis=None):
-    self.to_ours, self.to_marian, self.d_axis, self.vocab_axis = (
-        to_ours, to_marian, d_axis, vocab_axis)
+  to_ours: Callable
+  to_marian: Callable
+  d_axis: int | None
+  vocab_axis: int | None = None
 
 
 _KINDS = {
