@@ -27,7 +27,7 @@ import helpers
 from transformer_jax import data
 from transformer_jax.conventions import EOS_ID
 from transformer_jax.data import marian as marian_vocab
-from transformer_jax.decode import search
+from transformer_jax.decode import modes, search
 from transformer_jax.errors import UserError
 from transformer_jax.pretrained import convert, marian
 
@@ -65,7 +65,7 @@ def train_spm(sentences, vocab_size):
   return buffer.getvalue()
 
 
-def marian_directory(path, corpus, *, activation="swish", seed=0, eos_bias=2.0, **overrides):
+def marian_directory(path, corpus, *, activation="swish", seed=0, eos_bias=2.0):
   """A random MarianMTModel and its tokenizer files saved in `path`; returns the model."""
   sources, targets = corpus
   protos = {"source.spm": train_spm(sources, 120), "target.spm": train_spm(targets, 100)}
@@ -83,7 +83,7 @@ def marian_directory(path, corpus, *, activation="swish", seed=0, eos_bias=2.0, 
   (path / "vocab.json").write_text(json.dumps(vocab))
   size = len(vocab)
   config = transformers.MarianConfig(
-      **{**TINY, **overrides}, vocab_size=size, decoder_vocab_size=size,
+      **TINY, vocab_size=size, decoder_vocab_size=size,
       activation_function=activation, pad_token_id=size - 1, decoder_start_token_id=size - 1,
       eos_token_id=0, forced_eos_token_id=0)
   torch.manual_seed(seed)
@@ -111,14 +111,17 @@ def imported(tmp_path_factory, corpus):
 
 def ours(workdir, config):
   """Our model, parameters and tokenizer loaded from the work directory."""
-  from transformer_jax.decode import modes  # pylint: disable=import-outside-toplevel
   loaded = modes.load(config, str(workdir))
   return loaded.placement.model, loaded.params, loaded.tokenizer
 
 
-def padded(rows, pad):
+def padded(rows):
   width = max(len(r) for r in rows)
-  return np.array([r + [pad] * (width - len(r)) for r in rows], np.int64)
+  return np.array([r + [0] * (width - len(r)) for r in rows], np.int64)
+
+
+def host_params(workdir, config):
+  return jax.device_get(ours(workdir, config)[1])
 
 
 def logits_difference(hf, hf_tokenizer, workdir, config, sources, targets):
@@ -128,7 +131,7 @@ def logits_difference(hf, hf_tokenizer, workdir, config, sources, targets):
   assert hf.config.pad_token_id == order[0] and hf.config.decoder_start_token_id == order[0]
   ids = [tokenizer.encode(s) + [EOS_ID] for s in sources]
   out = [tokenizer.encode_target(t) + [EOS_ID] for t in targets]
-  inputs, labels = padded(ids, 0), padded(out, 0)
+  inputs, labels = padded(ids), padded(out)
   logits = np.asarray(jax.jit(model.apply)({"params": params}, inputs, labels))
   with torch.no_grad():
     want = hf(input_ids=torch.tensor(order[inputs]), attention_mask=torch.tensor(inputs != 0),
@@ -158,7 +161,7 @@ def test_greedy_outputs_equal_generate(imported, corpus):
   model, params, tokenizer = ours(workdir, config)
   order = np.asarray(marian_vocab.project_order(hf_tokenizer.get_vocab()))
   ids = [tokenizer.encode(s) + [EOS_ID] for s in corpus[0][:8]]
-  inputs = padded(ids, 0).astype(np.int32)
+  inputs = padded(ids).astype(np.int32)
   extra = 12
   decoded = search.greedy_decode(model, {"params": params}, inputs, max_len=256, max_extra=extra)
   got = search.trim(np.asarray(decoded.tokens))
@@ -249,11 +252,6 @@ MARIAN_COMPATIBLE = dict(model__norm="post", model__attention_bias=True,
                          decode__length_normalization="length")
 
 
-def restored_params(workdir, config):
-  from transformer_jax.decode import modes  # pylint: disable=import-outside-toplevel
-  return jax.device_get(modes.load(config, str(workdir)).params)
-
-
 def test_export_loads_in_hugging_face_with_equal_logits_and_imports_back_bit_identical(
     shared, tmp_path, monkeypatch):
   monkeypatch.chdir(helpers.REPO)  # The flags name experiments/default.py.
@@ -283,12 +281,9 @@ def test_export_loads_in_hugging_face_with_equal_logits_and_imports_back_bit_ide
   reimported = tmp_path / "reimported"
   cli(shared, "transformer_jax.pretrained", "import", f"--marian={exported}",
       f"--workdir={reimported}")
-  again = restored_params(reimported, convert.load_config_file(str(reimported / "config.py")))
-  before = jax.tree_util.tree_leaves_with_path(jax.device_get(params))
-  after = dict(jax.tree_util.tree_leaves_with_path(again))
-  assert len(before) == len(after)
-  for path, leaf in before:
-    np.testing.assert_array_equal(after[path], leaf, err_msg=jax.tree_util.keystr(path))
+  again = host_params(reimported, convert.load_config_file(str(reimported / "config.py")))
+  for want, got in zip(helpers.leaves(jax.device_get(params)), helpers.leaves(again), strict=True):
+    np.testing.assert_array_equal(got, want)
 
   error = cli(shared, "transformer_jax.pretrained", "export",
               *helpers.flags(shared, **{**MARIAN_COMPATIBLE, "model__norm_epsilon": 1e-6}),
@@ -360,11 +355,11 @@ def test_pytorch_bin_imports_like_safetensors_and_needs_torch(imported, tmp_path
   (source / "model.safetensors").unlink()
   torch.save(hf.state_dict(), source / "pytorch_model.bin")
   convert.import_marian(str(source), str(tmp_path / "work"))
-  want = jax.tree_util.tree_leaves(restored_params(workdir, config))
-  got = restored_params(tmp_path / "work", convert.load_config_file(
+  got = host_params(tmp_path / "work", convert.load_config_file(
       str(tmp_path / "work" / "config.py")))
-  for a, b in zip(jax.tree_util.tree_leaves(got), want):
-    np.testing.assert_array_equal(a, b)
+  for want, leaf in zip(helpers.leaves(host_params(workdir, config)), helpers.leaves(got),
+                        strict=True):
+    np.testing.assert_array_equal(leaf, want)
   monkeypatch.setitem(sys.modules, "torch", None)  # As if PyTorch were not installed.
   with pytest.raises(UserError, match="is a PyTorch file and PyTorch is not installed: pip "
                      "install torch, or get the model.safetensors"):
