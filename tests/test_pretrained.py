@@ -211,14 +211,16 @@ def data_flags(shared, **overrides):
   return [f"--config.{name.replace('__', '.')}={value}" for name, value in values.items()]
 
 
-def hf_greedy_texts(hf, hf_tokenizer, sentences, max_extra):
-  """Hugging Face's greedy translations with our limit: source tokens (EOS included) + max_extra."""
+def hf_texts(hf, hf_tokenizer, sentences, max_extra, num_beams=1):
+  """Hugging Face's translations (its generation config's search, `num_beams`) with our limit:
+  source tokens (EOS included) + max_extra."""
   texts = []
   for sentence in sentences:
     batch = hf_tokenizer([sentence], return_tensors="pt")
     with torch.no_grad():
-      out = hf.generate(**batch, num_beams=1, do_sample=False, forced_eos_token_id=None,
-                        max_new_tokens=batch["input_ids"].shape[1] + max_extra,
+      out = hf.generate(**batch, num_beams=num_beams, do_sample=False, forced_eos_token_id=None,
+                        early_stopping="never",  # Stop when no beam can improve, as ours.
+                        max_new_tokens=batch["input_ids"].shape[1] + max_extra, max_length=None,
                         bad_words_ids=[[hf.config.pad_token_id]])
     texts.append(hf_tokenizer.decode(out[0], skip_special_tokens=True))
   return texts
@@ -227,14 +229,17 @@ def hf_greedy_texts(hf, hf_tokenizer, sentences, max_extra):
 def test_translate_and_eval_an_imported_work_directory_through_the_command_line(
     imported, corpus, shared, tmp_path):
   hf, hf_tokenizer, workdir, _ = imported
-  sentences = corpus[0][-6:] + ["Zürich ☃"]
+  sentences = corpus[0][-20:] + ["Zürich ☃"]
   (tmp_path / "in.txt").write_text("\n".join(sentences) + "\n")
   config = f"--config={workdir}/config.py"
-  cli(shared, "transformer_jax.main", config, f"--workdir={workdir}", "--mode=translate",
-      f"--input={tmp_path / 'in.txt'}", f"--output={tmp_path / 'out.txt'}",
-      "--config.decode.beam_size=1")
+  translate = [config, f"--workdir={workdir}", "--mode=translate",
+               f"--input={tmp_path / 'in.txt'}", f"--output={tmp_path / 'out.txt'}"]
+  cli(shared, "transformer_jax.main", *translate, "--config.decode.beam_size=1")
   got = (tmp_path / "out.txt").read_text().splitlines()
-  assert got == hf_greedy_texts(hf, hf_tokenizer, sentences, max_extra=39)
+  assert got == hf_texts(hf, hf_tokenizer, sentences, max_extra=39)
+  cli(shared, "transformer_jax.main", *translate)  # Beam 3, score / length ** 1.2.
+  got = (tmp_path / "out.txt").read_text().splitlines()
+  assert got == hf_texts(hf, hf_tokenizer, sentences, max_extra=39, num_beams=3)
   printed = cli(shared, "transformer_jax.main", config, f"--workdir={workdir}", "--mode=eval",
                 *data_flags(shared, decode__split="test"))
   assert "test BLEU" in printed and "step 0" in printed

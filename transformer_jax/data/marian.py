@@ -20,6 +20,7 @@ from transformer_jax.conventions import EOS_ID, PAD_ID, UNK_ID
 from transformer_jax.data.sources import DataError
 
 FILES = ("source.spm", "target.spm", "vocab.json")
+WORD_START = "\u2581"  # SentencePiece's mark of a piece that starts a word.
 # Marian's names of the tokens that have fixed project ids.
 SPECIAL_TOKENS = {PAD_ID: "<pad>", EOS_ID: "</s>", UNK_ID: "<unk>"}
 
@@ -105,12 +106,14 @@ class MarianTokenizer:
     return self._encode(self._target, text)
 
   def decode(self, ids) -> str:
-    """Text of target ids, stopping at the first EOS, leaving out PAD and UNK (as Marian's
-    tokenizer does with `skip_special_tokens`)."""
+    """Text of target ids, stopping at the first EOS, leaving out PAD and UNK: as Marian's
+    tokenizer decodes with `skip_special_tokens` (through `source.spm`, for one shared
+    `vocab.json`, with any piece that model lacks joined as it is)."""
     ids = [int(i) for i in np.asarray(ids).reshape(-1)]
     if EOS_ID in ids:
       ids = ids[:ids.index(EOS_ID)]
-    return self._target.decode_pieces([self._pieces[i] for i in ids if i not in (PAD_ID, UNK_ID)])
+    pieces = [self._pieces[i] for i in ids if i not in (PAD_ID, UNK_ID)]
+    return self._source.decode_pieces(pieces).replace(WORD_START, " ").strip()
 
   def __getstate__(self):
     return {"files": self.files, "path": self.path}
