@@ -157,8 +157,7 @@ def export_marian(config, workdir: str, output: str, checkpoint: str = "latest")
     with open(os.path.join(output, name), "wb") as f:
       f.write(content)
   marian.write_json(os.path.join(output, "tokenizer_config.json"), {
-      "tokenizer_class": "MarianTokenizer", "source_lang": config.data.source_lang,
-      "target_lang": config.data.target_lang, "model_max_length": model.max_len,
+      "tokenizer_class": "MarianTokenizer", "model_max_length": model.max_len,
       "separate_vocabs": False})
   return {"directory": output, "checkpoint": loaded.name}
 
