@@ -7,7 +7,14 @@
 #   ./launch.sh train [FLAGS...]         train (or resume) with python -m transformer_jax.main
 #   ./launch.sh MODE [FLAGS...]          any other --mode of transformer_jax.main: average,
 #                                        eval, translate (--input=FILE --output=FILE)
-#   ./launch.sh test [PYTEST_ARGS...]    run the test suite on the CPU
+#   ./launch.sh import --marian=DIR --workdir=DIR
+#                                        convert a Marian (OPUS-MT) model into a work directory
+#                                        (python -m transformer_jax.pretrained import)
+#   ./launch.sh export --config=FILE --workdir=DIR --output=DIR
+#                                        write a work directory's model as a Marian directory
+#   ./launch.sh test [PYTEST_ARGS...]    run the test suite on the CPU (the checks against
+#                                        Hugging Face's Marian model need: .venv/bin/pip install
+#                                        -e '.[hf]'; without it they are skipped)
 #   ./launch.sh bench [FLAGS...]         python -m transformer_jax.tools.benchmark (--config=small|base|big,
 #                                        --vs=torch needs: .venv/bin/pip install -e '.[bench]')
 #   ./launch.sh setup                    only create/refresh the virtual environment
@@ -98,6 +105,10 @@ case "$mode" in
   bench)
     setup
     exec "$PY" -m transformer_jax.tools.benchmark "$@"
+    ;;
+  import|export)
+    setup
+    exec "$PY" -m transformer_jax.pretrained "$mode" "$@"
     ;;
   -h|--help|help)
     awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"

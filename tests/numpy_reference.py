@@ -19,22 +19,31 @@ def softmax_attention(q, k, v, mask=None):
 
 
 def multi_head(params, x_q, x_kv, mask=None):
-  """Concat(head_1..head_h) W^O with head_i = Attention(x_q W^Q_i, x_kv W^K_i, x_kv W^V_i)."""
+  """Concat(head_1..head_h) W^O with head_i = Attention(x_q W^Q_i, x_kv W^K_i, x_kv W^V_i);
+  with biases (`query_bias`, ... in `params`) each projection adds its own."""
   p = {n: np.asarray(w, np.float64) for n, w in params.items()}
-  q = np.einsum("bld,dhk->blhk", x_q, p["query"])
-  k = np.einsum("bld,dhk->blhk", x_kv, p["key"])
-  v = np.einsum("bld,dhk->blhk", x_kv, p["value"])
+  bias = lambda name: p.get(f"{name}_bias", 0.0)
+  q = np.einsum("bld,dhk->blhk", x_q, p["query"]) + bias("query")
+  k = np.einsum("bld,dhk->blhk", x_kv, p["key"]) + bias("key")
+  v = np.einsum("bld,dhk->blhk", x_kv, p["value"]) + bias("value")
   heads = softmax_attention(q, k, v, mask)
   b, length = heads.shape[:2]
   concat = heads.reshape(b, length, -1)
   w_o = p["out"].reshape(-1, p["out"].shape[-1])
-  return concat @ w_o
+  return concat @ w_o + bias("out")
 
 
-def feed_forward(params, x):
-  """max(0, x W1 + b1) W2 + b2."""
+ACTIVATIONS = {
+    "relu": lambda x: np.maximum(0.0, x),
+    "swish": lambda x: x / (1.0 + np.exp(-x)),
+    "gelu": lambda x: 0.5 * x * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0))),
+}
+
+
+def feed_forward(params, x, activation="relu"):
+  """max(0, x W1 + b1) W2 + b2 (another `activation` in place of max(0, .))."""
   p = {n: np.asarray(w, np.float64) for n, w in params.items()}
-  return np.maximum(0.0, x @ p["wi"] + p["bi"]) @ p["wo"] + p["bo"]
+  return ACTIVATIONS[activation](x @ p["wi"] + p["bi"]) @ p["wo"] + p["bo"]
 
 
 def layer_norm(params, x, eps=1e-6):
@@ -50,13 +59,13 @@ def sinusoid(pos, j, d_model):
   return math.sin(angle) if j % 2 == 0 else math.cos(angle)
 
 
-def encoder_layer(params, x, mask, pre_norm=False):
+def encoder_layer(params, x, mask, pre_norm=False, activation="relu", eps=1e-6):
   """Self-attention then feed-forward, each `LayerNorm(x + sublayer(x))` (pre-LN:
   `x + sublayer(LayerNorm(x))`); no dropout."""
   attend = lambda y: multi_head(params["self_attention"], y, y, mask)
-  ffn = lambda y: feed_forward(params["feed_forward"], y)
-  ln1 = lambda y: layer_norm(params["self_attention_norm"], y)
-  ln2 = lambda y: layer_norm(params["feed_forward_norm"], y)
+  ffn = lambda y: feed_forward(params["feed_forward"], y, activation)
+  ln1 = lambda y: layer_norm(params["self_attention_norm"], y, eps)
+  ln2 = lambda y: layer_norm(params["feed_forward_norm"], y, eps)
   if pre_norm:
     x = x + attend(ln1(x))
     return x + ffn(ln2(x))
@@ -64,18 +73,20 @@ def encoder_layer(params, x, mask, pre_norm=False):
   return ln2(x + ffn(x))
 
 
-def decoder_layer(params, y, encoded, self_mask, cross_mask):
+def decoder_layer(params, y, encoded, self_mask, cross_mask, activation="relu", eps=1e-6):
   """Post-LN masked self-attention, attention over the encoder output, feed-forward."""
   y = layer_norm(params["self_attention_norm"],
-                 y + multi_head(params["self_attention"], y, y, self_mask))
+                 y + multi_head(params["self_attention"], y, y, self_mask), eps)
   y = layer_norm(params["cross_attention_norm"],
-                 y + multi_head(params["cross_attention"], y, encoded, cross_mask))
-  return layer_norm(params["feed_forward_norm"], y + feed_forward(params["feed_forward"], y))
+                 y + multi_head(params["cross_attention"], y, encoded, cross_mask), eps)
+  return layer_norm(params["feed_forward_norm"],
+                    y + feed_forward(params["feed_forward"], y, activation), eps)
 
 
-def transformer_logits(params, inputs, targets, num_layers):
+def transformer_logits(params, inputs, targets, num_layers, activation="relu", eps=1e-6):
   """Logits [b, t, vocab] of the paper's post-LN model with a shared embedding: 0 is padding and
-  the decoder's start token; targets are shifted right inside."""
+  the decoder's start token; targets are shifted right inside. A `logits_bias` in
+  `params["embed"]` is added to the logits."""
   embedding = np.asarray(params["embed"]["embedding"], np.float64)
   d_model = embedding.shape[1]
 
@@ -89,10 +100,11 @@ def transformer_logits(params, inputs, targets, num_layers):
   x = embed(inputs)
   for i in range(num_layers):
     x = encoder_layer(params["encoder"][f"layer_{i}"], x,
-                      real_in[:, None, :, None] & real_in[:, None, None, :])
+                      real_in[:, None, :, None] & real_in[:, None, None, :],
+                      activation=activation, eps=eps)
   y = embed(np.pad(targets, ((0, 0), (1, 0)))[:, :-1])
   for i in range(num_layers):
     y = decoder_layer(params["decoder"][f"layer_{i}"], y, x,
                       causal & real_out[:, None, :, None] & real_out[:, None, None, :],
-                      real_out[:, None, :, None] & real_in[:, None, None, :])
-  return y @ embedding.T
+                      real_out[:, None, :, None] & real_in[:, None, None, :], activation, eps)
+  return y @ embedding.T + np.asarray(params["embed"].get("logits_bias", 0.0), np.float64)

@@ -31,6 +31,8 @@ class WordIds:
   def encode(self, text):
     return [int(w) for w in text.split()]
 
+  encode_target = encode
+
 
 def pair_id(token):
   return int(token) - 3

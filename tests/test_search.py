@@ -89,16 +89,21 @@ def gnmt_penalty(length, alpha):
   return ((5.0 + np.asarray(length, np.float64)) / 6.0) ** alpha
 
 
+def length_power(length, alpha):
+  """Hugging Face's normalization: length ** alpha."""
+  return np.asarray(length, np.float64) ** alpha
+
+
 def all_hypotheses(limit):
   """Every complete output of at most `limit` tokens: words then EOS, or `limit` words cut off."""
   hyps = [list(p) + [EOS] for n in range(limit) for p in itertools.product(WORDS, repeat=n)]
   return hyps + [list(p) for p in itertools.product(WORDS, repeat=limit)]
 
 
-def brute_force_best(log_prob_of, limit, alpha):
+def brute_force_best(log_prob_of, limit, alpha, penalty=gnmt_penalty):
   """(best hypothesis, its score) over `all_hypotheses(limit)`; asserts there is no near-tie."""
   hyps = all_hypotheses(limit)
-  scores = np.array([log_prob_of(hyps)]).ravel() / gnmt_penalty([len(h) for h in hyps], alpha)
+  scores = np.array([log_prob_of(hyps)]).ravel() / penalty([len(h) for h in hyps], alpha)
   best, runner_up = np.argsort(-scores)[:2]
   assert scores[best] - scores[runner_up] > 1e-4, "fixture has a near-tie"
   return hyps[best], scores[best]
@@ -124,6 +129,10 @@ def test_length_penalty_matches_gnmt_formula():
   for alpha in (0.0, 0.6, 1.0, 2.0):
     np.testing.assert_allclose(
         search_lib.length_penalty(lengths, alpha), gnmt_penalty(lengths, alpha), rtol=1e-6)
+    np.testing.assert_allclose(search_lib.length_penalty(lengths, alpha, "length"),
+                               length_power(lengths, alpha), rtol=1e-6)
+  with pytest.raises(ValueError, match="length normalization 'log'"):
+    search_lib.length_penalty(lengths, 0.6, "log")
 
 
 def test_max_lengths_adds_extra_to_source_length_and_caps():
@@ -246,9 +255,10 @@ def test_beam_of_one_is_greedy(fixture):
   np.testing.assert_allclose(beam.scores, greedy.scores, atol=1e-5)
 
 
-@pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0])
+@pytest.mark.parametrize("alpha, normalization", [
+    (0.0, "gnmt"), (0.6, "gnmt"), (2.0, "gnmt"), (1.0, "length"), (2.0, "length")])
 @pytest.mark.parametrize("eos_bias, seed", [(0.0, 6), (-0.5, 7), (1.0, 6)])
-def test_transformer_large_beam_finds_the_brute_force_best(alpha, eos_bias, seed):
+def test_transformer_large_beam_finds_the_brute_force_best(alpha, normalization, eos_bias, seed):
   """Limits 3 and 4 (source lengths 1 and 2, max_extra 2), every hypothesis enumerated.
 
   A beam of 4 * 3**3 = 108 keeps every candidate at every step.
@@ -256,10 +266,12 @@ def test_transformer_large_beam_finds_the_brute_force_best(alpha, eos_bias, seed
   model, variables = tiny_model(eos_bias=eos_bias, seed=seed)
   inputs = jnp.array([[3, 0, 0], [2, 4, 0]])
   out = search_lib.beam_search(model, variables, inputs, beam_size=108, alpha=alpha,
-                             max_len=6, max_extra=2)
+                               max_len=6, max_extra=2, length_normalization=normalization)
+  penalty = {"gnmt": gnmt_penalty, "length": length_power}[normalization]
   for b, limit in enumerate(source_lengths(inputs) + 2):
     best, score = brute_force_best(
-        lambda hyps, b=b: transformer_log_probs(model, variables, inputs[b], hyps), limit, alpha)
+        lambda hyps, b=b: transformer_log_probs(model, variables, inputs[b], hyps), limit, alpha,
+        penalty)
     assert hypothesis(out.tokens, b) == best
     np.testing.assert_allclose(out.scores[b], score, rtol=1e-5)
 

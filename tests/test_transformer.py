@@ -59,10 +59,27 @@ def test_count_params_equals_a_real_init(row):
   assert sum(x.size for x in jax.tree_util.tree_leaves(shapes["params"])) == count_params(cfg)
 
 
-def test_count_params_with_pre_norm_equals_a_real_init():
-  model, variables = make(norm="pre")
+@pytest.mark.parametrize("overrides", [dict(norm="pre"), dict(attention_bias=True),
+                                       dict(logits_bias=True, d_k=5, d_v=3)])
+def test_count_params_with_options_equals_a_real_init(overrides):
+  model, variables = make(**overrides)
   real = sum(x.size for x in jax.tree_util.tree_leaves(nn.meta.unbox(variables["params"])))
   assert real == count_params(model.config)
+
+
+def test_the_paper_model_has_no_biases_of_the_options():
+  _, variables = make()
+  names = {jax.tree_util.keystr(path) for path, _ in
+           jax.tree_util.tree_flatten_with_path(nn.meta.unbox(variables["params"]))[0]}
+  assert not [name for name in names if "query_bias" in name or "logits_bias" in name]
+
+
+def randomized(variables, seed):
+  """Every parameter (biases and LayerNorm included) replaced by random normal values."""
+  leaves, tree = jax.tree_util.tree_flatten(nn.meta.unbox(variables["params"]))
+  keys = jax.random.split(jax.random.key(seed), len(leaves))
+  return {"params": jax.tree_util.tree_unflatten(
+      tree, [0.3 * jax.random.normal(k, x.shape, x.dtype) for k, x in zip(keys, leaves)])}
 
 
 def test_every_table3_row_has_a_preset_with_its_values():
@@ -100,6 +117,11 @@ def test_every_table3_row_has_a_preset_with_its_values():
         (dict(attention_impl="flash"), "attention_impl"),
         (dict(remat="some"), "remat"),
         (dict(scan_layers="yes"), "scan_layers"),
+        (dict(attention_bias=1), "attention_bias"),
+        (dict(logits_bias="no"), "logits_bias"),
+        (dict(activation="tanh"), "activation"),
+        (dict(norm_epsilon=0.0), "norm_epsilon"),
+        (dict(norm_epsilon=True), "norm_epsilon"),
     ],
 )
 def test_bad_config_values_raise_naming_the_field(overrides, field):
@@ -116,6 +138,21 @@ def test_float64_logits_equal_the_float64_numpy_formula():
     assert logits.dtype == jnp.float64
     params = jax.tree.map(np.asarray, nn.meta.unbox(variables["params"]))
   want = ref.transformer_logits(params, inputs, targets, TINY["num_layers"])
+  real = targets != 0
+  np.testing.assert_allclose(np.asarray(logits)[real], want[real], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("activation", ["swish", "gelu", "relu"])
+def test_float64_logits_with_biases_activation_and_epsilon_equal_the_numpy_formula(activation):
+  with jax.enable_x64(True):
+    model, variables = make(dtype="float64", attention_bias=True, logits_bias=True,
+                            activation=activation, norm_epsilon=1e-5)
+    variables = randomized(variables, 5)
+    inputs = np.array([[5, 6, 7, 8, 1, 0], [9, 4, 1, 0, 0, 0]], np.int32)
+    targets = np.array([[3, 4, 5, 1], [6, 1, 0, 0]], np.int32)
+    logits = model.apply(variables, inputs, targets)
+    params = jax.tree.map(np.asarray, variables["params"])
+  want = ref.transformer_logits(params, inputs, targets, TINY["num_layers"], activation, 1e-5)
   real = targets != 0
   np.testing.assert_allclose(np.asarray(logits)[real], want[real], rtol=1e-12, atol=1e-12)
 
@@ -252,6 +289,14 @@ def test_scanned_layers_equal_looped_layers_in_training_and_decoding():
   np.testing.assert_allclose(got, want, atol=1e-5)
   np.testing.assert_allclose(incremental_logits(scanned, {"params": params}, inputs, targets),
                              want, atol=1e-5)
+
+
+def test_incremental_decoding_with_attention_biases_equals_the_full_forward_pass():
+  model, variables = make(attention_bias=True, logits_bias=True, activation="swish")
+  variables = randomized(variables, 6)
+  inputs, targets = tokens(20, 2, 6), tokens(21, 2, 5)
+  np.testing.assert_allclose(incremental_logits(model, variables, inputs, targets),
+                             jax.jit(model.apply)(variables, inputs, targets), atol=1e-5)
 
 
 @pytest.mark.parametrize("remat", ["dots", "full"])

@@ -113,8 +113,11 @@ FIELDS: dict[str, Field] = {
 DECODE_FIELDS: dict[str, Field] = {
     "beam_size": Field(4, "a positive integer (1 = greedy)", lambda v: _is_int(v) and v > 0,
                        "beam size of eval and translate"),
-    "alpha": _number(0.6, "GNMT length penalty ((5 + len) / 6) ** alpha", "a number >= 0",
-                     lambda v: v >= 0),
+    "alpha": _number(0.6, "exponent of the length penalty: ((5 + len) / 6) ** alpha (gnmt) or "
+                     "len ** alpha (length)", "a number >= 0", lambda v: v >= 0),
+    "length_normalization": _choice("gnmt", "beam scores are summed log-probabilities over the "
+                                    "paper's GNMT penalty, or over len ** alpha as Hugging "
+                                    "Face's beam search divides them", "gnmt", "length"),
     "max_extra": _count(50, "output tokens <= source tokens + max_extra (and <= model.max_len)",
                         minimum=0),
     "batch_size": _count(128, "sentences per decoding batch (rounded up to the batch shards)"),

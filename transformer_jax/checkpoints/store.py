@@ -233,9 +233,8 @@ def restore_params(manager: ocp.CheckpointManager, abstract_params, *, step: int
 
   def read():
     saved = saved_fingerprints(manager, step) or {}
-    params_only = (path / INFO).exists()
-    return saved.get(PARAMS, saved.get(STATE) if params_only else None), _reader(
-        ocp.PyTreeCheckpointHandler).restore(path / STATE, args=args)
+    expected = saved.get(PARAMS, saved.get(STATE) if is_params_only(manager, step) else None)
+    return expected, _reader(ocp.PyTreeCheckpointHandler).restore(path / STATE, args=args)
 
   result, error = _read_locally(path, read)
   verifiable = _agree(path, error, result is not None and result[0] is not None)
@@ -255,8 +254,14 @@ def _reader(handler_type) -> ocp.Checkpointer:
   """A checkpointer of `handler_type` that reads for this process alone (no barrier with the
   others: `_agree` is the one meeting point). One per process, never closed: closing one while
   reads of a broken file are still completing makes them fail noisily."""
-  return ocp.Checkpointer(handler_type(), multiprocessing_options=ocp.options.MultiprocessingOptions(
-      primary_host=None, active_processes={jax.process_index()}))
+  alone = ocp.options.MultiprocessingOptions(primary_host=None,
+                                             active_processes={jax.process_index()})
+  return ocp.Checkpointer(handler_type(), multiprocessing_options=alone)
+
+
+def is_params_only(manager: ocp.CheckpointManager, step: int) -> bool:
+  """Whether `step` is a params-only checkpoint (`save_params`), not a train checkpoint."""
+  return (manager.directory / str(step) / INFO).exists()
 
 
 def saved_arrays(manager: ocp.CheckpointManager, step: int) -> dict:

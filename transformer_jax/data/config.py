@@ -31,7 +31,7 @@ def default_config():
   c.train_split = "train"  # split to train on
   c.eval_split = "validation"  # split evaluated during training
   c.vocab_size = 1000  # shared SentencePiece BPE vocabulary (paper: 37000 EN-DE, 32000 EN-FR); a size the training text cannot fill (or its characters do not fit) stops the run, naming the largest (smallest) size that works
-  c.vocab_path = ""  # SentencePiece model ('' = <workdir>/vocab/<dataset>-<langs>-<size>.model)
+  c.vocab_path = ""  # SentencePiece model, or a directory of Marian files source.spm, target.spm, vocab.json ('' = <workdir>/vocab/<dataset>-<langs>-<size>.model)
   c.tokenizer_sample_size = 200_000  # at most this many training pairs (evenly spaced) train the vocabulary
   c.batch_mode = "tokens"  # 'tokens': length-bucketed batches (paper); 'packed': packed rows; 'padded': one pair per row, every row max(max_source_length, max_target_length) long (one shape)
   c.tokens_per_batch = 4096  # 'tokens', 'padded': max source and max target tokens (padding included) per global batch

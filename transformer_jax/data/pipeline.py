@@ -100,7 +100,7 @@ def tokenize_pairs(tokenizer, pairs, caps=None):
   out = []
   for src, tgt in pairs:
     s = tokenizer.encode(src) + [EOS_ID]
-    t = tokenizer.encode(tgt) + [EOS_ID]
+    t = tokenizer.encode_target(tgt) + [EOS_ID]
     out.append((s, t) if caps is None else (s[:caps[0]], t[:caps[1]]))
   return out
 

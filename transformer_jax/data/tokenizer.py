@@ -1,8 +1,10 @@
 """SentencePiece BPE with one vocabulary shared by source and target.
 
 Ids (`transformer_jax.conventions`): PAD_ID = 0 (also the decoder's start
-token), EOS_ID = 1, UNK_ID = 2, no BOS. `encode` adds no EOS; the pipeline
-appends it.
+token), EOS_ID = 1, UNK_ID = 2, no BOS. `encode` (sources) and
+`encode_target` add no EOS; the pipeline appends it. A `data.vocab_path`
+that is a directory of Marian tokenizer files (`marian.FILES`) loads a
+`marian.MarianTokenizer` instead, with the same interface and ids.
 """
 
 import hashlib
@@ -17,7 +19,7 @@ import sentencepiece as spm
 
 from transformer_jax.conventions import EOS_ID, PAD_ID, UNK_ID
 from transformer_jax.data import config as config_lib
-from transformer_jax.data import sources
+from transformer_jax.data import marian, sources
 from transformer_jax.errors import FieldError
 
 
@@ -48,6 +50,10 @@ class Tokenizer:
   def encode(self, text):
     """Token ids of `text`, without EOS."""
     return self._sp.encode(text)
+
+  def encode_target(self, text):
+    """Token ids of a target sentence: the same vocabulary as sources."""
+    return self.encode(text)
 
   def decode(self, ids):
     """Text of `ids` (list or 1-D array), stopping at the first EOS, ignoring PAD."""
@@ -130,9 +136,11 @@ def _save(proto: bytes, path: str) -> None:
 
 def get_tokenizer(data_config, vocab_dir):
   """Loads the vocabulary at `data.vocab_path` (default: `default_vocab_path` in `vocab_dir`),
-  training and saving it first if absent."""
+  training and saving it first if absent; a directory of Marian files gives a MarianTokenizer."""
   c = config_lib.validate_config(data_config)
   path = c.vocab_path or default_vocab_path(c, vocab_dir)
+  if marian.is_marian_directory(path):
+    return _checked_size(marian.MarianTokenizer.load(path), c)
   if not os.path.exists(path):
     source = sources.open_split(c, c.train_split)
     sample = min(len(source), c.tokenizer_sample_size)
@@ -147,8 +155,11 @@ def get_tokenizer(data_config, vocab_dir):
   except OSError as error:
     raise sources.DataError(f"cannot read the vocabulary {path}: {error.strerror or error}") \
         from None
-  tokenizer = Tokenizer(proto, path)
+  return _checked_size(Tokenizer(proto, path), c)
+
+
+def _checked_size(tokenizer, c):
   if tokenizer.vocab_size != c.vocab_size:
     logging.warning("%s has %d tokens, data.vocab_size says %d: using the file.",
-                    path, tokenizer.vocab_size, c.vocab_size)
+                    tokenizer.path, tokenizer.vocab_size, c.vocab_size)
   return tokenizer

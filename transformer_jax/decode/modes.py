@@ -179,6 +179,7 @@ def evaluate_split(config, workdir: str, checkpoint: str = "latest") -> dict:
       "bleu": metrics.bleu(hypotheses, references),
       "perplexity": perplexity(float(sums["nll"]), int(sums["tokens"])),
       "search": settings.search, "beam_size": settings.beam_size, "alpha": settings.alpha,
+      "length_normalization": settings.length_normalization,
       "max_extra": settings.max_extra,
       "decode_seconds": round(seconds, 2),
       "sentences_per_second": round(len(sources) / seconds, 2),

@@ -43,7 +43,7 @@ class Decoded(NamedTuple):
   tokens: `[batch, max_len]` int32, each row the hypothesis followed by zeros;
     it ends with EOS unless it was cut at the row's maximum length.
   scores: `[batch]` float32; greedy: the hypothesis' summed log-probability;
-    beam search: that sum divided by `length_penalty(length, alpha)`.
+    beam search: that sum divided by `length_penalty(length, alpha, normalization)`.
   steps: int32 scalar, the number of decoder steps run (the loop stops as soon
     as every sentence is done, usually before `max_len`).
   """
@@ -53,9 +53,20 @@ class Decoded(NamedTuple):
   steps: jax.Array
 
 
-def length_penalty(length, alpha):
-  """GNMT length penalty `((5 + length) / 6) ** alpha` (float32, same shape as `length`)."""
-  return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
+# What a finished hypothesis' summed log-probability is divided by: the GNMT length penalty
+# (the paper's), or the length itself as Hugging Face's beam search does (its `length_penalty`
+# is the exponent, alpha here).
+LENGTH_NORMALIZATIONS = ("gnmt", "length")
+
+
+def length_penalty(length, alpha, normalization: str = "gnmt"):
+  """`((5 + length) / 6) ** alpha` ("gnmt") or `length ** alpha` ("length"); float32, same shape
+  as `length`. Both grow with the length for alpha >= 0."""
+  length = jnp.asarray(length, jnp.float32)
+  if normalization not in LENGTH_NORMALIZATIONS:
+    raise ValueError(f"length normalization {normalization!r}; allowed: "
+                     f"{', '.join(LENGTH_NORMALIZATIONS)}")
+  return ((5.0 + length) / 6.0 if normalization == "gnmt" else length) ** alpha
 
 
 def max_lengths(inputs, max_extra: int, max_len: int):
@@ -195,14 +206,14 @@ def greedy_decode(model, variables, inputs, *, max_len: int, max_extra: int = 50
   return Decoded(tokens, scores, steps)
 
 
-def _sentence_done(alive_log_probs, best_scores, step, limits, alpha):
+def _sentence_done(alive_log_probs, best_scores, step, limits, penalty):
   """True for sentences where no alive beam can beat the best finished hypothesis: `[b]`.
 
   Log-probabilities only fall as a hypothesis grows, so an alive beam's best
   possible score is its log-probability now over the largest penalty of any
   length it may still end at (between `step + 1` and its sentence's limit).
   """
-  largest_penalty = jnp.maximum(length_penalty(step + 1, alpha), length_penalty(limits, alpha))
+  largest_penalty = jnp.maximum(penalty(step + 1), penalty(limits))
   bound = jnp.max(alive_log_probs, axis=1) / largest_penalty
   return best_scores >= bound
 
@@ -218,12 +229,12 @@ class BeamState(NamedTuple):
   cache: Any  # The decoder's key/value cache, `[batch * k, ...]` rows.
 
 
-def _beam_step(model, variables, encoded, beam_inputs, limits, alpha, eos_id,
+def _beam_step(model, variables, encoded, beam_inputs, limits, penalty, eos_id,
                state: BeamState) -> BeamState:
   """Extend every alive beam by one token, keep the `k` best, and record finished hypotheses."""
   batch, k = state.alive.shape[:2]
   step = state.step
-  done = _sentence_done(state.alive_log_probs, state.best_scores, step, limits, alpha)
+  done = _sentence_done(state.alive_log_probs, state.best_scores, step, limits, penalty)
   alive_log_probs = jnp.where(done[:, None], NEG_INF, state.alive_log_probs)
   previous = jnp.where(step > 0, state.alive[:, :, jnp.maximum(step - 1, 0)], PAD_ID)
   log_probs, cache = decode_step(
@@ -235,7 +246,7 @@ def _beam_step(model, variables, encoded, beam_inputs, limits, alpha, eos_id,
 
   finished = (tokens == eos_id) | (step + 1 >= limits[:, None])
   finished_scores = jnp.where(
-      finished, top_log_probs / length_penalty(step + 1, alpha), NEG_INF)
+      finished, top_log_probs / penalty(step + 1), NEG_INF)
   step_best = jnp.argmax(finished_scores, axis=1)
   step_best_scores = jnp.max(finished_scores, axis=1)
   improved = step_best_scores > state.best_scores
@@ -247,9 +258,11 @@ def _beam_step(model, variables, encoded, beam_inputs, limits, alpha, eos_id,
 
 
 @functools.partial(
-    jax.jit, static_argnames=("model", "beam_size", "max_len", "max_extra", "eos_id"))
+    jax.jit, static_argnames=("model", "beam_size", "max_len", "max_extra", "eos_id",
+                              "length_normalization"))
 def beam_search(model, variables, inputs, *, beam_size: int = 4, alpha=0.6, max_len: int,
-                max_extra: int = 50, eos_id: int = EOS_ID) -> Decoded:
+                max_extra: int = 50, eos_id: int = EOS_ID,
+                length_normalization: str = "gnmt") -> Decoded:
   """Beam search over source ids `[batch, src_len]` -> `Decoded`, the best hypothesis per sentence.
 
   Each step ranks every one-token extension of the alive beams by summed
@@ -259,19 +272,21 @@ def beam_search(model, variables, inputs, *, beam_size: int = 4, alpha=0.6, max_
   hypothesis uses up its slot for that step only. A sentence stops once no
   alive beam can beat its best finished hypothesis; the loop stops when
   every sentence has. With `beam_size=1` this is greedy decoding. `alpha` is
-  traced: changing it does not recompile.
+  traced: changing it does not recompile. `length_normalization="length"`
+  divides by `length ** alpha` instead (Hugging Face's normalization).
   """
   _check_args(model, max_len, beam_size)
+  penalty = functools.partial(length_penalty, alpha=alpha, normalization=length_normalization)
   batch, k = inputs.shape[0], beam_size
   limits = max_lengths(inputs, max_extra, max_len)
   encoded = expand_beams(model.apply(variables, inputs, method=model.encode), k)
   beam_inputs = expand_beams(inputs, k)
 
   def cond(state: BeamState):
-    done = _sentence_done(state.alive_log_probs, state.best_scores, state.step, limits, alpha)
+    done = _sentence_done(state.alive_log_probs, state.best_scores, state.step, limits, penalty)
     return (state.step < max_len) & ~jnp.all(done)
 
-  body = functools.partial(_beam_step, model, variables, encoded, beam_inputs, limits, alpha,
+  body = functools.partial(_beam_step, model, variables, encoded, beam_inputs, limits, penalty,
                            eos_id)
   # Every beam starts from the start token; only the first is live, so the
   # first step expands one hypothesis per sentence.

@@ -26,16 +26,18 @@ class DecodeSettings:
   from an experiment config, whose `config.decode` declares the defaults."""
 
   beam_size: int  # 1 = greedy decoding.
-  alpha: float  # GNMT length penalty ((5 + len) / 6) ** alpha.
+  alpha: float  # Exponent of the length penalty: ((5 + len) / 6) ** alpha, or len ** alpha.
   max_extra: int  # A sentence's output has at most its source tokens + this many.
   batch_size: int  # Sentences per decoding batch (rounded up to the batch shards).
+  length_normalization: str = "gnmt"  # "gnmt" (the paper's) or "length" (Hugging Face's).
 
   @classmethod
   def from_config(cls, config, *, beam_size: int | None = None) -> "DecodeSettings":
     """The settings of experiment `config` (`config.decode`), with another `beam_size` if given."""
     decode = config.decode
     return cls(beam_size=decode.beam_size if beam_size is None else beam_size,
-               alpha=decode.alpha, max_extra=decode.max_extra, batch_size=decode.batch_size)
+               alpha=decode.alpha, max_extra=decode.max_extra, batch_size=decode.batch_size,
+               length_normalization=decode.length_normalization)
 
   @property
   def search(self) -> str:
@@ -115,7 +117,8 @@ class Translator:
     if settings.beam_size > 1:
       out = self.placement.run(lambda: search.beam_search(
           model, {"params": params}, inputs, beam_size=settings.beam_size, alpha=settings.alpha,
-          max_len=buffer, max_extra=settings.max_extra))
+          max_len=buffer, max_extra=settings.max_extra,
+          length_normalization=settings.length_normalization))
     else:
       out = self.placement.run(lambda: search.greedy_decode(
           model, {"params": params}, inputs, max_len=buffer, max_extra=settings.max_extra))

@@ -19,6 +19,11 @@ from transformer_jax.model.dropout import Dropout
 
 Dtype = Any
 
+# The feed-forward activations: the paper's ReLU, and those of other pretrained models
+# (swish = x * sigmoid(x); gelu is the exact, erf-based one).
+ACTIVATIONS = {"relu": nn.relu, "swish": nn.swish,
+               "gelu": functools.partial(nn.gelu, approximate=False)}
+
 
 def _param(module, name, init, shape, axes, dtype):
   """A float32 parameter annotated with logical axis names."""
@@ -31,7 +36,8 @@ class MultiHeadAttention(nn.Module):
   Input `[batch, q_len, d_model]` attends over `[batch, kv_len, d_model]`;
   output `[batch, q_len, out_features or d_model]`. W^Q, W^K are
   `[d_model, heads, d_k]`, W^V `[d_model, heads, d_v]`, W^O `[heads, d_v,
-  d_model]`, with no biases, as in the paper.
+  d_model]`, with no biases, as in the paper; `use_bias` adds a bias to each
+  projection (`[heads, d]` for Q, K, V, `[d_model]` for the output).
 
   Incremental decoding (`decode=True`) keeps a "cache" collection of
   head-major `[batch, heads, length, d]` keys/values: for self-attention
@@ -46,6 +52,7 @@ class MultiHeadAttention(nn.Module):
   d_v: int = 64
   out_features: int | None = None
   static_kv: bool = False
+  use_bias: bool = False
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
   attention_impl: attention.Implementation = "auto"
@@ -63,28 +70,43 @@ class MultiHeadAttention(nn.Module):
         self, "out", nn.initializers.xavier_uniform(in_axis=(0, 1), out_axis=2),
         (h, self.d_v, d_out), ("heads", "kv", "embed"), self.param_dtype,
     )
+    b_q, b_k, b_v, b_o = self._biases(d_out)
 
-    def project(x, w, layout="blhk"):
+    def project(x, w, b, layout="blhk"):
       y = jnp.einsum(f"bld,dhk->{layout}", x.astype(self.dtype), w.astype(self.dtype))
+      if b is not None:
+        y = y + (b if layout == "blhk" else b[:, None, :]).astype(self.dtype)
       return nn.with_logical_constraint(
           y, ("batch", "length", "heads", "kv") if layout == "blhk" else ("batch", "heads", "length", "kv"))
 
-    query = project(inputs_q, w_q)
+    query = project(inputs_q, w_q, b_q)
     if decode:
       # The cache is head-major, [batch, heads, length, d], as the attention wants it.
       if self.static_kv:
-        key, value = self._static_kv_cache(
-            lambda: (project(inputs_kv, w_k, "bhlk"), project(inputs_kv, w_v, "bhlk")))
+        key, value = self._static_kv_cache(lambda: (
+            project(inputs_kv, w_k, b_k, "bhlk"), project(inputs_kv, w_v, b_v, "bhlk")))
       else:
         key, value, mask = self._self_attention_cache(
-            project(inputs_kv, w_k, "bhlk"), project(inputs_kv, w_v, "bhlk"), mask)
+            project(inputs_kv, w_k, b_k, "bhlk"), project(inputs_kv, w_v, b_v, "bhlk"), mask)
       out = attention.cached_attention(query, key, value, mask)
     else:
-      key, value = project(inputs_kv, w_k), project(inputs_kv, w_v)
+      key, value = project(inputs_kv, w_k, b_k), project(inputs_kv, w_v, b_v)
       out = attention.dot_product_attention(
           query, key, value, mask, implementation=self.attention_impl)
     out = jnp.einsum("blhk,hkd->bld", out, w_o.astype(self.dtype))
+    if b_o is not None:
+      out = out + b_o.astype(self.dtype)
     return nn.with_logical_constraint(out, ("batch", "length", "embed"))
+
+  def _biases(self, d_out):
+    """The biases of Q, K, V and the output projection, or four Nones without `use_bias`."""
+    if not self.use_bias:
+      return None, None, None, None
+    zeros, h = nn.initializers.zeros, self.num_heads
+    return (_param(self, "query_bias", zeros, (h, self.d_k), ("heads", "kv"), self.param_dtype),
+            _param(self, "key_bias", zeros, (h, self.d_k), ("heads", "kv"), self.param_dtype),
+            _param(self, "value_bias", zeros, (h, self.d_v), ("heads", "kv"), self.param_dtype),
+            _param(self, "out_bias", zeros, (d_out,), ("embed",), self.param_dtype))
 
   def _static_kv_cache(self, compute):
     """Keys/values projected once from a fixed source, then read from the cache."""
@@ -118,9 +140,13 @@ class MultiHeadAttention(nn.Module):
 
 
 class FeedForward(nn.Module):
-  """Position-wise feed-forward network, `max(0, x W1 + b1) W2 + b2`: `[..., d_model] -> [..., d_model]`."""
+  """Position-wise feed-forward network, `max(0, x W1 + b1) W2 + b2`: `[..., d_model] -> [..., d_model]`.
+
+  `activation` (a name of ACTIVATIONS) replaces the paper's ReLU `max(0, .)`.
+  """
 
   d_ff: int = 2048
+  activation: str = "relu"
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
@@ -133,7 +159,7 @@ class FeedForward(nn.Module):
     w2 = _param(self, "wo", init, (self.d_ff, d_model), ("mlp", "embed"), self.param_dtype)
     b2 = _param(self, "bo", nn.initializers.zeros, (d_model,), ("embed",), self.param_dtype)
     x = x.astype(self.dtype)
-    hidden = nn.relu(x @ w1.astype(self.dtype) + b1.astype(self.dtype))
+    hidden = ACTIVATIONS[self.activation](x @ w1.astype(self.dtype) + b1.astype(self.dtype))
     hidden = nn.with_logical_constraint(hidden, ("batch", "length", "mlp"))
     return hidden @ w2.astype(self.dtype) + b2.astype(self.dtype)
 
@@ -143,11 +169,13 @@ class Embed(nn.Module):
 
   `__call__`: ids `[batch, length]` -> `[batch, length, d_model]`, scaled by
   sqrt(d_model). `attend`: `[batch, length, d_model]` -> float32 logits
-  `[batch, length, vocab_size]` through the same matrix.
+  `[batch, length, vocab_size]` through the same matrix, plus a `[vocab_size]`
+  bias with `logits_bias` (the paper has none).
   """
 
   vocab_size: int
   d_model: int
+  logits_bias: bool = False
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
@@ -156,16 +184,20 @@ class Embed(nn.Module):
         self, "embedding", nn.initializers.normal(stddev=self.d_model**-0.5),
         (self.vocab_size, self.d_model), ("vocab", "embed"), self.param_dtype,
     )
+    if self.logits_bias:
+      self.bias = _param(self, "logits_bias", nn.initializers.zeros, (self.vocab_size,),
+                         ("vocab",), self.param_dtype)
 
   def __call__(self, ids):
     x = jnp.take(self.embedding, ids, axis=0).astype(self.dtype)
     return x * jnp.asarray(np.sqrt(self.d_model), self.dtype)
 
   def attend(self, x):
-    return jnp.einsum(
+    logits = jnp.einsum(
         "bld,vd->blv", x.astype(self.dtype), self.embedding.astype(self.dtype),
         preferred_element_type=jnp.promote_types(self.dtype, jnp.float32),
     )
+    return logits + self.bias.astype(logits.dtype) if self.logits_bias else logits
 
 
 def sinusoidal_table(max_len: int, d_model: int, dtype=np.float32) -> np.ndarray:
@@ -226,10 +258,10 @@ def residual(x, sublayer, *, norm, dropout, pre_norm: bool, deterministic: bool)
   return norm(x + dropout(sublayer(x), deterministic=deterministic))
 
 
-def layer_norm(dtype, name=None):
+def layer_norm(dtype, name=None, epsilon=1e-6):
   """LayerNorm with logically partitioned scale and bias."""
   return nn.LayerNorm(
-      epsilon=1e-6, dtype=dtype, name=name,
+      epsilon=epsilon, dtype=dtype, name=name,
       scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
       bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
   )
@@ -246,6 +278,15 @@ class _LayerFields(nn.Module):
   pre_norm: bool = False
   dtype: Dtype = jnp.float32
   attention_impl: attention.Implementation = "auto"
+  attention_bias: bool = False
+  activation: str = "relu"
+  norm_epsilon: float = 1e-6
+
+  def norm(self, name):
+    return layer_norm(self.dtype, name, self.norm_epsilon)
+
+  def feed_forward(self):
+    return FeedForward(self.d_ff, self.activation, dtype=self.dtype, name="feed_forward")
 
 
 class EncoderLayer(_LayerFields):
@@ -261,12 +302,11 @@ class EncoderLayer(_LayerFields):
         deterministic=deterministic,
     )
     attend = MultiHeadAttention(
-        self.num_heads, self.d_k, self.d_v, dtype=self.dtype,
+        self.num_heads, self.d_k, self.d_v, use_bias=self.attention_bias, dtype=self.dtype,
         attention_impl=self.attention_impl, name="self_attention",
     )
-    x = block(x, lambda y: attend(y, y, mask), norm=layer_norm(self.dtype, "self_attention_norm"))
-    x = block(x, FeedForward(self.d_ff, dtype=self.dtype, name="feed_forward"),
-              norm=layer_norm(self.dtype, "feed_forward_norm"))
+    x = block(x, lambda y: attend(y, y, mask), norm=self.norm("self_attention_norm"))
+    x = block(x, self.feed_forward(), norm=self.norm("feed_forward_norm"))
     return nn.with_logical_constraint(x, ("batch", "length", "embed"))
 
 
@@ -288,15 +328,14 @@ class DecoderLayer(_LayerFields):
         deterministic=deterministic,
     )
     mha = functools.partial(
-        MultiHeadAttention, self.num_heads, self.d_k, self.d_v, dtype=self.dtype,
-        attention_impl=self.attention_impl,
+        MultiHeadAttention, self.num_heads, self.d_k, self.d_v, use_bias=self.attention_bias,
+        dtype=self.dtype, attention_impl=self.attention_impl,
     )
     self_attend = mha(name="self_attention")
     cross_attend = mha(static_kv=True, name="cross_attention")
     x = block(x, lambda y: self_attend(y, y, self_mask, decode=decode),
-              norm=layer_norm(self.dtype, "self_attention_norm"))
+              norm=self.norm("self_attention_norm"))
     x = block(x, lambda y: cross_attend(y, encoded, cross_mask, decode=decode),
-              norm=layer_norm(self.dtype, "cross_attention_norm"))
-    x = block(x, FeedForward(self.d_ff, dtype=self.dtype, name="feed_forward"),
-              norm=layer_norm(self.dtype, "feed_forward_norm"))
+              norm=self.norm("cross_attention_norm"))
+    x = block(x, self.feed_forward(), norm=self.norm("feed_forward_norm"))
     return nn.with_logical_constraint(x, ("batch", "length", "embed"))

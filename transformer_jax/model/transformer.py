@@ -12,7 +12,7 @@ from transformer_jax.errors import FieldError
 from transformer_jax.model import attention
 from transformer_jax.model.dropout import Dropout
 from transformer_jax.model.layers import (
-    DecoderLayer, Embed, EncoderLayer, PositionalEncoding, layer_norm,
+    ACTIVATIONS, DecoderLayer, Embed, EncoderLayer, PositionalEncoding, layer_norm,
 )
 
 POSITIONAL_KINDS = ("sinusoidal", "learned")
@@ -39,6 +39,12 @@ class TransformerConfig:
   `scan_layers` runs the layers through `nn.scan` (one compiled layer, params
   stacked on a leading "layers" axis); `remat` picks what the backward pass
   recomputes (see REMAT_POLICIES).
+
+  Options for models trained elsewhere (the paper's values are the defaults):
+  `attention_bias` adds biases to the Q, K, V and output projections,
+  `logits_bias` a `[vocab]` bias to the logits, `activation` picks the
+  feed-forward nonlinearity (see ACTIVATIONS) and `norm_epsilon` the
+  LayerNorm epsilon.
   """
 
   vocab_size: int
@@ -56,6 +62,10 @@ class TransformerConfig:
   attention_impl: str = "auto"
   scan_layers: bool = False
   remat: str = "none"
+  attention_bias: bool = False
+  logits_bias: bool = False
+  activation: str = "relu"
+  norm_epsilon: float = 1e-6
 
   def __post_init__(self):
     for name in ("vocab_size", "num_layers", "d_model", "d_ff", "num_heads", "max_len"):
@@ -83,8 +93,13 @@ class TransformerConfig:
                    "jax.config.update('jax_enable_x64', True) first")
     _require_choice("attention_impl", self.attention_impl, attention.IMPLEMENTATIONS)
     _require_choice("remat", self.remat, tuple(REMAT_POLICIES))
-    if not isinstance(self.scan_layers, bool):
-      raise _error("scan_layers", f" must be True or False; got {self.scan_layers!r}")
+    for name in ("scan_layers", "attention_bias", "logits_bias"):
+      if not isinstance(getattr(self, name), bool):
+        raise _error(name, f" must be True or False; got {getattr(self, name)!r}")
+    _require_choice("activation", self.activation, tuple(ACTIVATIONS))
+    if isinstance(self.norm_epsilon, bool) or not isinstance(self.norm_epsilon, (int, float)) \
+        or not 0.0 < self.norm_epsilon < 1.0:
+      raise _error("norm_epsilon", f" must be a number in (0, 1); got {self.norm_epsilon!r}")
 
   @property
   def compute_dtype(self):
@@ -168,8 +183,10 @@ def weight_counts(config: TransformerConfig) -> dict[str, int]:
 
 def count_params(config: TransformerConfig) -> int:
   """Number of parameters, from the config alone (no initialization)."""
-  d, weights = config.d_model, weight_counts(config)
+  d, weights, h = config.d_model, weight_counts(config), config.num_heads
   attention_params = weights["query"] + weights["key"] + weights["value"] + weights["out"]
+  if config.attention_bias:
+    attention_params += h * (2 * config.d_k + config.d_v) + d
   feed_forward = weights["feed_forward"] + config.d_ff + d
   norm = 2 * d
   encoder_layer = attention_params + feed_forward + 2 * norm
@@ -179,6 +196,8 @@ def count_params(config: TransformerConfig) -> int:
     total += 2 * config.max_len * d
   if config.norm == "pre":
     total += 2 * norm
+  if config.logits_bias:
+    total += config.vocab_size
   return total
 
 
@@ -200,6 +219,8 @@ def _layer_kwargs(config: TransformerConfig) -> dict[str, Any]:
       num_heads=config.num_heads, d_k=config.d_k, d_v=config.d_v, d_ff=config.d_ff,
       dropout_rate=config.dropout_rate, pre_norm=config.norm == "pre",
       dtype=config.compute_dtype, attention_impl=config.attention_impl,
+      attention_bias=config.attention_bias, activation=config.activation,
+      norm_epsilon=config.norm_epsilon,
   )
 
 
@@ -267,7 +288,7 @@ class Encoder(nn.Module):
       mask = attention.segment_mask(segmentation, segmentation)
     x = _stack_layers(cfg, EncoderLayer, x, (mask,), (deterministic,))
     if cfg.norm == "pre":
-      x = layer_norm(cfg.compute_dtype, "final_norm")(x)
+      x = layer_norm(cfg.compute_dtype, "final_norm", cfg.norm_epsilon)(x)
     return x
 
 
@@ -309,7 +330,7 @@ class Decoder(nn.Module):
     y = _stack_layers(cfg, DecoderLayer, y, (encoded, self_mask, cross_mask),
                       (deterministic, decode))
     if cfg.norm == "pre":
-      y = layer_norm(cfg.compute_dtype, "final_norm")(y)
+      y = layer_norm(cfg.compute_dtype, "final_norm", cfg.norm_epsilon)(y)
     logits = self.embed.attend(y)
     return nn.with_logical_constraint(logits, ("batch", "length", "vocab"))
 
@@ -325,7 +346,7 @@ class Transformer(nn.Module):
 
   def setup(self):
     cfg = self.config
-    self.embed = Embed(cfg.vocab_size, cfg.d_model, dtype=cfg.compute_dtype)
+    self.embed = Embed(cfg.vocab_size, cfg.d_model, cfg.logits_bias, dtype=cfg.compute_dtype)
     self.encoder = Encoder(cfg, self.embed)
     self.decoder = Decoder(cfg, self.embed)
 

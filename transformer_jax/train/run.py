@@ -111,6 +111,18 @@ def _resume(config, manager, trainer: Trainer, train_iter) -> TrainState | None:
         f"{error}: --config.on_bad_checkpoints=start_over") from None
 
 
+def _imported_start(manager, trainer: Trainer) -> TrainState | None:
+  """When the only checkpoint is a params-only step 0 (an imported model, see
+  `transformer_jax.pretrained`): a fresh state at step 0 with those parameters; else None."""
+  manager.reload()
+  if manager.all_steps() != [0] or not store.is_params_only(manager, 0):
+    return None
+  abstract = trainer.abstract_state.params
+  store.check_layout(manager, 0, abstract, under=store.PARAMS, hint=(
+      "Train the imported model with the config the import wrote (<workdir>/config.py)"))
+  return trainer.init().replace(params=store.restore_params(manager, abstract, step=0))
+
+
 def _train(config, workdir: Workdir, manager, preemption) -> TrainState:
   with config_lib.section("data"):
     tokenizer = data.get_tokenizer(config.data, workdir.vocab)
@@ -125,11 +137,15 @@ def _train(config, workdir: Workdir, manager, preemption) -> TrainState:
   with config_lib.section("data"):
     train_iter = iter(data.make_train_loader(config.data, tokenizer, seed=config.seed,
                                              shard_index=shard_index, shard_count=shard_count))
-  state = _resume(config, manager, trainer, train_iter)
-  if state is None:
-    state = trainer.init()
+  state = _imported_start(manager, trainer)
+  if state is not None:
+    logging.info("starting from the imported parameters of %s/0", manager.directory)
   else:
-    logging.info("resumed from %s at step %d", manager.directory, int(state.step))
+    state = _resume(config, manager, trainer, train_iter)
+    if state is None:
+      state = trainer.init()
+    else:
+      logging.info("resumed from %s at step %d", manager.directory, int(state.step))
   peak = config.peak_flops_per_device or measure_matmul_flops(model_config.compute_dtype)
   logging.info("peak FLOP/s per device for MFU: %.3g (%s)", peak,
                "config.peak_flops_per_device" if config.peak_flops_per_device else

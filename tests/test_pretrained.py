@@ -1,0 +1,402 @@
+"""Marian (OPUS-MT) models: import, equality with Hugging Face's model and tokenizer, export,
+fine-tuning through the command line.
+
+The Marian models are random and tiny, built here with every difference from
+the paper's model turned on (random biases and logits bias, swish or relu,
+epsilon 1e-5, ids eos 0 / pad last, two SentencePiece models trained here);
+the comparisons need `torch` and `transformers` (the `test` extra installs
+them).
+"""
+
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+from absl import flags as absl_flags
+import jax
+from ml_collections import config_flags
+import numpy as np
+import pytest
+import sentencepiece as spm
+
+import helpers
+from transformer_jax import data
+from transformer_jax.conventions import EOS_ID
+from transformer_jax.data import marian as marian_vocab
+from transformer_jax.decode import modes, search
+from transformer_jax.errors import UserError
+from transformer_jax.pretrained import convert, marian
+
+pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")
+torch = pytest.importorskip("torch", reason="comparing with Hugging Face needs torch "
+                            "(pip install -e '.[hf]')")
+transformers = pytest.importorskip("transformers", reason="comparing with Hugging Face needs "
+                                   "transformers (pip install -e '.[hf]')")
+
+TINY = dict(d_model=16, encoder_layers=2, decoder_layers=2, encoder_ffn_dim=32,
+            decoder_ffn_dim=32, encoder_attention_heads=2, decoder_attention_heads=2,
+            max_position_embeddings=256, dropout=0.0, scale_embedding=True)
+# Characters the SentencePiece models never saw, and a language code.
+UNSEEN = ["Zürich ☃ 漢字 ok", "ünïcödé ∑ x", ">>deu<< a b c", "", "  spaces   inside  "]
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+  return helpers.shared_dir(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def corpus(shared):
+  pairs = [(s, t) for s, t in zip(*data.split_texts(helpers.tiny_data_config(shared), "train"))
+           if len(s) < 40 and len(t) < 40][:2000]
+  return [s for s, _ in pairs], [t for _, t in pairs]
+
+
+def train_spm(sentences, vocab_size):
+  buffer = io.BytesIO()
+  with open(os.devnull, "w") as quiet:
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(sentences), model_writer=buffer, logstream=quiet,
+        vocab_size=vocab_size, model_type="unigram", character_coverage=1.0)
+  return buffer.getvalue()
+
+
+def marian_directory(path, corpus, *, activation="swish", seed=0, eos_bias=2.0):
+  """A random MarianMTModel and its tokenizer files saved in `path`; returns the model."""
+  sources, targets = corpus
+  protos = {"source.spm": train_spm(sources, 120), "target.spm": train_spm(targets, 100)}
+  pieces = []
+  for proto in protos.values():
+    processor = spm.SentencePieceProcessor(model_proto=proto)
+    pieces += [processor.id_to_piece(i) for i in range(3, processor.get_piece_size())]
+  # Marian's numbering: eos 0, unk 1, the pieces (some dropped: unknown to vocab.json), pad last.
+  kept = [p for i, p in enumerate(dict.fromkeys(pieces)) if i % 9 != 4]
+  vocab = {"</s>": 0, "<unk>": 1, **{p: i + 2 for i, p in enumerate(kept)}}
+  vocab["<pad>"] = len(vocab)
+  path.mkdir(parents=True, exist_ok=True)
+  for name, proto in protos.items():
+    (path / name).write_bytes(proto)
+  (path / "vocab.json").write_text(json.dumps(vocab))
+  size = len(vocab)
+  config = transformers.MarianConfig(
+      **TINY, vocab_size=size, decoder_vocab_size=size,
+      activation_function=activation, pad_token_id=size - 1, decoder_start_token_id=size - 1,
+      eos_token_id=0, forced_eos_token_id=0)
+  torch.manual_seed(seed)
+  model = transformers.MarianMTModel(config).eval()
+  with torch.no_grad():
+    for name, tensor in model.state_dict().items():
+      if "embed_positions" not in name:
+        tensor.copy_(0.3 * torch.randn_like(tensor))
+    model.final_logits_bias[0, 0] += eos_bias  # Marian's EOS: some sentences end early.
+  model.generation_config.update(num_beams=3, max_length=40, length_penalty=1.2)
+  model.save_pretrained(path)
+  return model
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory, corpus):
+  """(Hugging Face model, its tokenizer, our work directory, our config) of a swish model."""
+  root = tmp_path_factory.mktemp("marian")
+  model = marian_directory(root / "marian", corpus)
+  result = convert.import_marian(str(root / "marian"), str(root / "work"))
+  config = convert.load_config_file(result["config"])
+  tokenizer = transformers.MarianTokenizer.from_pretrained(str(root / "marian"))
+  return model, tokenizer, root / "work", config
+
+
+def ours(workdir, config):
+  """Our model, parameters and tokenizer loaded from the work directory."""
+  loaded = modes.load(config, str(workdir))
+  return loaded.placement.model, loaded.params, loaded.tokenizer
+
+
+def padded(rows):
+  width = max(len(r) for r in rows)
+  return np.array([r + [0] * (width - len(r)) for r in rows], np.int64)
+
+
+def host_params(workdir, config):
+  return jax.device_get(ours(workdir, config)[1])
+
+
+def logits_difference(hf, hf_tokenizer, workdir, config, sources, targets):
+  """Max abs difference of our logits and Hugging Face's on a padded batch of pairs."""
+  model, params, tokenizer = ours(workdir, config)
+  order = np.asarray(marian_vocab.project_order(hf_tokenizer.get_vocab()))
+  assert hf.config.pad_token_id == order[0] and hf.config.decoder_start_token_id == order[0]
+  ids = [tokenizer.encode(s) + [EOS_ID] for s in sources]
+  out = [tokenizer.encode_target(t) + [EOS_ID] for t in targets]
+  inputs, labels = padded(ids), padded(out)
+  logits = np.asarray(jax.jit(model.apply)({"params": params}, inputs, labels))
+  with torch.no_grad():
+    want = hf(input_ids=torch.tensor(order[inputs]), attention_mask=torch.tensor(inputs != 0),
+              labels=torch.tensor(np.where(labels != 0, order[labels], -100))).logits.numpy()
+  real = labels != 0
+  return np.abs(logits[real] - want[real][:, order]).max()
+
+
+def test_logits_equal_hugging_face_on_padded_batches(imported, corpus):
+  difference = logits_difference(*imported, corpus[0][:6], corpus[1][:6])
+  print(f"logits max abs difference {difference:.2e}")
+  assert difference <= 1e-5
+
+
+def test_a_relu_model_imports_with_equal_logits(tmp_path, corpus):
+  hf = marian_directory(tmp_path / "marian", corpus, activation="relu", seed=1)
+  result = convert.import_marian(str(tmp_path / "marian"), str(tmp_path / "work"))
+  config = convert.load_config_file(result["config"])
+  assert config.model.activation == "relu"
+  hf_tokenizer = transformers.MarianTokenizer.from_pretrained(str(tmp_path / "marian"))
+  assert logits_difference(hf, hf_tokenizer, tmp_path / "work", config, corpus[0][6:10],
+                           corpus[1][6:10]) <= 1e-5
+
+
+def test_greedy_outputs_equal_generate(imported, corpus):
+  hf, hf_tokenizer, workdir, config = imported
+  model, params, tokenizer = ours(workdir, config)
+  order = np.asarray(marian_vocab.project_order(hf_tokenizer.get_vocab()))
+  ids = [tokenizer.encode(s) + [EOS_ID] for s in corpus[0][:8]]
+  inputs = padded(ids).astype(np.int32)
+  extra = 12
+  decoded = search.greedy_decode(model, {"params": params}, inputs, max_len=256, max_extra=extra)
+  got = search.trim(np.asarray(decoded.tokens))
+  with torch.no_grad():
+    generated = hf.generate(
+        input_ids=torch.tensor(order[inputs]), attention_mask=torch.tensor(inputs != 0),
+        num_beams=1, do_sample=False, max_new_tokens=inputs.shape[1] + extra,
+        forced_eos_token_id=None, bad_words_ids=[[hf.config.pad_token_id]]).numpy()
+  ended = 0
+  for row, (source, hyp) in enumerate(zip(ids, got)):
+    theirs = [int(t) for t in generated[row, 1:len(source) + extra + 1]]  # Our limit, EOS included.
+    if 0 in theirs:  # Marian's EOS.
+      theirs, ended = theirs[:theirs.index(0)], ended + 1
+    assert [int(order[t]) for t in hyp] == theirs, row
+  assert ended >= 1  # Some sentences end with EOS before the limit.
+
+
+def test_tokenizer_ids_equal_marian_tokenizer(imported, corpus):
+  _, hf_tokenizer, workdir, config = imported
+  tokenizer = ours(workdir, config)[2]
+  order = np.asarray(marian_vocab.project_order(hf_tokenizer.get_vocab()))
+  sentences = corpus[0][:150] + corpus[1][:150] + UNSEEN
+  for sentence in sentences:
+    want = hf_tokenizer(sentence)["input_ids"]
+    assert [int(order[i]) for i in tokenizer.encode(sentence) + [EOS_ID]] == want, sentence
+    want = hf_tokenizer(text_target=sentence)["input_ids"]
+    assert [int(order[i]) for i in tokenizer.encode_target(sentence) + [EOS_ID]] == want
+  assert any(2 in tokenizer.encode(s) for s in UNSEEN)  # Unknown pieces are UNK_ID.
+  for sentence in corpus[1][:20]:
+    ids = tokenizer.encode_target(sentence)
+    assert tokenizer.decode(ids + [EOS_ID, 5]) == hf_tokenizer.decode(
+        [int(order[i]) for i in ids], skip_special_tokens=True)
+
+
+def cli(shared, module, *args, status=0):
+  """`python -m <module> args...` in a subprocess; its stdout (and stderr on failure)."""
+  result = subprocess.run([sys.executable, "-m", module, *map(str, args)], cwd=helpers.REPO,
+                          env=helpers.environment(shared), capture_output=True, text=True,
+                          timeout=600)
+  assert result.returncode == status, result.stderr[-4000:]
+  return result.stdout if status == 0 else result.stderr
+
+
+def data_flags(shared, **overrides):
+  """Flags of the embedded_tiny data, for a work directory's own config.py."""
+  values = {"data.name": "embedded_tiny", "data.data_dir": shared / "tfds", **overrides}
+  return [f"--config.{name.replace('__', '.')}={value}" for name, value in values.items()]
+
+
+def hf_texts(hf, hf_tokenizer, sentences, max_extra, num_beams=1):
+  """Hugging Face's translations (its generation config's search, `num_beams`) with our limit:
+  source tokens (EOS included) + max_extra."""
+  texts = []
+  for sentence in sentences:
+    batch = hf_tokenizer([sentence], return_tensors="pt")
+    with torch.no_grad():
+      out = hf.generate(**batch, num_beams=num_beams, do_sample=False, forced_eos_token_id=None,
+                        early_stopping="never",  # Stop when no beam can improve, as ours.
+                        max_new_tokens=batch["input_ids"].shape[1] + max_extra, max_length=None,
+                        bad_words_ids=[[hf.config.pad_token_id]])
+    texts.append(hf_tokenizer.decode(out[0], skip_special_tokens=True))
+  return texts
+
+
+def test_translate_and_eval_an_imported_work_directory_through_the_command_line(
+    imported, corpus, shared, tmp_path):
+  hf, hf_tokenizer, workdir, _ = imported
+  sentences = corpus[0][-20:] + ["Zürich ☃"]
+  (tmp_path / "in.txt").write_text("\n".join(sentences) + "\n")
+  config = f"--config={workdir}/config.py"
+  translate = [config, f"--workdir={workdir}", "--mode=translate",
+               f"--input={tmp_path / 'in.txt'}", f"--output={tmp_path / 'out.txt'}"]
+  cli(shared, "transformer_jax.main", *translate, "--config.decode.beam_size=1")
+  got = (tmp_path / "out.txt").read_text().splitlines()
+  assert got == hf_texts(hf, hf_tokenizer, sentences, max_extra=39)
+  cli(shared, "transformer_jax.main", *translate)  # Beam 3, score / length ** 1.2.
+  got = (tmp_path / "out.txt").read_text().splitlines()
+  assert got == hf_texts(hf, hf_tokenizer, sentences, max_extra=39, num_beams=3)
+  printed = cli(shared, "transformer_jax.main", config, f"--workdir={workdir}", "--mode=eval",
+                *data_flags(shared, decode__split="test"))
+  assert "test BLEU" in printed and "step 0" in printed
+  record = json.loads((workdir / "eval" / "test-step0-beam3.json").read_text())
+  assert record["sentences"] > 0
+  # The generation config's search: beam 3, length ** 1.2, outputs of at most 39 tokens.
+  assert (record["beam_size"], record["length_normalization"], record["alpha"],
+          record["max_extra"]) == (3, "length", 1.2, 39)
+
+
+# A model trained here that Marian can represent: post-LN, sinusoidal, d_k = d_model / heads.
+MARIAN_COMPATIBLE = dict(model__norm="post", model__attention_bias=True,
+                         model__logits_bias=True, model__activation="gelu",
+                         model__norm_epsilon=1e-5, num_train_steps=2,
+                         decode__length_normalization="length")
+
+
+def test_export_loads_in_hugging_face_with_equal_logits_and_imports_back_bit_identical(
+    shared, tmp_path, monkeypatch):
+  monkeypatch.chdir(helpers.REPO)  # The flags name experiments/default.py.
+  trained, exported = tmp_path / "trained", tmp_path / "exported"
+  helpers.Run(shared, trained, **MARIAN_COMPATIBLE).succeed()
+  printed = cli(shared, "transformer_jax.pretrained", "export",
+                *helpers.flags(shared, **MARIAN_COMPATIBLE), f"--workdir={trained}",
+                f"--output={exported}")
+  assert "exported step 2" in printed
+  hf = transformers.MarianMTModel.from_pretrained(str(exported)).eval()
+  generation = hf.generation_config
+  assert (generation.num_beams, generation.length_penalty, generation.bad_words_ids) == (
+      4, 0.6, [[hf.config.pad_token_id]])
+  hf_tokenizer = transformers.MarianTokenizer.from_pretrained(str(exported))
+  config = config_of_flags(shared, MARIAN_COMPATIBLE)
+  _, params, tokenizer = ours(trained, config)
+  order = np.asarray(marian_vocab.project_order(hf_tokenizer.get_vocab()))
+  sources = ["A small dog sees the lake.", "Some kings walk.", "Zürich ☃"]
+  targets = ["Setui kuraben.", "Vuzuvoe lenu lisat fipi.", "x"]
+  for sentence in sources:
+    assert [int(order[i]) for i in tokenizer.encode(sentence) + [EOS_ID]] == hf_tokenizer(
+        sentence)["input_ids"]
+  difference = logits_difference(hf, hf_tokenizer, trained, config, sources, targets)
+  print(f"exported logits max abs difference {difference:.2e}")
+  assert difference <= 1e-5
+
+  reimported = tmp_path / "reimported"
+  cli(shared, "transformer_jax.pretrained", "import", f"--marian={exported}",
+      f"--workdir={reimported}")
+  again = host_params(reimported, convert.load_config_file(str(reimported / "config.py")))
+  for want, got in zip(helpers.leaves(jax.device_get(params)), helpers.leaves(again), strict=True):
+    np.testing.assert_array_equal(got, want)
+
+  error = cli(shared, "transformer_jax.pretrained", "export",
+              *helpers.flags(shared, **{**MARIAN_COMPATIBLE, "model__norm_epsilon": 1e-6}),
+              f"--workdir={trained}", f"--output={tmp_path / 'refused'}", status=1)
+  assert error.strip().splitlines()[-1] == (
+      "error: config.model.norm_epsilon=1e-06: a Marian model needs norm_epsilon = 1e-05")
+
+
+def config_of_flags(shared, overrides):
+  """The config that `helpers.flags(shared, **overrides)` gives on the command line."""
+  argv, values = ["test", *helpers.flags(shared, **overrides)], absl_flags.FlagValues()
+  config_flags.DEFINE_config_file("config", None, "", flag_values=values, sys_argv=argv)
+  values(argv)
+  return values.config
+
+
+@pytest.mark.parametrize("overrides, field", [
+    (dict(norm="pre"), "norm"), (dict(positional="learned"), "positional"),
+    (dict(d_k=4), "d_k"), (dict(d_v=4), "d_v"), (dict(norm_epsilon=1e-6), "norm_epsilon"),
+    (dict(scan_layers=True), "scan_layers")])
+def test_export_refuses_a_model_marian_cannot_represent(overrides, field):
+  model = helpers.tiny_model_config(**{"norm_epsilon": 1e-5, **overrides})
+  with pytest.raises(UserError, match=f"TransformerConfig.{field}=.*: a Marian model needs"):
+    marian.marian_config(model, vocab_size=model.vocab_size, pad_id=9, eos_id=0)
+
+
+def edited_copy(source, target, **config_changes):
+  """A copy of Marian directory `source` with `config_changes` made to its config.json."""
+  shutil.copytree(source, target)
+  config = json.loads((target / "config.json").read_text())
+  (target / "config.json").write_text(json.dumps({**config, **config_changes}))
+  return target
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(decoder_layers=3), "config.json.decoder_layers=3 differs from encoder_layers=2"),
+    (dict(share_encoder_decoder_embeddings=False),
+     "config.json.share_encoder_decoder_embeddings=False: only models with embeddings shared"),
+    (dict(scale_embedding=False), "config.json.scale_embedding=False"),
+    (dict(activation_function="tanh"), "config.json.activation_function='tanh' is not one of"),
+    (dict(decoder_start_token_id=0), "config.json.decoder_start_token_id=0; vocab.json says"),
+    (dict(vocab_size=7), "config.json.vocab_size=7"),
+])
+def test_import_refuses_what_it_cannot_represent_naming_the_field(imported, tmp_path, changes,
+                                                                 message):
+  source = edited_copy(imported[2].parent / "marian", tmp_path / "marian", **changes)
+  with pytest.raises(UserError, match=re.escape(message)):
+    convert.import_marian(str(source), str(tmp_path / "work"))
+
+
+def test_import_errors_on_the_command_line_are_one_line(imported, shared, tmp_path):
+  source = tmp_path / "marian"
+  shutil.copytree(imported[2].parent / "marian", source)
+  (source / "target.spm").unlink()
+  error = cli(shared, "transformer_jax.pretrained", "import", f"--marian={source}",
+              f"--workdir={tmp_path / 'work'}", status=1)
+  assert error.strip().splitlines()[-1] == f"error: {source} lacks the tokenizer files target.spm"
+  assert "Traceback" not in error
+  error = cli(shared, "transformer_jax.pretrained", "import", f"--marian={source}",
+              f"--workdir={imported[2]}", status=1)
+  assert error.strip().splitlines()[-1] == (
+      f"error: {imported[2] / 'checkpoints'} exists: import into a new --workdir")
+
+
+def test_pytorch_bin_imports_like_safetensors_and_needs_torch(imported, tmp_path, monkeypatch):
+  hf, _, workdir, config = imported
+  source = tmp_path / "marian"
+  shutil.copytree(workdir.parent / "marian", source)
+  (source / "model.safetensors").unlink()
+  torch.save(hf.state_dict(), source / "pytorch_model.bin")
+  convert.import_marian(str(source), str(tmp_path / "work"))
+  got = host_params(tmp_path / "work", convert.load_config_file(
+      str(tmp_path / "work" / "config.py")))
+  for want, leaf in zip(helpers.leaves(host_params(workdir, config)), helpers.leaves(got),
+                        strict=True):
+    np.testing.assert_array_equal(leaf, want)
+  monkeypatch.setitem(sys.modules, "torch", None)  # As if PyTorch were not installed.
+  with pytest.raises(UserError, match="is a PyTorch file and PyTorch is not installed: pip "
+                     "install torch, or get the model.safetensors"):
+    convert.import_marian(str(source), str(tmp_path / "other"))
+
+
+def test_fine_tuning_an_imported_model_through_the_command_line_lowers_the_loss_and_resumes(
+    imported, shared, corpus, tmp_path):
+  workdir = tmp_path / "work"
+  shutil.copytree(imported[2], workdir)  # The config finds its tokenizer wherever it is.
+  train = ["transformer_jax.main", f"--config={workdir}/config.py", f"--workdir={workdir}",
+           "--mode=train", *data_flags(
+               shared, data__batch_mode="packed", data__batch_size=8, data__max_length=64,
+               data__max_source_length=64, data__max_target_length=64,
+               warmup_steps=4, log_every_steps=1, checkpoint_every_steps=4,
+               peak_flops_per_device=1e9, eval_every_steps=0)]
+  cli(shared, *train, "--config.num_train_steps=8")
+  losses = helpers.scalars(workdir)
+  assert sorted(losses) == list(range(1, 9))
+  assert losses[8] < 0.8 * losses[1], losses
+  assert helpers.committed_steps(workdir) == [0, 4, 8]
+  cli(shared, *train, "--config.num_train_steps=10")
+  assert sorted(helpers.scalars_per_run(workdir)[-1]) == [9, 10]  # Resumed at step 8.
+  assert helpers.committed_steps(workdir)[-1] == 10
+
+  exported = tmp_path / "exported"  # The fine-tuned model, with the Marian tokenizer it came with.
+  cli(shared, "transformer_jax.pretrained", "export", f"--config={workdir}/config.py",
+      f"--workdir={workdir}", f"--output={exported}")
+  for name in marian_vocab.FILES:
+    assert (exported / name).read_bytes() == (imported[2] / "vocab" / "marian" / name).read_bytes()
+  hf = transformers.MarianMTModel.from_pretrained(str(exported)).eval()
+  hf_tokenizer = transformers.MarianTokenizer.from_pretrained(str(exported))
+  config = convert.load_config_file(str(workdir / "config.py"))
+  assert logits_difference(hf, hf_tokenizer, workdir, config, corpus[0][:4],
+                           corpus[1][:4]) <= 1e-5

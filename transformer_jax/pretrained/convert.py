@@ -1,0 +1,191 @@
+"""Import a Marian (OPUS-MT) directory into a work directory, and export one back.
+
+`import_marian(source, workdir)` writes
+  <workdir>/config.py          the experiment: the model's architecture, its tokenizer, its
+                               generation settings; `--config=<workdir>/config.py`
+  <workdir>/vocab/marian/      source.spm, target.spm, vocab.json (`data.vocab_path`)
+  <workdir>/checkpoints/0/     the parameters, a params-only checkpoint at step 0
+Every mode of `transformer_jax.main` then uses the work directory as is:
+translate and eval read step 0 as `--checkpoint=latest`, and train starts
+from it (a fresh optimizer, step 0) and writes its checkpoints beside it.
+
+`export_marian(config, workdir, output)` writes a Marian directory that
+`MarianMTModel.from_pretrained` and `MarianTokenizer.from_pretrained` load.
+"""
+
+import importlib.util
+import json
+import os
+import shutil
+
+from etils import epath
+import jax
+import numpy as np
+from safetensors.numpy import save_file
+import sentencepiece as spm
+
+from transformer_jax import config as config_lib
+from transformer_jax.checkpoints import store
+from transformer_jax.data import marian as marian_vocab
+from transformer_jax.decode import modes
+from transformer_jax.pretrained import marian, weights
+from transformer_jax.workdir import Workdir
+
+CONFIG_FILE = "config.py"
+VOCAB_DIR = ("vocab", "marian")
+
+_CONFIG_TEMPLATE = '''"""A Marian model imported from {source}.
+
+Use: --config={config_file} --workdir={workdir}; override any field with --config.<field>=<value>
+(the data to fine-tune on: --config.data.name=text --config.data.text_train=PREFIX ...).
+"""
+
+import os
+
+from transformer_jax import config as config_lib
+
+MODEL = {model!r}
+DECODE = {decode!r}
+
+
+def get_config():
+  config = config_lib.default_config()
+  config.model = config_lib.model_fields("base", **MODEL)
+  config.data.vocab_path = os.path.join(os.path.dirname(os.path.abspath(__file__)), {vocab_dir})
+  config.data.vocab_size = {vocab_size}
+  for field in ("max_source_length", "max_target_length", "max_length"):  # Within the positions.
+    config.data[field] = min(config.data[field], MODEL["max_len"])
+  config.decode.update(DECODE)
+  return config
+'''
+
+
+def load_config_file(path: str):
+  """The ConfigDict of experiment file `path` (its `get_config()`)."""
+  spec = importlib.util.spec_from_file_location("imported_experiment", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
+
+
+def decode_settings(generation: dict, max_len: int) -> dict:
+  """`config.decode` fields from a `generation_config.json`: its beam size, maximum length and
+  Hugging Face's length normalization with its `length_penalty` (1.0 unless given)."""
+  penalty = generation.get("length_penalty", 1.0)
+  settings = {"length_normalization": "length",
+              "alpha": float(penalty) if isinstance(penalty, (int, float)) and penalty >= 0 else 1.0}
+  if isinstance(generation.get("num_beams"), int) and generation["num_beams"] > 0:
+    settings["beam_size"] = generation["num_beams"]
+  if isinstance(generation.get("max_length"), int) and generation["max_length"] > 1:
+    # max_length counts the decoder's start token; outputs stop at max_len anyway.
+    settings["max_extra"] = min(generation["max_length"] - 1, max_len)
+  return settings
+
+
+def import_marian(source: str, workdir: str) -> dict:
+  """Convert the Marian directory `source` into work directory `workdir` (see the module doc).
+
+  Returns `{"config": path of the experiment file, "parameters": count}`.
+  Raises a UserError (naming the field of config.json) for a model this
+  project cannot represent, files that are missing or unreadable, or a work
+  directory that already has checkpoints.
+  """
+  work = Workdir(workdir)
+  if epath.Path(work.checkpoints).exists():
+    raise marian.MarianError(f"{work.checkpoints} exists: import into a new --workdir")
+  vocab = marian.read_tokenizer(source)
+  hf_config = marian.read_json(os.path.join(source, "config.json"))
+  fields = marian.model_fields(hf_config, vocab)
+  generation = marian.read_json(os.path.join(source, "generation_config.json"), default={})
+  state = marian.read_state(source)
+  state[weights.EMBEDDING] = marian.shared_embedding(state)
+  state.setdefault(weights.LOGITS_BIAS, np.zeros((1, len(vocab)), np.float32))
+  try:
+    params = weights.to_params(state, num_layers=fields["num_layers"],
+                               num_heads=fields["num_heads"],
+                               token_order=marian_vocab.project_order(vocab))
+  except KeyError as error:
+    raise marian.MarianError(f"the weights of {source} lack {error}") from None
+  work.create()
+  vocab_dir = os.path.join(work.root, *VOCAB_DIR)
+  os.makedirs(vocab_dir, exist_ok=True)
+  for name in marian_vocab.FILES:
+    shutil.copyfile(os.path.join(source, name), os.path.join(vocab_dir, name))
+  config_file = os.path.join(work.root, CONFIG_FILE)
+  with open(config_file, "w", encoding="utf-8") as f:
+    f.write(_CONFIG_TEMPLATE.format(
+        source=os.path.abspath(source), config_file=config_file, workdir=work.root,
+        model=fields, decode=decode_settings(generation, fields["max_len"]),
+        vocab_dir=", ".join(repr(part) for part in VOCAB_DIR), vocab_size=len(vocab)))
+  config = load_config_file(config_file)
+  placement = config_lib.placement(config, vocab_size=len(vocab))
+  placed = jax.device_put(params, placement.param_shardings)
+  manager = store.make_params_manager(work.checkpoints)
+  store.save_params(manager, 0, placed, imported_from=os.path.abspath(source))
+  manager.close()
+  return {"config": config_file,
+          "parameters": sum(int(x.size) for x in jax.tree_util.tree_leaves(params))}
+
+
+def export_marian(config, workdir: str, output: str, checkpoint: str = "latest") -> dict:
+  """Write the model of `workdir` (the parameters `checkpoint` names) as a Marian directory.
+
+  A work directory trained with the project's own SentencePiece vocabulary
+  gets that model as both `source.spm` and `target.spm` and a `vocab.json` in
+  Marian's order. Raises FieldError naming a model field Marian cannot
+  represent. Single-process only (it gathers the parameters on this host).
+  """
+  loaded = modes.load(config, workdir, checkpoint)
+  model = loaded.placement.model.config
+  tokenizer = loaded.tokenizer
+  files = tokenizer_files(tokenizer)
+  vocab = json.loads(files["vocab.json"])
+  order = marian_vocab.project_order(vocab)
+  with config_lib.section("model"):
+    hf_config = marian.marian_config(model, vocab_size=len(vocab), pad_id=vocab["<pad>"],
+                                     eos_id=vocab["</s>"])
+  params = jax.device_get(loaded.params)
+  state = weights.to_state(params, num_layers=model.num_layers, num_heads=model.num_heads,
+                           token_order=order, attention_bias=model.attention_bias,
+                           logits_bias=model.logits_bias)
+  os.makedirs(output, exist_ok=True)
+  save_file(state, os.path.join(output, marian.SAFETENSORS), metadata={"format": "pt"})
+  marian.write_json(os.path.join(output, "config.json"), hf_config)
+  marian.write_json(os.path.join(output, "generation_config.json"),
+                    generation_config(config, hf_config))
+  for name, content in files.items():
+    with open(os.path.join(output, name), "wb") as f:
+      f.write(content)
+  marian.write_json(os.path.join(output, "tokenizer_config.json"), {
+      "tokenizer_class": "MarianTokenizer", "model_max_length": model.max_len,
+      "separate_vocabs": False})
+  return {"directory": output, "checkpoint": loaded.name}
+
+
+def generation_config(config, hf_config: dict) -> dict:
+  """`generation_config.json`: the search of `config.decode`, and Marian's token rules (pad is
+  never produced; EOS is forced at the maximum length)."""
+  pad = hf_config["pad_token_id"]
+  return {"decoder_start_token_id": pad, "pad_token_id": pad,
+          "eos_token_id": hf_config["eos_token_id"],
+          "forced_eos_token_id": hf_config["eos_token_id"], "bad_words_ids": [[pad]],
+          "num_beams": config.decode.beam_size, "max_length": hf_config["max_position_embeddings"],
+          "renormalize_logits": True, **(
+              {"length_penalty": config.decode.alpha}
+              if config.decode.length_normalization == "length" else {})}
+
+
+def tokenizer_files(tokenizer) -> dict[str, bytes]:
+  """`source.spm`, `target.spm` and `vocab.json` of a tokenizer: a Marian one's own files; for a
+  single SentencePiece model, that model on both sides and its pieces numbered as Marian numbers
+  them (eos 0, unk 1, the rest in order, pad last)."""
+  if isinstance(tokenizer, marian_vocab.MarianTokenizer):
+    return dict(tokenizer.files)
+  processor = spm.SentencePieceProcessor(model_proto=tokenizer.model_proto)
+  size = processor.get_piece_size()
+  # Marian's id of each of our ids: pad last, then eos 0, unk 1, and the rest after them.
+  marian_ids = [size - 1, 0, 1] + list(range(2, size - 1))
+  vocab = {processor.id_to_piece(i): marian_ids[i] for i in range(size)}
+  content = json.dumps(vocab, ensure_ascii=False, indent=0).encode("utf-8")
+  return {"source.spm": tokenizer.model_proto, "target.spm": tokenizer.model_proto,
+          "vocab.json": content}
