@@ -282,10 +282,11 @@ class _LayerFields(nn.Module):
   activation: str = "relu"
   norm_epsilon: float = 1e-6
 
-  def norm(self, name):
+  # Named apart from the submodules they make: `nnx.bridge.ToNNX` finds variables by attribute.
+  def _norm(self, name):
     return layer_norm(self.dtype, name, self.norm_epsilon)
 
-  def feed_forward(self):
+  def _feed_forward(self):
     return FeedForward(self.d_ff, self.activation, dtype=self.dtype, name="feed_forward")
 
 
@@ -305,8 +306,8 @@ class EncoderLayer(_LayerFields):
         self.num_heads, self.d_k, self.d_v, use_bias=self.attention_bias, dtype=self.dtype,
         attention_impl=self.attention_impl, name="self_attention",
     )
-    x = block(x, lambda y: attend(y, y, mask), norm=self.norm("self_attention_norm"))
-    x = block(x, self.feed_forward(), norm=self.norm("feed_forward_norm"))
+    x = block(x, lambda y: attend(y, y, mask), norm=self._norm("self_attention_norm"))
+    x = block(x, self._feed_forward(), norm=self._norm("feed_forward_norm"))
     return nn.with_logical_constraint(x, ("batch", "length", "embed"))
 
 
@@ -334,8 +335,8 @@ class DecoderLayer(_LayerFields):
     self_attend = mha(name="self_attention")
     cross_attend = mha(static_kv=True, name="cross_attention")
     x = block(x, lambda y: self_attend(y, y, self_mask, decode=decode),
-              norm=self.norm("self_attention_norm"))
+              norm=self._norm("self_attention_norm"))
     x = block(x, lambda y: cross_attend(y, encoded, cross_mask, decode=decode),
-              norm=self.norm("cross_attention_norm"))
-    x = block(x, self.feed_forward(), norm=self.norm("feed_forward_norm"))
+              norm=self._norm("cross_attention_norm"))
+    x = block(x, self._feed_forward(), norm=self._norm("feed_forward_norm"))
     return nn.with_logical_constraint(x, ("batch", "length", "embed"))
