@@ -24,6 +24,7 @@ import pytest
 import sentencepiece as spm
 
 import helpers
+from transformer_jax import config as config_lib
 from transformer_jax import data
 from transformer_jax.conventions import EOS_ID
 from transformer_jax.data import marian as marian_vocab
@@ -104,7 +105,7 @@ def imported(tmp_path_factory, corpus):
   root = tmp_path_factory.mktemp("marian")
   model = marian_directory(root / "marian", corpus)
   result = convert.import_marian(str(root / "marian"), str(root / "work"))
-  config = convert.load_config_file(result["config"])
+  config = config_lib.load_file(result["config"])
   tokenizer = transformers.MarianTokenizer.from_pretrained(str(root / "marian"))
   return model, tokenizer, root / "work", config
 
@@ -149,7 +150,7 @@ def test_logits_equal_hugging_face_on_padded_batches(imported, corpus):
 def test_a_relu_model_imports_with_equal_logits(tmp_path, corpus):
   hf = marian_directory(tmp_path / "marian", corpus, activation="relu", seed=1)
   result = convert.import_marian(str(tmp_path / "marian"), str(tmp_path / "work"))
-  config = convert.load_config_file(result["config"])
+  config = config_lib.load_file(result["config"])
   assert config.model.activation == "relu"
   hf_tokenizer = transformers.MarianTokenizer.from_pretrained(str(tmp_path / "marian"))
   assert logits_difference(hf, hf_tokenizer, tmp_path / "work", config, corpus[0][6:10],
@@ -286,7 +287,7 @@ def test_export_loads_in_hugging_face_with_equal_logits_and_imports_back_bit_ide
   reimported = tmp_path / "reimported"
   cli(shared, "transformer_jax.pretrained", "import", f"--marian={exported}",
       f"--workdir={reimported}")
-  again = host_params(reimported, convert.load_config_file(str(reimported / "config.py")))
+  again = host_params(reimported, config_lib.load_file(str(reimported / "config.py")))
   for want, got in zip(helpers.leaves(jax.device_get(params)), helpers.leaves(again), strict=True):
     np.testing.assert_array_equal(got, want)
 
@@ -360,7 +361,7 @@ def test_pytorch_bin_imports_like_safetensors_and_needs_torch(imported, tmp_path
   (source / "model.safetensors").unlink()
   torch.save(hf.state_dict(), source / "pytorch_model.bin")
   convert.import_marian(str(source), str(tmp_path / "work"))
-  got = host_params(tmp_path / "work", convert.load_config_file(
+  got = host_params(tmp_path / "work", config_lib.load_file(
       str(tmp_path / "work" / "config.py")))
   for want, leaf in zip(helpers.leaves(host_params(workdir, config)), helpers.leaves(got),
                         strict=True):
@@ -397,6 +398,6 @@ def test_fine_tuning_an_imported_model_through_the_command_line_lowers_the_loss_
     assert (exported / name).read_bytes() == (imported[2] / "vocab" / "marian" / name).read_bytes()
   hf = transformers.MarianMTModel.from_pretrained(str(exported)).eval()
   hf_tokenizer = transformers.MarianTokenizer.from_pretrained(str(exported))
-  config = convert.load_config_file(str(workdir / "config.py"))
+  config = config_lib.load_file(str(workdir / "config.py"))
   assert logits_difference(hf, hf_tokenizer, workdir, config, corpus[0][:4],
                            corpus[1][:4]) <= 1e-5

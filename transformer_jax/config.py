@@ -12,6 +12,11 @@ errors of the libraries (`FieldError`) get that name.
 from collections.abc import Callable, Mapping
 import contextlib
 import dataclasses
+import glob
+import importlib.machinery
+import importlib.util
+import inspect
+import os
 from typing import Any
 
 import jax
@@ -246,3 +251,39 @@ def placement(config: ml_collections.ConfigDict, *, vocab_size: int) -> sharding
   with section("sharding_rules"):
     rules = sharding.logical_rules(config.sharding_rules)
     return sharding.Placement(model, mesh, rules)
+
+
+def load_file(spec: str) -> ml_collections.ConfigDict:
+  """The ConfigDict of experiment file `spec` (`path` or `path:variant`, as `--config` takes it);
+  ConfigError saying why there is none."""
+  path, *variant = spec.split(":", 1)
+  if not os.path.isfile(path):
+    folder = os.path.dirname(path) or "."
+    files = sorted(glob.glob("*.py", root_dir=folder)) if os.path.isdir(folder) else []
+    raise ConfigError(f"--config={spec}: there is no file {path}" +
+                    (f" (the config files in {folder}: {', '.join(files)})" if files else ""))
+  loader = importlib.machinery.SourceFileLoader("_config_being_checked", path)
+  module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+  try:
+    loader.exec_module(module)
+  except Exception as error:  # pylint: disable=broad-except  # Whatever the user's file raises.
+    raise ConfigError(f"--config={spec}: the file does not load: "
+                    f"{type(error).__name__}: {error}") from None
+  get_config = getattr(module, "get_config", None)
+  if not callable(get_config):
+    raise ConfigError(f"--config={spec}: the file has no get_config(); a config file defines "
+                    "get_config() (or get_config(variant)) returning an ml_collections.ConfigDict")
+  try:
+    inspect.signature(get_config).bind(*variant)
+  except TypeError:
+    raise ConfigError(f"--config={spec}: {path} takes no variant; drop ':{variant[0]}'" if variant
+                    else f"--config={spec}: {path} needs a variant: --config={path}:<variant>") \
+        from None
+  try:
+    config = get_config(*variant)
+  except Exception as error:  # pylint: disable=broad-except
+    raise ConfigError(f"--config={spec}: {type(error).__name__}: {error}") from None
+  if not isinstance(config, ml_collections.ConfigDict):
+    raise ConfigError(f"--config={spec}: get_config() returned {type(config).__name__}, not an "
+                    "ml_collections.ConfigDict")
+  return config

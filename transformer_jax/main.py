@@ -32,10 +32,6 @@ line which process went silent.
 
 import difflib
 import functools
-import glob
-import importlib.machinery
-import importlib.util
-import inspect
 import json
 import logging as std_logging
 import os
@@ -157,41 +153,6 @@ def _config_arguments(argv: list[str]) -> tuple[str | None, list[str]]:
   return spec, overrides
 
 
-def _load_config(spec: str) -> ml_collections.ConfigDict:
-  """The ConfigDict that `--config=spec` names; UserError saying why there is none."""
-  path, *variant = spec.split(":", 1)
-  if not os.path.isfile(path):
-    folder = os.path.dirname(path) or "."
-    files = sorted(glob.glob("*.py", root_dir=folder)) if os.path.isdir(folder) else []
-    raise UserError(f"--config={spec}: there is no file {path}" +
-                    (f" (the config files in {folder}: {', '.join(files)})" if files else ""))
-  loader = importlib.machinery.SourceFileLoader("_config_being_checked", path)
-  module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
-  try:
-    loader.exec_module(module)
-  except Exception as error:  # pylint: disable=broad-except  # Whatever the user's file raises.
-    raise UserError(f"--config={spec}: the file does not load: "
-                    f"{type(error).__name__}: {error}") from None
-  get_config = getattr(module, "get_config", None)
-  if not callable(get_config):
-    raise UserError(f"--config={spec}: the file has no get_config(); a config file defines "
-                    "get_config() (or get_config(variant)) returning an ml_collections.ConfigDict")
-  try:
-    inspect.signature(get_config).bind(*variant)
-  except TypeError:
-    raise UserError(f"--config={spec}: {path} takes no variant; drop ':{variant[0]}'" if variant
-                    else f"--config={spec}: {path} needs a variant: --config={path}:<variant>") \
-        from None
-  try:
-    config = get_config(*variant)
-  except Exception as error:  # pylint: disable=broad-except
-    raise UserError(f"--config={spec}: {type(error).__name__}: {error}") from None
-  if not isinstance(config, ml_collections.ConfigDict):
-    raise UserError(f"--config={spec}: get_config() returned {type(config).__name__}, not an "
-                    "ml_collections.ConfigDict")
-  return config
-
-
 def _field_paths(config, prefix: str = "") -> list[str]:
   """The dotted paths of every field and section of `config`."""
   paths = []
@@ -228,7 +189,7 @@ def config_flag_problem(argv: list[str]) -> str | None:
   if spec is None:
     return None
   try:
-    config = _load_config(spec)
+    config = config_lib.load_file(spec)
     for path in overrides:
       _check_override(config, path)
   except UserError as error:

@@ -111,9 +111,8 @@ def default_vocab_path(data_config, vocab_dir):
   return os.path.join(vocab_dir, f"{name}-{langs}-{c.vocab_size}.model")
 
 
-def _training_sentences(source, sample_size):
-  """Both sides of up to `sample_size` evenly spaced pairs of the ParallelSource `source`."""
-  n = min(len(source), sample_size)
+def _training_sentences(source, n):
+  """Both sides of `n` (at most `len(source)`) evenly spaced pairs of ParallelSource `source`."""
   ids = np.linspace(0, len(source) - 1, n).round().astype(np.int64)
   for start in range(0, n, 4096):
     for src, tgt in source.pairs(ids[start:start + 4096]):

@@ -13,7 +13,6 @@ from it (a fresh optimizer, step 0) and writes its checkpoints beside it.
 `MarianMTModel.from_pretrained` and `MarianTokenizer.from_pretrained` load.
 """
 
-import importlib.util
 import json
 import os
 import shutil
@@ -58,14 +57,6 @@ def get_config():
   config.decode.update(DECODE)
   return config
 '''
-
-
-def load_config_file(path: str):
-  """The ConfigDict of experiment file `path` (its `get_config()`)."""
-  spec = importlib.util.spec_from_file_location("imported_experiment", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
 
 
 def decode_settings(generation: dict, max_len: int) -> dict:
@@ -117,7 +108,7 @@ def import_marian(source: str, workdir: str) -> dict:
         source=os.path.abspath(source), config_file=config_file, workdir=work.root,
         model=fields, decode=decode_settings(generation, fields["max_len"]),
         vocab_dir=", ".join(repr(part) for part in VOCAB_DIR), vocab_size=len(vocab)))
-  config = load_config_file(config_file)
+  config = config_lib.load_file(config_file)
   placement = config_lib.placement(config, vocab_size=len(vocab))
   placed = jax.device_put(params, placement.param_shardings)
   manager = store.make_params_manager(work.checkpoints)
