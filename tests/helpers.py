@@ -177,6 +177,7 @@ def flags(shared: pathlib.Path, **overrides) -> list[str]:
       "model.num_layers": 2, "model.d_model": 32, "model.d_ff": 64,
       "warmup_steps": 10, "log_every_steps": 1, "peak_flops_per_device": 1e9,
       "eval_every_steps": 0, "checkpoint_every_steps": 2, "keep_checkpoints": 3,
+      "compilation_cache_dir": shared / "jax_cache",
   }
   config.update({k.replace("__", "."): v for k, v in overrides.items()})
   return ["--config=experiments/default.py", *(f"--config.{k}={v}" for k, v in config.items())]
@@ -191,14 +192,13 @@ def free_port() -> int:
 
 def environment(shared: pathlib.Path | None = None, devices: int = 1) -> dict:
   """The environment of a subprocess: the CPU with `devices` devices, this repository importable,
-  and the session's compilation cache in `shared` (when given)."""
+  and the session's compilation cache in `shared` (when given) for what is not a tiny run."""
   env = dict(os.environ, JAX_PLATFORMS="cpu",
              XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
              PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
   if shared is not None:
     env.update(JAX_COMPILATION_CACHE_DIR=str(shared / "jax_cache"),
-               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-               JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
   return env
 
 

@@ -109,6 +109,10 @@ FIELDS: dict[str, Field] = {
                                   "and train from step 0", "stop", "start_over"),
     "preemption_grace_seconds": _number(120.0, "after SIGTERM, exit this long later at the latest",
                                         "a number >= 0 (0 = no limit)", lambda v: v >= 0),
+    "compilation_cache_dir": Field(
+        "auto", "a directory, 'auto' or '' (off)", lambda v: isinstance(v, str),
+        "compiled programs kept between runs (the CLI's modes share them); auto: "
+        "$XDG_CACHE_HOME/transformer_jax/xla, default ~/.cache/transformer_jax/xla"),
     "host_timeout_seconds": Field(
         60, "an integer >= 5", lambda v: _is_int(v) and v >= 5,
         "a process of a multi-process run not heard from for this long is lost: the others stop "

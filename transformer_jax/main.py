@@ -47,7 +47,7 @@ import numpy as np
 from ml_collections import config_flags
 
 from transformer_jax import config as config_lib
-from transformer_jax import hosts, supervisor
+from transformer_jax import compilation_cache, hosts, supervisor
 from transformer_jax.decode import modes
 from transformer_jax.errors import UserError
 from transformer_jax.train import run as train_run
@@ -214,7 +214,18 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 
 def run(mode: str, config, workdir: str) -> None:
-  """Run one mode; results meant for the user go to stdout (translations, or one summary line)."""
+  """Run one mode with the compilation cache on (`config.compilation_cache_dir`) and log what it
+  did; results meant for the user go to stdout (translations, or one summary line)."""
+  cache = compilation_cache.enable(config_lib.checked_field(config, "compilation_cache_dir"))
+  try:
+    run_mode(mode, config, workdir)
+  finally:
+    if cache is not None:
+      logging.info("%s", cache.summary())
+
+
+def run_mode(mode: str, config, workdir: str) -> None:
+  """Run one mode (`--mode`)."""
   if mode == "train":
     train_run.train(config, workdir)
   elif mode == "average":

@@ -1,0 +1,90 @@
+"""The persistent compilation cache: where it lives, which directories it refuses, and two runs
+of the command line where the second loads what the first compiled."""
+
+import os
+import re
+import stat
+
+import pytest
+
+import helpers
+from transformer_jax import compilation_cache
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+  return helpers.shared_dir(tmp_path_factory)
+
+
+def test_the_directory_of_each_setting(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  assert compilation_cache.directory("") is None
+  assert compilation_cache.directory("auto", {"XDG_CACHE_HOME": "/x"}) == "/x/transformer_jax/xla"
+  home = os.path.expanduser("~")
+  assert compilation_cache.directory("auto", {}) == f"{home}/.cache/transformer_jax/xla"
+  assert compilation_cache.directory("c") == str(tmp_path / "c")
+  assert compilation_cache.directory("~/c") == f"{home}/c"
+
+
+def test_a_directory_others_can_write_to_is_unsafe(tmp_path, monkeypatch):
+  path = tmp_path / "cache"
+  path.mkdir(mode=0o700)
+  assert compilation_cache.unsafe(str(path)) is None
+  for mode in (0o770, 0o707, 0o777):
+    path.chmod(mode)
+    assert "others can write to it" in compilation_cache.unsafe(str(path)), oct(mode)
+  path.chmod(0o755)
+  assert compilation_cache.unsafe(str(path)) is None
+  monkeypatch.setattr(os, "getuid", lambda: os.stat(path).st_uid + 1)
+  assert "belongs to another user" in compilation_cache.unsafe(str(path))
+  monkeypatch.undo()
+  (tmp_path / "file").write_text("")
+  assert compilation_cache.unsafe(str(tmp_path / "file")) == "it is not a directory"
+
+
+def test_the_summary_says_whether_the_cache_was_used():
+  use = compilation_cache.Use("/c")
+  assert "no program went through it" in use.summary()
+  for event in ("/jax/compilation_cache/cache_misses",) * 2 + ("/other",):
+    use.count(event)
+  use.add_time("/jax/core/compile/backend_compile_duration", 1.5)
+  use.add_time("/jax/other", 9.0)
+  assert use.summary() == ("compilation cache /c: nothing loaded from it, 2 programs compiled; "
+                           "1.5 s compiling or loading")
+  use.count("/jax/compilation_cache/cache_hits")
+  assert use.summary().startswith("compilation cache /c: 1 of 3 programs loaded from it;")
+
+
+def _summary(run: helpers.Run) -> str:
+  lines = [line for line in run.lines if "compilation cache" in line]
+  assert len(lines) == 1, run.lines[-20:]
+  return lines[0]
+
+
+def test_a_second_run_loads_what_the_first_compiled(shared, tmp_path):
+  cache = tmp_path / "cache"
+  first = helpers.Run(shared, tmp_path / "first", num_train_steps=2, compilation_cache_dir=cache)
+  assert first.finish() == 0, first.lines[-20:]
+  assert re.search(r"nothing loaded from it, \d+ programs compiled", _summary(first))
+  assert stat.S_IMODE(cache.stat().st_mode) == 0o700
+  written = sorted(cache.glob("*-cache"))
+  assert any(path.name.startswith("jit_train_step") for path in written), written
+  second = helpers.Run(shared, tmp_path / "second", num_train_steps=2, compilation_cache_dir=cache)
+  assert second.finish() == 0, second.lines[-20:]
+  loaded, total = map(int, re.search(r"(\d+) of (\d+) programs loaded", _summary(second)).groups())
+  assert loaded == total, _summary(second)
+  assert sorted(cache.glob("*-cache")) == written  # Nothing new to compile.
+
+
+@pytest.mark.parametrize("setting, expected", [
+    ("open", "not using the compilation cache {cache}: others can write to it"),
+    ("", "compilation cache off")])
+def test_an_unsafe_or_empty_setting_runs_uncached(shared, tmp_path, setting, expected):
+  cache = tmp_path / "cache"
+  cache.mkdir()
+  cache.chmod(0o777)
+  run = helpers.Run(shared, tmp_path / "run", num_train_steps=1,
+                    compilation_cache_dir=cache if setting == "open" else "")
+  assert run.finish() == 0, run.lines[-20:]
+  assert any(expected.format(cache=cache) in line for line in run.lines), run.lines[-20:]
+  assert not list(cache.iterdir())

@@ -1,0 +1,114 @@
+"""The persistent XLA compilation cache: compiled programs kept on disk between runs.
+
+`enable(config.compilation_cache_dir)` must run before the first compilation.
+A run that compiles a program already in the cache (same program, shapes,
+shardings, devices and jax version) loads it instead. The cache holds code
+that the process will execute, so its directory must be the user's alone:
+it is created with mode 0700, and one that belongs to someone else or that
+others can write to is refused with a warning (the run goes on uncached).
+On several processes JAX writes entries from process 0 only; the others read.
+"""
+
+import dataclasses
+import os
+import stat
+import threading
+
+from absl import logging
+import jax
+
+AUTO = "auto"
+# Every program is written (JAX's default skips those compiled in under 1 s): on a local disk
+# loading even a small one is faster than compiling it, and a small model's run has dozens.
+MIN_COMPILE_SECONDS = 0.0
+_HIT = "/jax/compilation_cache/cache_hits"
+_MISS = "/jax/compilation_cache/cache_misses"
+# Tracing, lowering and XLA compilation (or the cache read that replaces it) of a program.
+_COMPILE_PHASES = ("/jax/core/compile/jaxpr_trace_duration",
+                   "/jax/core/compile/jaxpr_to_mlir_module_duration",
+                   "/jax/core/compile/backend_compile_duration")
+
+
+def directory(value: str, environ=os.environ) -> str | None:
+  """The cache directory that `config.compilation_cache_dir` names: '' is none, 'auto' is
+  $XDG_CACHE_HOME/transformer_jax/xla (default ~/.cache/transformer_jax/xla)."""
+  if not value:
+    return None
+  if value == AUTO:
+    base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "transformer_jax", "xla")
+  return os.path.abspath(os.path.expanduser(value))
+
+
+def unsafe(path: str) -> str | None:
+  """Why `path` may not hold code this process runs (None when it may): it is not a directory,
+  belongs to another user, or others can write to it."""
+  info = os.stat(path)
+  if not stat.S_ISDIR(info.st_mode):
+    return "it is not a directory"
+  if info.st_uid != os.getuid():
+    return f"it belongs to another user (uid {info.st_uid})"
+  if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+    return (f"others can write to it (mode {stat.S_IMODE(info.st_mode):o}; "
+            f"chmod 700 {path} to use it)")
+  return None
+
+
+@dataclasses.dataclass
+class Use:
+  """What the cache did in this process: programs loaded from it and compiled anew, and the
+  seconds spent tracing, lowering and compiling (or loading) programs."""
+
+  path: str
+  loaded: int = 0
+  compiled: int = 0
+  seconds: float = 0.0
+
+  def __post_init__(self):
+    self._lock = threading.Lock()
+
+  def count(self, event: str, **_) -> None:
+    """A `jax.monitoring` event listener: counts cache hits and misses."""
+    with self._lock:
+      self.loaded += event == _HIT
+      self.compiled += event == _MISS
+
+  def add_time(self, event: str, seconds: float, **_) -> None:
+    """A `jax.monitoring` duration listener: adds up the compile phases."""
+    if event in _COMPILE_PHASES:
+      with self._lock:
+        self.seconds += seconds
+
+  def summary(self) -> str:
+    """One line: whether the cache was used, and the time compiling."""
+    if not self.loaded + self.compiled:
+      used = "no program went through it"
+    elif not self.loaded:
+      used = f"nothing loaded from it, {self.compiled} programs compiled"
+    else:
+      used = f"{self.loaded} of {self.loaded + self.compiled} programs loaded from it"
+    return f"compilation cache {self.path}: {used}; {self.seconds:.1f} s compiling or loading"
+
+
+def enable(value: str) -> Use | None:
+  """Point JAX's persistent compilation cache at the directory `value` names (see `directory`),
+  creating it for this user only; None (and a warning) when it is off, or unsafe or impossible
+  to create."""
+  path = directory(value)
+  if path is None:
+    logging.info("compilation cache off (config.compilation_cache_dir is empty)")
+    return None
+  try:
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    problem = unsafe(path)
+  except OSError as error:
+    problem = f"{error.strerror or error}"
+  if problem:
+    logging.warning("not using the compilation cache %s: %s; compiling everything", path, problem)
+    return None
+  jax.config.update("jax_compilation_cache_dir", path)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECONDS)
+  use = Use(path)
+  jax.monitoring.register_event_listener(use.count)
+  jax.monitoring.register_event_duration_secs_listener(use.add_time)
+  return use
