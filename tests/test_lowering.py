@@ -1,0 +1,113 @@
+"""The train step and beam search, lowered on the CPU for CUDA and TPU with `jax.export`.
+
+The step is the one training jit-compiles (`train.run.make_trainer`), in
+bfloat16 on meshes of the 8 simulated devices; a change that an accelerator
+trace rejects (a host callback, a CPU-only custom call, a sharding that does
+not split) or that loses the bfloat16 matmuls, the shardings or the donation
+fails here without a GPU or TPU.
+
+What this cannot cover: the attention implementation is picked when tracing
+(`model.attention._fused_backend` reads `jax.default_backend()`), so on the CPU
+the modules use XLA's attention, never the cuDNN fused kernel that a GPU run
+in bfloat16 chooses (and that needs cuDNN present). Nothing is compiled for or
+run on a device: XLA's partitioning, the kernels, memory and numerics there
+are not checked.
+"""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from transformer_jax import config as config_lib
+from transformer_jax.conventions import BATCH_KEYS
+from transformer_jax.decode import search
+from transformer_jax.train import run
+
+PLATFORMS = ("cuda", "tpu")
+ROWS, LENGTH = 16, 16
+BF16_MATMUL = re.compile(
+    r"stablehlo\.dot_general .*: \(tensor<[0-9x]*xbf16>, tensor<[0-9x]*xbf16>\)")
+
+
+def _trainer(mesh: dict, rules: str, grad_accum_steps: int = 1):
+  """The experiment's trainer for a 2+2-layer d_model-64 bfloat16 model on all 8 devices."""
+  config = config_lib.default_config()
+  config.model = config_lib.model_fields("base", num_layers=2, d_model=64, d_ff=128,
+                                         num_heads=4, max_len=32, dtype="bfloat16")
+  config.mesh = {**config_lib.MESH_DEFAULT, "data": 1, **mesh}
+  config.sharding_rules = rules
+  config.grad_accum_steps = grad_accum_steps
+  trainer, _ = run.make_trainer(config, vocab_size=64)
+  return trainer
+
+
+def _export(placement, fn, *args, **kwargs) -> jax.export.Exported:
+  """`fn(*args, **kwargs)` lowered for PLATFORMS inside the placement's mesh and rules."""
+  return placement.run(lambda: jax.export.export(fn, platforms=PLATFORMS)(*args, **kwargs))
+
+
+def _axes(shardings) -> set[str]:
+  """The mesh axes (of more than one device) that any of `shardings` splits an array over."""
+  found = set()
+  for sharding in shardings:
+    for entry in sharding.spec:
+      axes = (entry,) if isinstance(entry, str) else entry or ()
+      found |= {axis for axis in axes if sharding.mesh.shape[axis] > 1}
+  return found
+
+
+@pytest.mark.parametrize("mesh, rules, accum, param_axes", [
+    ({"data": 8}, "dp", 1, set()),
+    ({"data": 2, "tensor": 4}, "tp", 1, {"tensor"}),
+    ({"data": 2, "fsdp": 2, "tensor": 2}, "tp", 2, {"fsdp", "tensor"}),
+])
+def test_train_step_lowers_for_cuda_and_tpu(mesh, rules, accum, param_axes):
+  trainer = _trainer(mesh, rules, accum)
+  placement = trainer.placement
+  batch = {k: jax.ShapeDtypeStruct((ROWS, LENGTH), jnp.int32, sharding=placement.batch_sharding)
+           for k in BATCH_KEYS}
+  # The jit-compiled step that `Trainer.train_step` runs, with its shardings and donation.
+  exported = _export(placement, trainer._train_step, trainer.abstract_state, batch)
+  assert exported.platforms == PLATFORMS
+  assert exported.nr_devices == 8
+
+  expected = jax.tree.leaves((trainer.abstract_state, batch))
+  assert [(a.shape, a.dtype) for a in exported.in_avals] == [(a.shape, a.dtype) for a in expected]
+  params = jax.tree.leaves(trainer.abstract_state.params)
+  assert {p.dtype for p in params} == {jnp.dtype(jnp.float32)}
+  shardings = exported.in_shardings_jax(placement.mesh)
+  for got, want in zip(shardings, expected):
+    assert got.is_equivalent_to(want.sharding, len(want.shape))
+  state_leaves = len(jax.tree.leaves(trainer.abstract_state))
+  assert _axes(shardings[1:1 + len(params)]) == param_axes
+  assert _axes(shardings[state_leaves:]) == _axes([placement.batch_sharding])
+  out_state = exported.out_shardings_jax(placement.mesh)[:state_leaves]
+  assert all(got.is_equivalent_to(want.sharding, len(want.shape))
+             for got, want in zip(out_state, jax.tree.leaves(trainer.abstract_state)))
+
+  module = exported.mlir_module()
+  sizes = ", ".join(f'"{axis}"={size}' for axis, size in placement.mesh.shape.items())
+  assert f"sdy.mesh @mesh = <[{sizes}]>" in module
+  assert BF16_MATMUL.search(module), "no bfloat16 matmul in the lowered step"
+  main = next(line for line in module.splitlines() if "func.func public @main" in line)
+  assert main.count("tf.aliasing_output") == state_leaves  # The state is donated.
+
+
+def test_beam_search_lowers_for_cuda_and_tpu_with_tensor_parallel_rules():
+  placement = _trainer({"data": 2, "tensor": 4}, "tp").placement
+  inputs = jax.ShapeDtypeStruct((8, 12), jnp.int32, sharding=placement.batch_sharding)
+  exported = _export(placement, search.beam_search, placement.model,
+                     {"params": placement.abstract_params}, inputs, beam_size=4, max_len=24,
+                     max_extra=8)
+  assert exported.platforms == PLATFORMS
+  assert exported.nr_devices == 8
+  tokens, scores, steps = exported.out_avals
+  assert (tokens.shape, tokens.dtype) == ((8, 24), jnp.int32)
+  assert (scores.shape, scores.dtype) == ((8,), jnp.float32)
+  assert (steps.shape, steps.dtype) == ((), jnp.int32)
+  assert _axes(exported.in_shardings_jax(placement.mesh)) == {"data", "tensor"}
+  module = exported.mlir_module()
+  assert BF16_MATMUL.search(module), "no bfloat16 matmul in the lowered search"
+  assert "stablehlo.while" in module  # The whole search is one loop on the device.
