@@ -93,9 +93,15 @@ mode="${1:-default}"
 case "$mode" in
   default)
     setup
-    (run_main train)
-    (run_main average)
-    run_main eval --checkpoint=averaged
+    phase_start=$SECONDS
+    times=()
+    for phase in train average "eval --checkpoint=averaged"; do
+      # shellcheck disable=SC2086  # The phase is a mode and its flags.
+      (run_main $phase)
+      times+=("${phase%% *} $((SECONDS - phase_start)) s")
+      phase_start=$SECONDS
+    done
+    echo "launch.sh: wall time: ${times[*]/%/,} total ${SECONDS} s" >&2
     ;;
   setup) setup ;;
   test)

@@ -5,6 +5,7 @@ Losses are read back from the TensorBoard event files a run writes.
 """
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -41,6 +42,10 @@ def test_the_default_experiment_learns(shared, tmp_path):
   assert first > np.log(200) and last < first - 0.8, (first, last)
   assert set(helpers.scalars(tmp_path, "eval_validation/perplexity")) == {40}
   assert "ETA" in output and "MFU" in output and "done: step 40/40" in output
+  phases = re.search(r"training ([\d.]+) s, compiling ([\d.]+) s, checkpointing ([\d.]+) s, "
+                     r"evaluating ([\d.]+) s", output)
+  assert phases and all(float(seconds) > 0 for seconds in phases.groups()), output[-2000:]
+  assert re.search(r"set-up \(.*\) took [\d.]+ s", output)
   assert sorted(os.listdir(tmp_path / "checkpoints")) == ["40"]
   # The terminal shows progress, not the config (it is in the work directory).
   assert "num_train_steps: 40" in (tmp_path / "config.txt").read_text()

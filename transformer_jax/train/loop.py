@@ -1,5 +1,6 @@
 """The training loop: steps, checkpoints, evaluations, preemption and runs of non-finite updates."""
 
+import contextlib
 import dataclasses
 import os
 import signal
@@ -123,19 +124,40 @@ class _Interval:
     return int(longest)
 
 
-def _next_batch(train_iter, step: int, trainer: Trainer, shapes: set) -> dict:
-  """The next batch; a shape not seen before is checked and announced (it compiles the step)."""
+def _next_batch(train_iter, step: int, trainer: Trainer, shapes: set) -> tuple[dict, bool]:
+  """The next batch, and whether its shape is new: then it is checked and announced (it compiles
+  the step)."""
   try:
     batch = next(train_iter)
   except StopIteration:
     raise RuntimeError(f"the training data ran out at step {step}") from None
   shape = (batch["inputs"].shape, batch["targets"].shape)
-  if shape not in shapes:
-    trainer.check_batch(batch)
-    shapes.add(shape)
-    logging.info("step %d: compiling the train step for batch shape %s (inputs) %s (targets)",
-                 step + 1, *shape)
-  return batch
+  if shape in shapes:
+    return batch, False
+  trainer.check_batch(batch)
+  shapes.add(shape)
+  logging.info("step %d: compiling the train step for batch shape %s (inputs) %s (targets)",
+               step + 1, *shape)
+  return batch, True
+
+
+class _Phases:
+  """Seconds of this run spent compiling (or loading) train steps, checkpointing and evaluating;
+  the rest of `fit`'s time is training."""
+
+  def __init__(self):
+    self.seconds = {"compiling": 0.0, "checkpointing": 0.0, "evaluating": 0.0}
+
+  @contextlib.contextmanager
+  def timing(self, phase: str):
+    start = time.perf_counter()
+    try:
+      yield
+    finally:
+      self.seconds[phase] += time.perf_counter() - start
+
+  def summary(self, total: float) -> dict:
+    return {"training": total - sum(self.seconds.values()), **self.seconds}
 
 
 def _every(step: int, every: int, last: int) -> bool:
@@ -171,9 +193,12 @@ def fit(trainer: Trainer, state: TrainState, train_iter, settings: FitSettings, 
   if stop:
     logging.warning("stopped before the first step of this run (step %d); nothing new to save",
                     step)
+  phases = _Phases()
   while step < last and not stop:
-    batch = _next_batch(train_iter, step, trainer, shapes)
-    state, metrics = trainer.train_step(state, batch)
+    batch, new_shape = _next_batch(train_iter, step, trainer, shapes)
+    # The call returns once the step is compiled and dispatched, before it has run.
+    with phases.timing("compiling") if new_shape else contextlib.nullcontext():
+      state, metrics = trainer.train_step(state, batch)
     step += 1
     interval.add(metrics)
     logger.advance()
@@ -190,15 +215,20 @@ def fit(trainer: Trainer, state: TrainState, train_iter, settings: FitSettings, 
             "data")
     stop = stop_requested(step)
     if stop or _every(step, settings.checkpoint_every_steps, last):
-      writer.save(step, state, train_iter)
+      with phases.timing("checkpointing"):
+        writer.save(step, state, train_iter)
     if not stop and evaluate is not None and settings.eval_every_steps and _every(
         step, settings.eval_every_steps, last):
       eval_start = time.perf_counter()
-      logger.evaluation(step, *evaluate(state))
+      with phases.timing("evaluating"):
+        logger.evaluation(step, *evaluate(state))
       interval.start += time.perf_counter() - eval_start
-  writer.finish()
+  with phases.timing("checkpointing"):
+    writer.finish()
   if stop and step > start_step:
     logging.warning("stopped at step %d for preemption; checkpoint saved", step)
-  logger.close(step, seconds=time.perf_counter() - start, steps=step - start_step,
-               checkpoints=f"{manager.directory} (latest {manager.latest_step()})")
+  seconds = time.perf_counter() - start
+  logger.close(step, seconds=seconds, steps=step - start_step,
+               checkpoints=f"{manager.directory} (latest {manager.latest_step()})",
+               phases=phases.summary(seconds))
   return state

@@ -128,8 +128,10 @@ class TrainLogger:
         self.writer.add_scalar(f"{prefix}/{name}", value, step)
       self.writer.flush()
 
-  def close(self, step: int, *, seconds: float, steps: int, checkpoints: str):
-    """Log the final summary line (`steps` steps of this run took `seconds`); close the writer and bar."""
+  def close(self, step: int, *, seconds: float, steps: int, checkpoints: str,
+            phases: Mapping[str, float] | None = None):
+    """Log the final summary line (`steps` steps of this run took `seconds`, of which `phases`
+    maps phase names to seconds); close the writer and bar."""
     if self.bar is not None:
       self.bar.close()
     text = (f"done: step {step}/{self.total_steps}; this run {steps} steps in "
@@ -145,6 +147,8 @@ class TrainLogger:
         text += f", BLEU {self.last_eval['bleu']:.2f}"
     if self.skipped:
       text += f"; {self.skipped} non-finite updates skipped"
+    if phases:
+      text += "; " + ", ".join(f"{name} {value:.1f} s" for name, value in phases.items())
     logging.info("%s; checkpoints in %s", text, checkpoints)
     if self.writer is not None:
       self.writer.close()

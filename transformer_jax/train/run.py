@@ -5,6 +5,7 @@ scores validation BLEU and keeps the best parameters (`decode.best`).
 """
 
 import contextlib
+import time
 
 from absl import logging
 from etils import epath
@@ -124,6 +125,7 @@ def _imported_start(manager, trainer: Trainer) -> TrainState | None:
 
 
 def _train(config, workdir: Workdir, manager, preemption) -> TrainState:
+  start = time.perf_counter()
   with config_lib.section("data"):
     tokenizer = data.get_tokenizer(config.data, workdir.vocab)
     if config.eval_every_steps:  # A split that is not there stops the run now, not at step N.
@@ -153,6 +155,8 @@ def _train(config, workdir: Workdir, manager, preemption) -> TrainState:
   logger = TrainLogger(workdir.tensorboard, total_steps=config.num_train_steps,
                        start_step=int(state.step), learning_rate_fn=schedule,
                        peak_flops=peak * jax.device_count())
+  logging.info("set-up (vocabulary, data, parameters or checkpoint, peak FLOP/s) took %.1f s",
+               time.perf_counter() - start)
   return fit(trainer, state, train_iter, FitSettings.from_config(config), logger=logger,
              manager=manager, stop_requested=preemption,
              evaluate=_evaluator(config, workdir, placement, tokenizer))
