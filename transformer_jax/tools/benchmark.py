@@ -2,6 +2,8 @@
 
   python -m transformer_jax.tools.benchmark --config=small [--vs=torch] [--json=results.json]
   python -m transformer_jax.tools.benchmark --experiment=experiments/default.py
+  python -m transformer_jax.tools.benchmark --config=small --sweep_tokens=1024,2048 \
+      --sweep_lengths=32,64,128 --steps=5 --warmup=1 --plot=scaling_small.png
 
 Measures in one process: the train step (forward, label-smoothed loss,
 backward, Adam update; median/min/max over --steps after --warmup), the
@@ -15,17 +17,22 @@ With --experiment, the model and the batches are an experiment's own: its
 train step on batches from its data pipeline in each batch mode
 (length-bucketed 'tokens', 'packed' and fixed-length 'padded'), in real
 tokens per second.
+
+With --sweep (or --sweep_tokens, --sweep_lengths) it times the train step
+alone at every batch shape of a grid (`tools.sweep`) and prints a markdown
+table and draws a figure of how the step time grows.
 """
 
 import dataclasses
 import json
 import resource
 import statistics
+import sys
 import time
 
 from ml_collections import config_flags
 
-from absl import app, flags
+from absl import app, flags, logging
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -35,11 +42,13 @@ from transformer_jax import data, sharding
 from transformer_jax.conventions import PAD_ID, UNK_ID
 from transformer_jax.data.config import BATCH_MODES
 from transformer_jax.decode import search
+from transformer_jax.errors import UserError
 from transformer_jax.model.transformer import TransformerConfig
 from transformer_jax.train import objective
 from transformer_jax.train.reporting import measure_matmul_flops
 from transformer_jax.train.run import make_trainer
 from transformer_jax.train.step import Trainer
+from transformer_jax.tools import sweep
 from transformer_jax.workdir import Workdir
 
 
@@ -63,6 +72,8 @@ WORKLOADS = {
 }
 REAL_FRACTION = 0.75
 DECODE_SENTENCES, DECODE_SOURCE_LENGTH, DECODE_OUTPUT_LENGTH = 16, 32, 48
+# The sweep's model keeps TransformerConfig's default positional table, the same at every point.
+SWEEP_MAX_LEN = TransformerConfig.max_len
 
 FLAGS = flags.FLAGS
 
@@ -89,17 +100,44 @@ def define_flags():
       "--config, --dtype, --scan_layers, --remat, --vs, --warmup and --block do not apply.")
   flags.DEFINE_string("workdir", "/tmp/transformer_jax_benchmark",
                       "--experiment: where its vocabulary is made and kept.")
+  flags.DEFINE_bool("sweep", False, "Time only the train step of --config's model, at every batch "
+                    "shape of --sweep_tokens x --sweep_lengths (--steps after --warmup each); "
+                    "print a markdown table and draw --plot. Not with --vs or --experiment.")
+  flags.DEFINE_list("sweep_tokens", list(map(str, sweep.DEFAULT_TOKENS)),
+                    "Sweep: tokens per batch on each side (source tokens = target tokens, padding "
+                    "included, as data.tokens_per_batch counts them). Giving it implies --sweep.")
+  flags.DEFINE_list("sweep_lengths", list(map(str, sweep.DEFAULT_LENGTHS)),
+                    "Sweep: the source and target length of every row, at most "
+                    f"{SWEEP_MAX_LEN} (the model's max_len); a batch has tokens / length rows, "
+                    "rounded down to a multiple of the devices. Giving it implies --sweep.")
+  flags.DEFINE_string("plot", None, "Sweep: the figure (PNG) to write, median step time against "
+                      "length and against tokens per batch; default scaling_<config>.png in the "
+                      "current directory, empty for none. Needs matplotlib.")
 
 
-def model_config(workload: Workload, *, dtype: str, scan_layers: bool, remat: str):
-  """The TransformerConfig measured, with dropout as in training (0.1)."""
+def model_config(workload: Workload, *, dtype: str, scan_layers: bool, remat: str,
+                 max_len: int | None = None):
+  """The TransformerConfig measured, with dropout as in training (0.1); positions up to `max_len`,
+  by default the workload's longest row or decoding's output, whichever is longer."""
   fields = dict(workload.model)
   preset = fields.pop("preset", None)
   fields.update(dtype=dtype, scan_layers=scan_layers, remat=remat,
-                max_len=max(workload.source_length, workload.target_length, DECODE_OUTPUT_LENGTH))
+                max_len=max_len or max(workload.source_length, workload.target_length,
+                                       DECODE_OUTPUT_LENGTH))
   if preset:
     return TransformerConfig.preset(preset, **fields)
   return TransformerConfig(**fields)
+
+
+def paper_trainer(cfg: TransformerConfig) -> Trainer:
+  """A Trainer of `cfg`, data parallel over every device, with the paper's Adam and label
+  smoothing 0.1."""
+  placement = sharding.Placement(cfg, sharding.make_mesh({"data": -1, "fsdp": 1, "tensor": 1}),
+                                 sharding.logical_rules("dp"))
+  optimizer = objective.make_optimizer(
+      objective.learning_rate_schedule(d_model=cfg.d_model, warmup_steps=4000),
+      b1=0.9, b2=0.98, eps=1e-9)
+  return Trainer(placement, optimizer, label_smoothing=0.1)
 
 
 def synthetic_batch(workload: Workload, vocab_size: int, seed: int = 0) -> dict:
@@ -179,12 +217,7 @@ def run(workload: Workload, *, steps: int, warmup: int, decode_runs: int, dtype:
   """Measure everything for one workload; returns the results as a JSON-ready dict."""
   cfg = model_config(workload, dtype=dtype, scan_layers=scan_layers, remat=remat)
   matmul_rate = measure_matmul_flops(cfg.compute_dtype)
-  placement = sharding.Placement(cfg, sharding.make_mesh({"data": -1, "fsdp": 1, "tensor": 1}),
-                                 sharding.logical_rules("dp"))
-  optimizer = objective.make_optimizer(
-      objective.learning_rate_schedule(d_model=cfg.d_model, warmup_steps=4000),
-      b1=0.9, b2=0.98, eps=1e-9)
-  trainer = Trainer(placement, optimizer, label_smoothing=0.1)
+  trainer = paper_trainer(cfg)
   batch = synthetic_batch(workload, cfg.vocab_size)
   state = trainer.init()
 
@@ -213,8 +246,38 @@ def run(workload: Workload, *, steps: int, warmup: int, decode_runs: int, dtype:
                      "mfu": flops / step["median"] / (matmul_rate * devices[name])}
   memory, memory_kind = peak_memory_bytes()
   results["ours"]["peak_memory_bytes"], results["peak_memory_kind"] = memory, memory_kind
-  results["ours"]["decode_s"] = measure_decoding(placement.model, state.params, decode_runs)
+  results["ours"]["decode_s"] = measure_decoding(trainer.placement.model, state.params, decode_runs)
   return results
+
+
+def run_sweep(workload: Workload, points: list[sweep.Point], *, steps: int, warmup: int,
+              dtype: str, scan_layers: bool = False, remat: str = "none", block: int = 5) -> dict:
+  """The train step of `workload`'s model timed as `run` times it, on a synthetic batch of each
+  of `points` (`sweep.grid`) in turn; one state trains throughout, each point's first step
+  compiles. Returns the results as a JSON-ready dict, one record per point in "points"."""
+  cfg = model_config(workload, dtype=dtype, scan_layers=scan_layers, remat=remat,
+                     max_len=SWEEP_MAX_LEN)
+  trainer = paper_trainer(cfg)
+  state = trainer.init()
+  records = []
+  for index, point in enumerate(points):
+    logging.info("sweep point %d of %d: %s", index + 1, len(points), point)
+    shape = dataclasses.replace(workload, batch=point.rows, source_length=point.length,
+                                target_length=point.length)
+    batch = synthetic_batch(shape, cfg.vocab_size)
+
+    def step(batch=batch):
+      nonlocal state
+      state, metrics = trainer.train_step(state, batch)
+      return metrics["loss"]
+
+    first, times = time_alternating({"step": step}, steps=steps, warmup=warmup, block=block)
+    summary, real_tokens = _summary(times["step"]), _real_tokens(batch)
+    records.append({**dataclasses.asdict(point), "real_tokens_per_step": real_tokens,
+                    "first_step_s": first["step"], "step_s": summary,
+                    "tokens_per_s": real_tokens / summary["median"]})
+  return {"config": dataclasses.asdict(cfg), "device": str(jax.local_devices()[0].device_kind),
+          "devices": jax.device_count(), "steps": steps, "warmup": warmup, "points": records}
 
 
 def _real_tokens(batch) -> int:
@@ -335,15 +398,45 @@ def format_table(results: dict) -> str:
   return "\n".join(lines)
 
 
+def sweep_main(dtype: str) -> dict:
+  """The sweep the flags ask for, checked before anything is timed: its table, figure, results."""
+  if FLAGS.experiment or FLAGS.vs:
+    raise UserError("--sweep times --config's model alone: drop --experiment and --vs")
+  points = sweep.grid(sweep.sizes("sweep_tokens", FLAGS.sweep_tokens),
+                      sweep.sizes("sweep_lengths", FLAGS.sweep_lengths),
+                      max_len=SWEEP_MAX_LEN, row_multiple=jax.device_count())
+  plot = f"scaling_{FLAGS.config}.png" if FLAGS.plot is None else FLAGS.plot
+  if plot:
+    sweep.require_matplotlib()
+  results = run_sweep(WORKLOADS[FLAGS.config], points, steps=FLAGS.steps, warmup=FLAGS.warmup,
+                      dtype=dtype, scan_layers=FLAGS.scan_layers, remat=FLAGS.remat,
+                      block=FLAGS.block)
+  print(sweep.format_table(results["points"]))
+  if plot:
+    sweep.plot(results["points"], plot,
+               title=f"{FLAGS.config}, {dtype}, on {results['devices']} x {results['device']}")
+    print(f"figure: {plot}")
+  return results
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  if FLAGS.experiment:
+  dtype = FLAGS.dtype or ("float32" if jax.default_backend() == "cpu" else "bfloat16")
+  sweeping = FLAGS.sweep or FLAGS["sweep_tokens"].present or FLAGS["sweep_lengths"].present
+  if sweeping:
+    try:
+      results = sweep_main(dtype)
+    except UserError as error:
+      sys.exit(f"error: {error}")
+  elif FLAGS["plot"].present:
+    sys.exit("error: --plot draws the sweep's figure: add --sweep (or --sweep_tokens, "
+             "--sweep_lengths)")
+  elif FLAGS.experiment:
     results = run_experiment(FLAGS.experiment, FLAGS.workdir, steps=FLAGS.steps,
                              decode_runs=FLAGS.decode_runs)
     print(format_experiment_table(results))
   else:
-    dtype = FLAGS.dtype or ("float32" if jax.default_backend() == "cpu" else "bfloat16")
     results = run(WORKLOADS[FLAGS.config], steps=FLAGS.steps, warmup=FLAGS.warmup,
                   decode_runs=FLAGS.decode_runs, dtype=dtype, scan_layers=FLAGS.scan_layers,
                   remat=FLAGS.remat, vs=FLAGS.vs, block=FLAGS.block)
