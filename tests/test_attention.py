@@ -161,3 +161,16 @@ def test_cached_attention_over_head_major_keys_and_values_matches_formula():
   got = attention.cached_attention(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask)
   assert got.shape == (2, 1, 3, 6)
   assert relative_error(got, numpy_reference.softmax_attention(q, k, v, mask)) < 1e-5
+
+
+def test_cached_attention_of_grouped_query_rows_reads_each_cached_row_for_its_group():
+  q, k, v = random_qkv(12, b=6, q_len=1)
+  mask = np.random.default_rng(3).random((2, 1, 1, 7)) < 0.7
+  cache_k, cache_v = k[::3].transpose(0, 2, 1, 3), v[::3].transpose(0, 2, 1, 3)
+  got = attention.cached_attention(q, cache_k, cache_v, mask)
+  # The formula with every cached row repeated for the 3 query rows of its group.
+  want = numpy_reference.softmax_attention(q, np.repeat(k[::3], 3, 0), np.repeat(v[::3], 3, 0),
+                                           np.repeat(mask, 3, 0))
+  assert got.shape == (6, 1, 3, 8) and relative_error(got, want) < 1e-5
+  with pytest.raises(ValueError, match="multiple"):
+    attention.cached_attention(q[:5], cache_k, cache_v, mask)

@@ -156,6 +156,26 @@ def test_gather_beams_and_reorder_cache():
   assert int(out["layer"]["cache_index"]) == 3
 
 
+@pytest.mark.parametrize("scan_layers", [False, True])
+@pytest.mark.parametrize("length", [1, 8, 9, 23, 24])
+def test_reorder_cache_moves_the_written_positions_only(scan_layers, length):
+  """With `length`, the first `length` positions (rounded up to whole chunks) are reordered and
+  the rest stay; a buffer that chunks do not divide is reordered whole."""
+  indices = jnp.array([[2, 2, 0], [1, 0, 1]])
+  flat = np.array([2, 2, 0, 4, 3, 4])
+  for max_len in (24, 20):
+    keys = np.random.default_rng(length).standard_normal((6, 2, max_len, 3)).astype(np.float32)
+    cache = {"cached_key": keys[None] if scan_layers else keys,
+             "static_key": keys[None] if scan_layers else keys}
+    out = jax.jit(search_lib.reorder_cache, static_argnames="batch_axis")(
+        cache, indices, batch_axis=int(scan_layers), length=jnp.int32(length))
+    got = np.asarray(out["cached_key"][0] if scan_layers else out["cached_key"])
+    moved = max_len if max_len % search_lib.REORDER_CHUNK else -(-length // 8) * 8
+    np.testing.assert_array_equal(got[:, :, :moved], keys[flat][:, :, :moved])
+    np.testing.assert_array_equal(got[:, :, moved:], keys[:, :, moved:])
+    np.testing.assert_array_equal(out["static_key"], cache["static_key"])
+
+
 def test_top_extensions_ranks_every_beam_token_pair():
   rng = np.random.default_rng(0)
   alive = np.array([[-1.0, -0.5, -np.inf], [0.0, -2.0, -3.0]], np.float32)
@@ -166,11 +186,6 @@ def test_top_extensions_ranks_every_beam_token_pair():
                    reverse=True)[:4]
     np.testing.assert_allclose(got_scores[b], [p[0] for p in pairs], rtol=1e-6)
     assert list(zip(got_beams[b].tolist(), got_tokens[b].tolist())) == [p[1:] for p in pairs]
-
-
-def test_expand_beams_is_sentence_major():
-  x = jnp.array([[1, 2], [3, 4]])
-  np.testing.assert_array_equal(search_lib.expand_beams(x, 3), [[1, 2]] * 3 + [[3, 4]] * 3)
 
 
 def test_trim_cuts_at_eos():
@@ -195,14 +210,18 @@ def test_cached_steps_match_teacher_forcing_including_beam_reorders(scan_layers)
   reorder_at, order = 3, np.array([[2, 0, 0], [1, 2, 1]])
   history = fed.copy()
   history[:, :, :reorder_at] = np.stack([fed[b][order[b], :reorder_at] for b in range(2)])
-  beam_inputs = search_lib.expand_beams(inputs, k)
+  beam_inputs = jnp.repeat(inputs, k, axis=0)  # Sentence-major: the rows of a sentence together.
   before, after = fed.reshape(2 * k, steps), history.reshape(2 * k, steps)
   expected_before = teacher_forced_log_probs(model, variables, beam_inputs, before)
   expected_after = teacher_forced_log_probs(model, variables, beam_inputs, after)
 
-  encoded = jax.jit(functools.partial(model.apply, method=model.encode))(variables, beam_inputs)
-  cache = jax.jit(search_lib.init_cache, static_argnums=(0, 4))(
-      model, variables, encoded, beam_inputs, 8)
+  # As the beam search does it: the 3 rows of a sentence share its cross-attention cache.
+  encoded = jax.jit(functools.partial(model.apply, method=model.encode))(variables, inputs)
+  cache = jax.jit(search_lib.init_cache, static_argnums=(0, 4, 5))(
+      model, variables, encoded, inputs, 8, 2 * k)
+  static = [x for path, x in jax.tree_util.tree_leaves_with_path(cache)
+            if path[-1].key in search_lib.STATIC_CACHE_NAMES]
+  assert static and all(x.shape[int(scan_layers)] == 2 for x in static)
   decode_step = jax.jit(search_lib.decode_step, static_argnums=0)
   for step in range(steps):
     if step == reorder_at:
@@ -210,7 +229,7 @@ def test_cached_steps_match_teacher_forcing_including_beam_reorders(scan_layers)
     targets, expected = (before, expected_before) if step < reorder_at else (after, expected_after)
     previous = targets[:, step - 1] if step else np.zeros(2 * k, np.int32)
     log_probs, cache = decode_step(
-        model, variables, cache, encoded, beam_inputs, jnp.asarray(previous), step)
+        model, variables, cache, encoded, inputs, jnp.asarray(previous), step)
     np.testing.assert_allclose(log_probs[:, 1:], expected[:, step, 1:], atol=1e-5)
     assert np.all(np.isneginf(log_probs[:, 0]))  # the pad id is never emitted
 

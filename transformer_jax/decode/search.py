@@ -2,8 +2,9 @@
 
 Both searches run entirely inside `jax.jit` as one `lax.while_loop`, batched
 over sentences. The encoder runs once per batch; the cross-attention
-keys/values are projected once per sentence (per beam) when the cache is
-made, and each step feeds one token per row through the decoder.
+keys/values are projected once per sentence when the cache is made and
+shared by its beams (`attention.cached_attention` reads them once for all),
+and each step feeds one token per row through the decoder.
 
 Token conventions are `transformer_jax.conventions`': PAD_ID (0) is padding
 and the decoder's start token, `eos_id` (EOS_ID, 1, by default) ends a
@@ -78,13 +79,14 @@ def max_lengths(inputs, max_extra: int, max_len: int):
   return jnp.where(source_lengths > 0, jnp.minimum(source_lengths + max_extra, max_len), 0)
 
 
-def init_cache(model, variables, encoded, inputs, max_len: int):
-  """Decoder cache for `max_len` target positions, holding the cross-attention keys/values.
+def init_cache(model, variables, encoded, inputs, max_len: int, rows: int | None = None):
+  """Decoder cache for `rows` hypotheses (default: one per sentence) of `max_len` target positions,
+  holding the cross-attention keys/values of each sentence once.
 
-  `encoded` `[n, src_len, d_model]`, `inputs` `[n, src_len]`.
+  `encoded` `[n, src_len, d_model]`, `inputs` `[n, src_len]`; `rows` a multiple of `n`, the
+  hypotheses of each sentence next to each other.
   """
-  n = inputs.shape[0]
-  targets = jnp.zeros((n, max_len), jnp.int32)
+  targets = jnp.zeros((rows or inputs.shape[0], max_len), jnp.int32)
   _, mutated = model.apply(
       variables, encoded, inputs, targets, targets_position=jnp.zeros_like(targets),
       decode=True, method=model.decode, mutable=["cache"])
@@ -94,7 +96,8 @@ def init_cache(model, variables, encoded, inputs, max_len: int):
 def decode_step(model, variables, cache, encoded, inputs, tokens, position):
   """One cached decoder step: (log-probs `[n, vocab]`, new cache).
 
-  `tokens` `[n]` are the previous outputs, fed at `position`. Log-probabilities
+  `tokens` `[n]` are the previous outputs, fed at `position`; `n` is the cache's rows, a multiple
+  of the sentences of `encoded` and `inputs`. Log-probabilities
   are float32, with the pad id set to -inf (never emitted).
   """
   n = tokens.shape[0]
@@ -104,11 +107,6 @@ def decode_step(model, variables, cache, encoded, inputs, tokens, position):
       decode=True, method=model.decode, mutable=["cache"])
   log_probs = jax.nn.log_softmax(logits[:, 0].astype(jnp.float32))
   return log_probs.at[:, PAD_ID].set(NEG_INF), mutated["cache"]
-
-
-def expand_beams(x, beam_size: int):
-  """Repeat each row `beam_size` times, sentence-major: `[b, ...]` -> `[b * beam_size, ...]`."""
-  return jnp.repeat(x, beam_size, axis=0)
 
 
 def gather_beams(x, indices):
@@ -138,23 +136,48 @@ def top_extensions(alive_log_probs, log_probs, k: int):
   return top_log_probs, top // vocab, (top % vocab).astype(jnp.int32)
 
 
-def reorder_cache(cache, indices, *, batch_axis: int = 0):
-  """Reorder the `[b * k, ...]` cache rows of every sentence by beam `indices` `[b, k]`.
+# Positions that `reorder_cache` moves at a time when it reorders only those written so far.
+REORDER_CHUNK = 8
+
+
+def reorder_cache(cache, indices, *, batch_axis: int = 0, length=None):
+  """Reorder the `[b * k, heads, max_len, d]` cache rows of every sentence by beam `indices`
+  `[b, k]`.
 
   The cache index and the cross-attention keys/values, which are the same for
   all beams of a sentence, are left as they are. `batch_axis` is 1 when the
   model scans its layers (cache entries then lead with a layers axis).
+  `length` (an int32 scalar, may be traced): only the first `length`
+  positions hold keys/values yet, so only those (rounded up to
+  `REORDER_CHUNK`) are moved; the rest are never attended to before they are
+  written. A beam step that moves the whole buffer spends most of its time
+  copying positions that decoding has not reached.
   """
   b, k = indices.shape
 
-  def reorder(path, x):
-    if x.ndim == batch_axis or getattr(path[-1], "key", None) in STATIC_CACHE_NAMES:
-      return x
+  def reorder(x):
     rows = jnp.moveaxis(x, batch_axis, 0)
     rows = gather_beams(rows.reshape((b, k) + rows.shape[1:]), indices).reshape(rows.shape)
     return jnp.moveaxis(rows, 0, batch_axis)
 
-  return jax.tree_util.tree_map_with_path(reorder, cache)
+  with_paths, treedef = jax.tree_util.tree_flatten_with_path(cache)
+  leaves = [x for _, x in with_paths]
+  moving = [i for i, (path, x) in enumerate(with_paths)
+            if x.ndim > batch_axis and getattr(path[-1], "key", None) not in STATIC_CACHE_NAMES]
+  position_axis = batch_axis + 2
+  if length is None or any(leaves[i].ndim <= position_axis
+                           or leaves[i].shape[position_axis] % REORDER_CHUNK for i in moving):
+    moved = [reorder(leaves[i]) for i in moving]
+  else:
+    def reorder_chunk(chunk, entries):
+      start = chunk * REORDER_CHUNK
+      return [lax.dynamic_update_slice_in_dim(x, reorder(lax.dynamic_slice_in_dim(
+          x, start, REORDER_CHUNK, position_axis)), start, position_axis) for x in entries]
+    chunks = (length + REORDER_CHUNK - 1) // REORDER_CHUNK
+    moved = lax.fori_loop(0, chunks, reorder_chunk, [leaves[i] for i in moving])
+  for i, x in zip(moving, moved):
+    leaves[i] = x
+  return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
 def _check_args(model, max_len, beam_size=1):
@@ -229,7 +252,7 @@ class BeamState(NamedTuple):
   cache: Any  # The decoder's key/value cache, `[batch * k, ...]` rows.
 
 
-def _beam_step(model, variables, encoded, beam_inputs, limits, penalty, eos_id,
+def _beam_step(model, variables, encoded, inputs, limits, penalty, eos_id,
                state: BeamState) -> BeamState:
   """Extend every alive beam by one token, keep the `k` best, and record finished hypotheses."""
   batch, k = state.alive.shape[:2]
@@ -238,11 +261,11 @@ def _beam_step(model, variables, encoded, beam_inputs, limits, penalty, eos_id,
   alive_log_probs = jnp.where(done[:, None], NEG_INF, state.alive_log_probs)
   previous = jnp.where(step > 0, state.alive[:, :, jnp.maximum(step - 1, 0)], PAD_ID)
   log_probs, cache = decode_step(
-      model, variables, state.cache, encoded, beam_inputs, previous.reshape(-1), step)
+      model, variables, state.cache, encoded, inputs, previous.reshape(-1), step)
   top_log_probs, beams, tokens = top_extensions(
       alive_log_probs, log_probs.reshape(batch, k, -1), k)
   alive = gather_beams(state.alive, beams).at[:, :, step].set(tokens)
-  cache = reorder_cache(cache, beams, batch_axis=int(model.config.scan_layers))
+  cache = reorder_cache(cache, beams, batch_axis=int(model.config.scan_layers), length=step + 1)
 
   finished = (tokens == eos_id) | (step + 1 >= limits[:, None])
   finished_scores = jnp.where(
@@ -279,15 +302,14 @@ def beam_search(model, variables, inputs, *, beam_size: int = 4, alpha=0.6, max_
   penalty = functools.partial(length_penalty, alpha=alpha, normalization=length_normalization)
   batch, k = inputs.shape[0], beam_size
   limits = max_lengths(inputs, max_extra, max_len)
-  encoded = expand_beams(model.apply(variables, inputs, method=model.encode), k)
-  beam_inputs = expand_beams(inputs, k)
+  # The beams of a sentence share its encoder output and cross-attention keys/values.
+  encoded = model.apply(variables, inputs, method=model.encode)
 
   def cond(state: BeamState):
     done = _sentence_done(state.alive_log_probs, state.best_scores, state.step, limits, penalty)
     return (state.step < max_len) & ~jnp.all(done)
 
-  body = functools.partial(_beam_step, model, variables, encoded, beam_inputs, limits, penalty,
-                           eos_id)
+  body = functools.partial(_beam_step, model, variables, encoded, inputs, limits, penalty, eos_id)
   # Every beam starts from the start token; only the first is live, so the
   # first step expands one hypothesis per sentence.
   first_beam = jnp.where(jnp.arange(k) == 0, 0.0, NEG_INF).astype(jnp.float32)
@@ -297,7 +319,7 @@ def beam_search(model, variables, inputs, *, beam_size: int = 4, alpha=0.6, max_
       alive_log_probs=jnp.where(limits[:, None] > 0, first_beam[None, :], NEG_INF),
       best_scores=jnp.where(limits > 0, NEG_INF, 0.0).astype(jnp.float32),
       best=jnp.zeros((batch, max_len), jnp.int32),
-      cache=init_cache(model, variables, encoded, beam_inputs, max_len),
+      cache=init_cache(model, variables, encoded, inputs, max_len, rows=batch * k),
   )
   final = lax.while_loop(cond, body, state)
   return Decoded(final.best, final.best_scores, final.step)

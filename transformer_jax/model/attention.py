@@ -81,16 +81,27 @@ def attention_weights(query, key, mask=None):
 def cached_attention(query, key_cache, value_cache, mask=None):
   """Attention of a few new queries over head-major cached keys/values (incremental decoding).
 
-  query `[batch, q_len, heads, d_k]`; key_cache `[batch, heads, k_len, d_k]`;
-  value_cache `[batch, heads, k_len, d_v]`; mask broadcastable to `[batch,
-  heads, q_len, k_len]`. Returns `[batch, q_len, heads, d_v]`. Keeping the
-  cache head-major spares a transpose of the whole cache at every step.
+  query `[batch, q_len, heads, d_k]`; key_cache `[kv_batch, heads, k_len,
+  d_k]`; value_cache `[kv_batch, heads, k_len, d_v]`, where `batch` is a
+  multiple `g` of `kv_batch` and query rows `i * g ... i * g + g - 1` all
+  attend over cache row `i` (the beams of a sentence over its encoder
+  output: each cached row is read once for all of them); mask broadcastable
+  to `[kv_batch, heads, g * q_len, k_len]` (for `g == 1`: `[batch, heads,
+  q_len, k_len]`). Returns `[batch, q_len, heads, d_v]`. Keeping the cache
+  head-major spares a transpose of the whole cache at every step.
   """
+  batch, q_len, heads, _ = query.shape
+  kv_batch = key_cache.shape[0]
+  if batch % kv_batch:
+    raise ValueError(f"cached attention of {batch} query rows over {kv_batch} cached rows: the "
+                     "query rows must be a multiple of the cached ones")
+  # A group's query rows become query positions of its cached row.
+  query = query.reshape(kv_batch, batch // kv_batch * q_len, heads, query.shape[-1])
   logits = jnp.einsum("bqhd,bhkd->bhqk", query, key_cache,
                       preferred_element_type=_accumulation_dtype(query))
   weights = masked_softmax(logits / jnp.sqrt(jnp.asarray(query.shape[-1], logits.dtype)), mask)
   out = jnp.einsum("bhqk,bhkd->bqhd", weights.astype(value_cache.dtype), value_cache)
-  return out.astype(query.dtype)
+  return out.reshape(batch, q_len, heads, value_cache.shape[-1]).astype(query.dtype)
 
 
 def dot_product_attention(
