@@ -52,6 +52,19 @@ def test_the_default_experiment_learns(shared, tmp_path):
   assert "adam_b1" not in output and "Unable to initialize backend" not in output
 
 
+def test_several_modes_run_in_order_in_one_process(shared, tmp_path):
+  output = _run(shared, tmp_path, "--mode=train,average,eval", "--checkpoint=averaged",
+                num_train_steps=4, checkpoint_every_steps=2, average_last=2).succeed()
+  took = re.findall(r"--mode=(\w+) took [\d.]+ s", output)
+  assert took == ["train", "average", "eval"], output[-3000:]
+  assert "averaged steps 2, 4 into" in output and re.search(r"test BLEU [\d.]+ .*averaged", output)
+  assert len(re.findall(r"compilation cache .*programs", output)) == 1
+  error = _run(shared, tmp_path / "bad", "--mode=train,evaluate").fail()
+  assert error.startswith("error: flag --mode=") and error.rstrip().endswith(
+      "'evaluate' is not a mode; --mode takes one or more of train, average, eval, translate, "
+      "comma-separated"), error
+
+
 def test_three_steps_then_a_restart_equal_six_straight(shared, tmp_path):
   straight, split = tmp_path / "straight", tmp_path / "split"
   runs = [_run(shared, straight, num_train_steps=6), _run(shared, split, num_train_steps=3)]

@@ -8,7 +8,9 @@ Modes: train (or resume), average (the last `config.average_last`
 checkpoints into <workdir>/averaged), eval (decode `config.decode.split`,
 print BLEU and perplexity, write them and the hypotheses under
 <workdir>/eval) and translate (lines of --input to lines of --output).
-eval and translate read the parameters that --checkpoint names.
+eval and translate read the parameters that --checkpoint names. Several
+modes run one after another in one process: --mode=train,average,eval
+(what ./launch.sh does).
 
 `--config` is an `ml_collections` config file, optionally followed by
 `:variant`; every field can be overridden with `--config.<field>=<value>`.
@@ -38,6 +40,7 @@ import os
 import random
 import re
 import sys
+import time
 
 from absl import app, flags, logging
 import jax
@@ -61,10 +64,13 @@ _WORKDIR = flags.DEFINE_string(
     "workdir", None,
     "Work directory: checkpoints/, tensorboard/ and the tokenizer. A run with the same "
     "work directory resumes from its latest checkpoint.")
-_MODE = flags.DEFINE_enum(
-    "mode", "train", ["train", "average", "eval", "translate"],
+MODES = ("train", "average", "eval", "translate")
+_MODE = flags.DEFINE_list(
+    "mode", ["train"],
     "What to do: train (or resume); average the last config.average_last checkpoints; eval "
-    "(BLEU and perplexity on config.decode.split); translate --input into --output.")
+    "(BLEU and perplexity on config.decode.split); translate --input into --output. Several, "
+    "comma-separated, run one after another in one process: train,average,eval.")
+
 _CHECKPOINT = flags.DEFINE_string(
     "checkpoint", "latest",
     "eval and translate: the parameters to use: latest, a step number, averaged (written by "
@@ -87,6 +93,15 @@ _NUM_PROCESSES = flags.DEFINE_integer(
     "num_processes", None, "Number of processes, for jax.distributed.initialize.")
 _PROCESS_ID = flags.DEFINE_integer(
     "process_id", None, "This process's index, for jax.distributed.initialize.")
+
+
+@flags.validator("mode")
+def _known_modes(modes: list[str]) -> bool:
+  unknown = [mode for mode in modes if mode not in MODES] or ([] if modes else [""])
+  if unknown:
+    raise flags.ValidationError(f"{unknown[0]!r} is not a mode; --mode takes one or more of "
+                                f"{', '.join(MODES)}, comma-separated")
+  return True
 
 
 def launched_on_several_processes(environ=os.environ) -> bool:
@@ -213,12 +228,16 @@ def parse_flags(argv: list[str]) -> list[str]:
   return remaining
 
 
-def run(mode: str, config, workdir: str) -> None:
-  """Run one mode with the compilation cache on (`config.compilation_cache_dir`) and log what it
-  did; results meant for the user go to stdout (translations, or one summary line)."""
+def run(modes: list[str], config, workdir: str) -> None:
+  """Run the modes in order, with the compilation cache on (`config.compilation_cache_dir`), and
+  log what the cache did; results meant for the user go to stdout (translations, or one summary
+  line per mode)."""
   cache = compilation_cache.enable(config_lib.checked_field(config, "compilation_cache_dir"))
   try:
-    run_mode(mode, config, workdir)
+    for mode in modes:
+      start = time.perf_counter()
+      run_mode(mode, config, workdir)
+      logging.info("--mode=%s took %.1f s", mode, time.perf_counter() - start)
   finally:
     if cache is not None:
       logging.info("%s", cache.summary())
