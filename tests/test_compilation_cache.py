@@ -48,9 +48,11 @@ def test_the_summary_says_whether_the_cache_was_used():
   for event in ("/jax/compilation_cache/cache_misses",) * 2 + ("/other",):
     use.count(event)
   use.add_time("/jax/core/compile/backend_compile_duration", 1.5)
+  use.add_time("/jax/core/compile/jaxpr_trace_duration", 0.25)
+  use.add_time("/jax/core/compile/jaxpr_to_mlir_module_duration", 0.5)
   use.add_time("/jax/other", 9.0)
   assert use.summary() == ("compilation cache /c: nothing loaded from it, 2 programs compiled; "
-                           "1.5 s compiling or loading")
+                           "1.5 s compiling or loading, 0.8 s tracing and lowering")
   use.count("/jax/compilation_cache/cache_hits")
   assert use.summary().startswith("compilation cache /c: 1 of 3 programs loaded from it;")
 

@@ -73,6 +73,10 @@ def test_get_tokenizer_loads_a_marian_directory_with_source_and_target_pieces(di
   assert [order[i] for i in tokenizer.encode_target("der rote baum")] == [
       vocab[p] for p in target_pieces]
   assert UNK_ID in tokenizer.encode("the red 漢字")
+  assert tokenizer.encode_batch(["the red tree", "the red 漢字"]) == [
+      tokenizer.encode("the red tree"), tokenizer.encode("the red 漢字")]
+  assert tokenizer.encode_target_batch(["der rote baum"]) == [
+      tokenizer.encode_target("der rote baum")]
   ids = tokenizer.encode_target("der rote baum")
   assert tokenizer.decode([*ids, UNK_ID, EOS_ID, 7]) == "der rote baum"
   assert tokenizer.decode([PAD_ID, *ids, PAD_ID]) == "der rote baum"

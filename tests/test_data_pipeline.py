@@ -31,7 +31,11 @@ class WordIds:
   def encode(self, text):
     return [int(w) for w in text.split()]
 
+  def encode_batch(self, texts):
+    return [self.encode(text) for text in texts]
+
   encode_target = encode
+  encode_target_batch = encode_batch
 
 
 def pair_id(token):

@@ -50,6 +50,13 @@ def test_round_trip_on_both_sides_of_unseen_pairs(setup):
       assert tok.decode(ids) == text
 
 
+def test_a_batch_encodes_as_its_sentences_one_by_one(setup):
+  _, _, tok = setup
+  texts = [text for pair in embedded.generate_corpus(2, TINY)["test"] for text in pair]
+  assert tok.encode_batch(texts) == [tok.encode(text) for text in texts]
+  assert tok.encode_target_batch(texts) == [tok.encode_target(text) for text in texts]
+
+
 def test_bpe_splits_target_words_into_stems_and_endings(setup):
   _, _, tok = setup
   src, tgt = embedded.generate_corpus(1, TINY)["train"][0]

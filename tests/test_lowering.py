@@ -69,7 +69,7 @@ def test_train_step_lowers_for_cuda_and_tpu(mesh, rules, accum, param_axes):
   batch = {k: jax.ShapeDtypeStruct((ROWS, LENGTH), jnp.int32, sharding=placement.batch_sharding)
            for k in BATCH_KEYS}
   # The jit-compiled step that `Trainer.train_step` runs, with its shardings and donation.
-  exported = _export(placement, trainer._train_step, trainer.abstract_state, batch)
+  exported = _export(placement, trainer.jitted_step, trainer.abstract_state, batch)
   assert exported.platforms == PLATFORMS
   assert exported.nr_devices == 8
 

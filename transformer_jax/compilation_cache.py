@@ -23,10 +23,11 @@ AUTO = "auto"
 MIN_COMPILE_SECONDS = 0.0
 _HIT = "/jax/compilation_cache/cache_hits"
 _MISS = "/jax/compilation_cache/cache_misses"
-# Tracing, lowering and XLA compilation (or the cache read that replaces it) of a program.
-_COMPILE_PHASES = ("/jax/core/compile/jaxpr_trace_duration",
-                   "/jax/core/compile/jaxpr_to_mlir_module_duration",
-                   "/jax/core/compile/backend_compile_duration")
+# XLA's compilation of a program, or the cache read that replaces it; and the tracing and
+# lowering before it, which a cache hit does not spare.
+_BACKEND = "/jax/core/compile/backend_compile_duration"
+_TRACING = ("/jax/core/compile/jaxpr_trace_duration",
+            "/jax/core/compile/jaxpr_to_mlir_module_duration")
 
 
 def directory(value: str, environ=os.environ) -> str | None:
@@ -56,13 +57,14 @@ def unsafe(path: str) -> str | None:
 
 @dataclasses.dataclass
 class Use:
-  """What the cache did in this process: programs loaded from it and compiled anew, and the
-  seconds spent tracing, lowering and compiling (or loading) programs."""
+  """What the cache did in this process: programs loaded from it and compiled anew, the seconds
+  in XLA's compiler or reading the cache, and the seconds tracing and lowering programs."""
 
   path: str
   loaded: int = 0
   compiled: int = 0
-  seconds: float = 0.0
+  backend_seconds: float = 0.0
+  tracing_seconds: float = 0.0
 
   def __post_init__(self):
     self._lock = threading.Lock()
@@ -75,9 +77,11 @@ class Use:
 
   def add_time(self, event: str, seconds: float, **_) -> None:
     """A `jax.monitoring` duration listener: adds up the compile phases."""
-    if event in _COMPILE_PHASES:
-      with self._lock:
-        self.seconds += seconds
+    with self._lock:
+      if event == _BACKEND:
+        self.backend_seconds += seconds
+      elif event in _TRACING:
+        self.tracing_seconds += seconds
 
   def summary(self) -> str:
     """One line: whether the cache was used, and the time compiling."""
@@ -87,7 +91,8 @@ class Use:
       used = f"nothing loaded from it, {self.compiled} programs compiled"
     else:
       used = f"{self.loaded} of {self.loaded + self.compiled} programs loaded from it"
-    return f"compilation cache {self.path}: {used}; {self.seconds:.1f} s compiling or loading"
+    return (f"compilation cache {self.path}: {used}; {self.backend_seconds:.1f} s compiling or "
+            f"loading, {self.tracing_seconds:.1f} s tracing and lowering")
 
 
 def enable(value: str) -> Use | None:

@@ -105,6 +105,14 @@ class MarianTokenizer:
     """Ids of a target sentence, without EOS."""
     return self._encode(self._target, text)
 
+  def encode_batch(self, texts) -> list[list[int]]:
+    """`encode` of each of `texts`."""
+    return [self.encode(text) for text in texts]
+
+  def encode_target_batch(self, texts) -> list[list[int]]:
+    """`encode_target` of each of `texts`."""
+    return [self.encode_target(text) for text in texts]
+
   def decode(self, ids) -> str:
     """Text of target ids, stopping at the first EOS, leaving out PAD and UNK: as Marian's
     tokenizer decodes with `skip_special_tokens` (through `source.spm`, for one shared

@@ -97,10 +97,12 @@ def layout(examples, rows, num_rows, length):
 
 def tokenize_pairs(tokenizer, pairs, caps=None):
   """[(source ids, target ids)] with EOS appended, cut to `caps` = (max source, max target)."""
+  pairs = list(pairs)
+  sources = tokenizer.encode_batch([src for src, _ in pairs])
+  targets = tokenizer.encode_target_batch([tgt for _, tgt in pairs])
   out = []
-  for src, tgt in pairs:
-    s = tokenizer.encode(src) + [EOS_ID]
-    t = tokenizer.encode_target(tgt) + [EOS_ID]
+  for s, t in zip(sources, targets):
+    s, t = s + [EOS_ID], t + [EOS_ID]
     out.append((s, t) if caps is None else (s[:caps[0]], t[:caps[1]]))
   return out
 

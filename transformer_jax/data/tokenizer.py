@@ -2,7 +2,8 @@
 
 Ids (`transformer_jax.conventions`): PAD_ID = 0 (also the decoder's start
 token), EOS_ID = 1, UNK_ID = 2, no BOS. `encode` (sources) and
-`encode_target` add no EOS; the pipeline appends it. A `data.vocab_path`
+`encode_target`, and their `_batch` forms for lists of sentences, add no
+EOS; the pipeline appends it. A `data.vocab_path`
 that is a directory of Marian tokenizer files (`marian.FILES`) loads a
 `marian.MarianTokenizer` instead, with the same interface and ids.
 """
@@ -54,6 +55,12 @@ class Tokenizer:
   def encode_target(self, text):
     """Token ids of a target sentence: the same vocabulary as sources."""
     return self.encode(text)
+
+  def encode_batch(self, texts):
+    """`encode` of each of `texts`, on all CPU cores."""
+    return self._sp.encode(list(texts), num_threads=os.cpu_count() or 1)
+
+  encode_target_batch = encode_batch
 
   def decode(self, ids):
     """Text of `ids` (list or 1-D array), stopping at the first EOS, ignoring PAD."""

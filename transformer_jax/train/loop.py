@@ -149,7 +149,11 @@ class _Phases:
     self.seconds = {"compiling": 0.0, "checkpointing": 0.0, "evaluating": 0.0}
 
   @contextlib.contextmanager
-  def timing(self, phase: str):
+  def timing(self, phase: str, state=None):
+    """Add the block's time to `phase`; with `state`, after the steps queued up to it have run
+    (they are training's time, not the phase's)."""
+    if state is not None:
+      jax.block_until_ready(state)
     start = time.perf_counter()
     try:
       yield
@@ -215,12 +219,12 @@ def fit(trainer: Trainer, state: TrainState, train_iter, settings: FitSettings, 
             "data")
     stop = stop_requested(step)
     if stop or _every(step, settings.checkpoint_every_steps, last):
-      with phases.timing("checkpointing"):
+      with phases.timing("checkpointing", state):
         writer.save(step, state, train_iter)
     if not stop and evaluate is not None and settings.eval_every_steps and _every(
         step, settings.eval_every_steps, last):
       eval_start = time.perf_counter()
-      with phases.timing("evaluating"):
+      with phases.timing("evaluating", state):
         logger.evaluation(step, *evaluate(state))
       interval.start += time.perf_counter() - eval_start
   with phases.timing("checkpointing"):

@@ -121,7 +121,8 @@ class Trainer:
 
   Parameters and optimizer state are sharded by their logical axis names
   through the placement's rules (`state_shardings`, `abstract_state`); calls
-  run inside its mesh and rules contexts.
+  run inside its mesh and rules contexts. `jitted_step` is the jit-compiled
+  step over global arrays that `train_step` runs (to lower or export it).
   """
 
   def __init__(self, placement: Placement, optimizer: optax.GradientTransformation, *,
@@ -138,7 +139,7 @@ class Trainer:
     step = make_train_step(placement.model, optimizer, label_smoothing=label_smoothing,
                            grad_accum_steps=grad_accum_steps, seed=seed,
                            batch_sharding=placement.batch_sharding)
-    self._train_step = jax.jit(
+    self.jitted_step = jax.jit(
         step, in_shardings=(self.state_shardings, placement.batch_sharding),
         out_shardings=(self.state_shardings, replicated), donate_argnums=0)
 
@@ -168,4 +169,4 @@ class Trainer:
 
   def train_step(self, state: TrainState, local_batch: Mapping[str, np.ndarray]):
     """One update from this process's rows of the batch; `state` is donated. Returns `(state, metrics)`."""
-    return self.placement.run(self._train_step, state, self.placement.global_batch(local_batch))
+    return self.placement.run(self.jitted_step, state, self.placement.global_batch(local_batch))
