@@ -6,7 +6,8 @@
 #                                        eval them: prints the test BLEU
 #   ./launch.sh train [FLAGS...]         train (or resume) with python -m transformer_jax.main
 #   ./launch.sh MODE [FLAGS...]          any other --mode of transformer_jax.main: average,
-#                                        eval, translate (--input=FILE --output=FILE)
+#                                        eval, translate (--input=FILE --output=FILE), or
+#                                        several in one process: train,average,eval
 #   ./launch.sh import --marian=DIR --workdir=DIR
 #                                        convert a Marian (OPUS-MT) model into a work directory
 #                                        (python -m transformer_jax.pretrained import)

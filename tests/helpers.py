@@ -192,7 +192,8 @@ def free_port() -> int:
 
 def environment(shared: pathlib.Path | None = None, devices: int = 1) -> dict:
   """The environment of a subprocess: the CPU with `devices` devices, this repository importable,
-  and the session's compilation cache in `shared` (when given) for what is not a tiny run."""
+  and (with `shared`) $JAX_COMPILATION_CACHE_DIR, the session's cache for programs that do not
+  go through the command line's `config.compilation_cache_dir`."""
   env = dict(os.environ, JAX_PLATFORMS="cpu",
              XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
              PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")

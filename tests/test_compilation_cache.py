@@ -29,23 +29,23 @@ def test_the_directory_of_each_setting(tmp_path, monkeypatch):
 def test_a_directory_others_can_write_to_is_unsafe(tmp_path, monkeypatch):
   path = tmp_path / "cache"
   path.mkdir(mode=0o700)
-  assert compilation_cache.unsafe(str(path)) is None
+  assert compilation_cache.unsafe_reason(str(path)) is None
   for mode in (0o770, 0o707, 0o777):
     path.chmod(mode)
-    assert "others can write to it" in compilation_cache.unsafe(str(path)), oct(mode)
+    assert "others can write to it" in compilation_cache.unsafe_reason(str(path)), oct(mode)
   path.chmod(0o755)
-  assert compilation_cache.unsafe(str(path)) is None
+  assert compilation_cache.unsafe_reason(str(path)) is None
   monkeypatch.setattr(os, "getuid", lambda: os.stat(path).st_uid + 1)
-  assert "belongs to another user" in compilation_cache.unsafe(str(path))
+  assert "belongs to another user" in compilation_cache.unsafe_reason(str(path))
   monkeypatch.undo()
   (tmp_path / "file").write_text("")
-  assert compilation_cache.unsafe(str(tmp_path / "file")) == "it is not a directory"
+  assert compilation_cache.unsafe_reason(str(tmp_path / "file")) == "it is not a directory"
 
 
 def test_the_summary_says_whether_the_cache_was_used():
-  use = compilation_cache.Use("/c")
+  use = compilation_cache.CacheUse("/c")
   assert "no program went through it" in use.summary()
-  for event in ("/jax/compilation_cache/cache_misses",) * 2 + ("/other",):
+  for event in ("/jax/compilation_cache/compile_requests_use_cache",) * 2 + ("/other",):
     use.count(event)
   use.add_time("/jax/core/compile/backend_compile_duration", 1.5)
   use.add_time("/jax/core/compile/jaxpr_trace_duration", 0.25)
@@ -53,6 +53,7 @@ def test_the_summary_says_whether_the_cache_was_used():
   use.add_time("/jax/other", 9.0)
   assert use.summary() == ("compilation cache /c: nothing loaded from it, 2 programs compiled; "
                            "1.5 s compiling or loading, 0.8 s tracing and lowering")
+  use.count("/jax/compilation_cache/compile_requests_use_cache")
   use.count("/jax/compilation_cache/cache_hits")
   assert use.summary().startswith("compilation cache /c: 1 of 3 programs loaded from it;")
 
@@ -85,8 +86,13 @@ def test_an_unsafe_or_empty_setting_runs_uncached(shared, tmp_path, setting, exp
   cache = tmp_path / "cache"
   cache.mkdir()
   cache.chmod(0o777)
-  run = helpers.Run(shared, tmp_path / "run", num_train_steps=1,
+  # Programs of a model no other test compiles, and $JAX_COMPILATION_CACHE_DIR set (as every run
+  # of the tests has it): neither directory may get them.
+  elsewhere = shared / "jax_cache"
+  before = set(elsewhere.iterdir()) if elsewhere.exists() else set()
+  run = helpers.Run(shared, tmp_path / "run", num_train_steps=1, model__d_model=24,
                     compilation_cache_dir=cache if setting == "open" else "")
   assert run.finish() == 0, run.lines[-20:]
   assert any(expected.format(cache=cache) in line for line in run.lines), run.lines[-20:]
   assert not list(cache.iterdir())
+  assert (set(elsewhere.iterdir()) if elsewhere.exists() else set()) == before

@@ -1,7 +1,8 @@
 """The import direction of the package, read from every module's import statements:
 
   conventions, errors <- workdir, model <- data, hosts, compilation_cache <- sharding <- config
-  <- checkpoints <- decode <- train, supervisor, pretrained <- main, tools; and in train/ only run.py imports decode.
+  <- checkpoints <- decode <- train, supervisor, pretrained <- main, tools; and in train/ only
+  run.py imports decode.
 
 A module may import the project's modules of its own package or of lower ones. Importing
 the data pipeline alone does not load Flax (Grain's worker processes import it).
@@ -16,8 +17,8 @@ import sys
 from helpers import REPO, environment
 
 RANKS = {"conventions": 0, "errors": 0, "workdir": 1, "model": 1, "data": 2, "hosts": 2,
-         "compilation_cache": 2, "sharding": 3, "config": 4, "checkpoints": 5, "decode": 6, "train": 7,
-         "supervisor": 7, "pretrained": 7, "main": 8, "tools": 8}
+         "compilation_cache": 2, "sharding": 3, "config": 4, "checkpoints": 5, "decode": 6,
+         "train": 7, "supervisor": 7, "pretrained": 7, "main": 8, "tools": 8}
 PACKAGE = REPO / "transformer_jax"
 
 

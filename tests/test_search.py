@@ -196,18 +196,22 @@ def test_trim_cuts_at_eos():
 # --- cached decoding vs the teacher-forced forward pass ---------------------
 
 @pytest.mark.parametrize("scan_layers", [False, True])
-def test_cached_steps_match_teacher_forcing_including_beam_reorders(scan_layers):
+@pytest.mark.parametrize("buffer, steps, reorder_at", [(8, 6, 3), (16, 12, 5), (12, 6, 3)])
+def test_cached_steps_match_teacher_forcing_including_beam_reorders(
+    scan_layers, buffer, steps, reorder_at):
+  """The reorder moves the positions written so far (with a 16-position buffer: the first chunk
+  of 8 only, and decoding goes on past it; a 12-position one is moved whole)."""
   model, variables = tiny_model(seed=1)
   if scan_layers:  # The cache then leads with a layers axis.
     model = Transformer(dataclasses.replace(model.config, scan_layers=True))
     variables = {"params": stack_layers(variables["params"], 2)}
   rng = np.random.default_rng(0)
   inputs = jnp.array([[2, 3, 4, 2, 0], [4, 4, 0, 0, 0]])
-  k, steps = 3, 6
-  # Each of the 2 * 3 rows feeds its own random tokens; before step 3 the beams
+  k = 3
+  # Each of the 2 * 3 rows feeds its own random tokens; before step `reorder_at` the beams
   # of each sentence are reordered, so later steps continue other rows' prefixes.
   fed = rng.integers(1, VOCAB, size=(2, k, steps))
-  reorder_at, order = 3, np.array([[2, 0, 0], [1, 2, 1]])
+  order = np.array([[2, 0, 0], [1, 2, 1]])
   history = fed.copy()
   history[:, :, :reorder_at] = np.stack([fed[b][order[b], :reorder_at] for b in range(2)])
   beam_inputs = jnp.repeat(inputs, k, axis=0)  # Sentence-major: the rows of a sentence together.
@@ -218,14 +222,15 @@ def test_cached_steps_match_teacher_forcing_including_beam_reorders(scan_layers)
   # As the beam search does it: the 3 rows of a sentence share its cross-attention cache.
   encoded = jax.jit(functools.partial(model.apply, method=model.encode))(variables, inputs)
   cache = jax.jit(search_lib.init_cache, static_argnums=(0, 4, 5))(
-      model, variables, encoded, inputs, 8, 2 * k)
+      model, variables, encoded, inputs, buffer, 2 * k)
   static = [x for path, x in jax.tree_util.tree_leaves_with_path(cache)
             if path[-1].key in search_lib.STATIC_CACHE_NAMES]
   assert static and all(x.shape[int(scan_layers)] == 2 for x in static)
   decode_step = jax.jit(search_lib.decode_step, static_argnums=0)
   for step in range(steps):
     if step == reorder_at:
-      cache = search_lib.reorder_cache(cache, jnp.asarray(order), batch_axis=int(scan_layers))
+      cache = search_lib.reorder_cache(cache, jnp.asarray(order), batch_axis=int(scan_layers),
+                                       length=jnp.int32(reorder_at))
     targets, expected = (before, expected_before) if step < reorder_at else (after, expected_after)
     previous = targets[:, step - 1] if step else np.zeros(2 * k, np.int32)
     log_probs, cache = decode_step(
@@ -285,7 +290,7 @@ def test_transformer_large_beam_finds_the_brute_force_best(alpha, normalization,
   model, variables = tiny_model(eos_bias=eos_bias, seed=seed)
   inputs = jnp.array([[3, 0, 0], [2, 4, 0]])
   out = search_lib.beam_search(model, variables, inputs, beam_size=108, alpha=alpha,
-                               max_len=6, max_extra=2, length_normalization=normalization)
+                               max_len=8, max_extra=2, length_normalization=normalization)
   penalty = {"gnmt": gnmt_penalty, "length": length_power}[normalization]
   for b, limit in enumerate(source_lengths(inputs) + 2):
     best, score = brute_force_best(

@@ -228,26 +228,32 @@ def parse_flags(argv: list[str]) -> list[str]:
   return remaining
 
 
-def run(modes: list[str], config, workdir: str) -> None:
-  """Run the modes in order, with the compilation cache on (`config.compilation_cache_dir`), and
-  log what the cache did; results meant for the user go to stdout (translations, or one summary
-  line per mode)."""
+def run(selected: list[str], config, workdir: str) -> None:
+  """Run the selected modes in order, with the compilation cache on
+  (`config.compilation_cache_dir`), and log what the cache did; results meant for the user go to
+  stdout (translations, or one summary line per mode). Training stopped before its last step (a
+  preemption) ends the list there."""
   cache = compilation_cache.enable(config_lib.checked_field(config, "compilation_cache_dir"))
   try:
-    for mode in modes:
+    for index, mode in enumerate(selected):
       start = time.perf_counter()
-      run_mode(mode, config, workdir)
+      finished = run_mode(mode, config, workdir)
       logging.info("--mode=%s took %.1f s", mode, time.perf_counter() - start)
+      if not finished and index + 1 < len(selected):
+        logging.warning("training stopped before step %d: not running --mode=%s",
+                        config.num_train_steps, ",".join(selected[index + 1:]))
+        return
   finally:
     if cache is not None:
       logging.info("%s", cache.summary())
 
 
-def run_mode(mode: str, config, workdir: str) -> None:
-  """Run one mode (`--mode`)."""
+def run_mode(mode: str, config, workdir: str) -> bool:
+  """Run one mode (`--mode`); False when training stopped before its last step."""
   if mode == "train":
-    train_run.train(config, workdir)
-  elif mode == "average":
+    state = train_run.train(config, workdir)
+    return int(jax.device_get(state.step)) >= config.num_train_steps
+  if mode == "average":
     result = modes.average(config, workdir)
     print(f"averaged steps {', '.join(map(str, result['steps']))} into {result['directory']}")
   elif mode == "eval":
@@ -262,6 +268,7 @@ def run_mode(mode: str, config, workdir: str) -> None:
     result = modes.translate_file(config, workdir, _CHECKPOINT.value, _INPUT.value,
                                   _OUTPUT.value)
     logging.info("translated %d lines in %.1f s", result["lines"], result["seconds"])
+  return True
 
 
 def reports_user_errors(fn):

@@ -151,7 +151,8 @@ def reorder_cache(cache, indices, *, batch_axis: int = 0, length=None):
   positions hold keys/values yet, so only those (rounded up to
   `REORDER_CHUNK`) are moved; the rest are never attended to before they are
   written. A beam step that moves the whole buffer spends most of its time
-  copying positions that decoding has not reached.
+  copying positions that decoding has not reached. A buffer that is not a
+  multiple of `REORDER_CHUNK` is moved whole.
   """
   b, k = indices.shape
 
@@ -249,7 +250,7 @@ class BeamState(NamedTuple):
   alive_log_probs: jax.Array  # [batch, k] float32: their summed log-probabilities (-inf: none).
   best_scores: jax.Array  # [batch] float32: the best finished hypothesis' penalized score.
   best: jax.Array  # [batch, max_len] int32: that hypothesis.
-  cache: Any  # The decoder's key/value cache, `[batch * k, ...]` rows.
+  cache: Any  # The decoder's cache: `[batch * k, ...]` rows, the cross-attention's `[batch, ...]`.
 
 
 def _beam_step(model, variables, encoded, inputs, limits, penalty, eos_id,

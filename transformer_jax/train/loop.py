@@ -223,10 +223,10 @@ def fit(trainer: Trainer, state: TrainState, train_iter, settings: FitSettings, 
         writer.save(step, state, train_iter)
     if not stop and evaluate is not None and settings.eval_every_steps and _every(
         step, settings.eval_every_steps, last):
-      eval_start = time.perf_counter()
+      evaluated = phases.seconds["evaluating"]
       with phases.timing("evaluating", state):
         logger.evaluation(step, *evaluate(state))
-      interval.start += time.perf_counter() - eval_start
+      interval.start += phases.seconds["evaluating"] - evaluated
   with phases.timing("checkpointing"):
     writer.finish()
   if stop and step > start_step:
