@@ -232,20 +232,18 @@ def run(selected: list[str], config, workdir: str) -> None:
   """Run the selected modes in order, with the compilation cache on
   (`config.compilation_cache_dir`), and log what the cache did; results meant for the user go to
   stdout (translations, or one summary line per mode). Training stopped before its last step (a
-  preemption) ends the list there."""
+  preemption) ends the list there. A mode that fails ends the run without the cache's line."""
   cache = compilation_cache.enable(config_lib.checked_field(config, "compilation_cache_dir"))
-  try:
-    for index, mode in enumerate(selected):
-      start = time.perf_counter()
-      finished = run_mode(mode, config, workdir)
-      logging.info("--mode=%s took %.1f s", mode, time.perf_counter() - start)
-      if not finished and index + 1 < len(selected):
-        logging.warning("training stopped before step %d: not running --mode=%s",
-                        config.num_train_steps, ",".join(selected[index + 1:]))
-        return
-  finally:
-    if cache is not None:
-      logging.info("%s", cache.summary())
+  for index, mode in enumerate(selected):
+    start = time.perf_counter()
+    finished = run_mode(mode, config, workdir)
+    logging.info("--mode=%s took %.1f s", mode, time.perf_counter() - start)
+    if not finished and index + 1 < len(selected):
+      logging.warning("training stopped before step %d: not running --mode=%s",
+                      config.num_train_steps, ",".join(selected[index + 1:]))
+      break
+  if cache is not None:  # An error ends the run with its own line, the last.
+    logging.info("%s", cache.summary())
 
 
 def run_mode(mode: str, config, workdir: str) -> bool:
