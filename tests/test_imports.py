@@ -18,7 +18,7 @@ from helpers import REPO, environment
 
 RANKS = {"conventions": 0, "errors": 0, "workdir": 1, "model": 1, "data": 2, "hosts": 2,
          "compilation_cache": 2, "sharding": 3, "config": 4, "checkpoints": 5, "decode": 6,
-         "train": 7, "supervisor": 7, "pretrained": 7, "main": 8, "tools": 8}
+         "train": 7, "supervisor": 7, "pretrained": 7, "compile": 8, "main": 9, "tools": 9}
 PACKAGE = REPO / "transformer_jax"
 
 

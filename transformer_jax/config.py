@@ -196,13 +196,13 @@ def checked_field(config: ml_collections.ConfigDict, name: str):
   return config[name]
 
 
-def validate(config: ml_collections.ConfigDict) -> None:
+def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) -> None:
   """Raise ConfigError naming the first unknown, missing or invalid field and what it allows.
 
   Checks the top-level fields, `config.model` (against `TransformerConfig`),
-  `config.data`, `config.decode`, `config.mesh` (against the devices
-  present), `config.sharding_rules`, and that batches fit the model's
-  positions and split evenly over the devices. Compiles nothing.
+  `config.data`, `config.decode`, `config.mesh` (against `num_devices`,
+  default the devices present), `config.sharding_rules`, and that batches fit
+  the model's positions and split evenly over the devices. Compiles nothing.
   """
   _check_fields(config, FIELDS, "config.", SECTIONS)
   for name in SECTIONS:
@@ -216,7 +216,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
     data_config.validate_config(config.data)
   _check_lengths(config.data, model.max_len)
   with section("mesh"):
-    mesh_shape = sharding.resolve_mesh_shape(dict(config.mesh), jax.device_count())
+    mesh_shape = sharding.resolve_mesh_shape(
+        dict(config.mesh), jax.device_count() if num_devices is None else num_devices)
   with section("sharding_rules"):
     rules = sharding.logical_rules(config.sharding_rules)
   shards = sharding.num_batch_shards(dict(zip(sharding.MESH_AXES, mesh_shape)), rules)
@@ -246,12 +247,14 @@ def transformer_config(config: ml_collections.ConfigDict, *, vocab_size: int) ->
     return TransformerConfig(vocab_size=vocab_size, **fields)
 
 
-def placement(config: ml_collections.ConfigDict, *, vocab_size: int) -> sharding.Placement:
-  """The model of `config` placed on a mesh of every device, as `config.mesh` and
-  `config.sharding_rules` say; ConfigError when a parameter does not split over it."""
+def placement(config: ml_collections.ConfigDict, *, vocab_size: int,
+              devices=None) -> sharding.Placement:
+  """The model of `config` placed on a mesh of `devices` (default: every device), as
+  `config.mesh` and `config.sharding_rules` say; ConfigError when a parameter does not split
+  over it."""
   model = transformer_config(config, vocab_size=vocab_size)
   with section("mesh"):
-    mesh = sharding.make_mesh(dict(config.mesh))
+    mesh = sharding.make_mesh(dict(config.mesh), devices)
   with section("sharding_rules"):
     rules = sharding.logical_rules(config.sharding_rules)
     return sharding.Placement(model, mesh, rules)

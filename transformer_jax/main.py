@@ -7,7 +7,10 @@
 Modes: train (or resume), average (the last `config.average_last`
 checkpoints into <workdir>/averaged), eval (decode `config.decode.split`,
 print BLEU and perplexity, write them and the hypotheses under
-<workdir>/eval) and translate (lines of --input to lines of --output).
+<workdir>/eval), translate (lines of --input to lines of --output) and
+compile (every program of the experiment compiled for --target, a TPU slice
+or GPU machine, on this CPU: per-device memory, cost and fit, printed and
+written to <workdir>/compile/<target>.json).
 eval and translate read the parameters that --checkpoint names. Several
 modes run one after another in one process: --mode=train,average,eval
 (what ./launch.sh does).
@@ -51,7 +54,10 @@ from ml_collections import config_flags
 
 from transformer_jax import config as config_lib
 from transformer_jax import compilation_cache, hosts, supervisor
-from transformer_jax.decode import modes
+from transformer_jax.compile import experiment as compile_experiment
+from transformer_jax.compile import table as compile_table
+from transformer_jax.compile import targets as compile_targets
+from transformer_jax.decode import files, modes
 from transformer_jax.errors import UserError
 from transformer_jax.train import run as train_run
 from transformer_jax.workdir import Workdir
@@ -64,12 +70,21 @@ _WORKDIR = flags.DEFINE_string(
     "workdir", None,
     "Work directory: checkpoints/, tensorboard/ and the tokenizer. A run with the same "
     "work directory resumes from its latest checkpoint.")
-MODES = ("train", "average", "eval", "translate")
+MODES = ("train", "average", "eval", "translate", "compile")
 _MODE = flags.DEFINE_list(
     "mode", ["train"],
     "What to do: train (or resume); average the last config.average_last checkpoints; eval "
-    "(BLEU and perplexity on config.decode.split); translate --input into --output. Several, "
-    "comma-separated, run one after another in one process: train,average,eval.")
+    "(BLEU and perplexity on config.decode.split); translate --input into --output; compile "
+    "every program for --target. Several, comma-separated, run one after another in one "
+    "process: train,average,eval (compile runs alone).")
+_TARGET = flags.DEFINE_string(
+    "target", None,
+    "compile: the TPU slice or GPU machine to compile for: v5e-8, v5e-256, v5p-8, v5p-128, "
+    "v4-32, v6e-8 (or a topology such as v5e:2x4), 1xh100, 8xh100, 16xh100, 8xa100, 8xh200.")
+_FIND_LARGEST_BATCH = flags.DEFINE_bool(
+    "find_largest_batch", False,
+    "compile: also find the largest data.tokens_per_batch whose train step fits the target "
+    "(a few more compiles); done anyway when the configured batch does not fit.")
 
 _CHECKPOINT = flags.DEFINE_string(
     "checkpoint", "latest",
@@ -101,6 +116,8 @@ def _known_modes(modes: list[str]) -> bool:
   if unknown:
     raise flags.ValidationError(f"{unknown[0]!r} is not a mode; --mode takes one or more of "
                                 f"{', '.join(MODES)}, comma-separated")
+  if "compile" in modes and len(modes) > 1:
+    raise flags.ValidationError("--mode=compile runs alone")
   return True
 
 
@@ -228,11 +245,31 @@ def parse_flags(argv: list[str]) -> list[str]:
   return remaining
 
 
+def compile_for_target(config, workdir: str) -> None:
+  """--mode=compile: the report of every program compiled for --target on stdout and in
+  <workdir>/compile/<target>.json; DoesNotFitError (exit 1) naming what does not fit."""
+  if not _TARGET.value:
+    raise UserError("--mode=compile needs --target (e.g. --target=v5e-8 or --target=8xh100)")
+  target = compile_targets.parse_target(_TARGET.value)
+  report = compile_experiment.compile_experiment(
+      config, target, find_largest_batch=_FIND_LARGEST_BATCH.value).record()
+  path = Workdir(workdir).compile_report(target.name)
+  files.write_json(path, report)
+  print(compile_table.format_report(report))
+  print(f"report: {path}")
+  problem = compile_table.does_not_fit(report)
+  if problem:
+    raise compile_experiment.DoesNotFitError(problem)
+
+
 def run(selected: list[str], config, workdir: str) -> None:
   """Run the selected modes in order, with the compilation cache on
   (`config.compilation_cache_dir`), and log what the cache did; results meant for the user go to
   stdout (translations, or one summary line per mode). Training stopped before its last step (a
   preemption) ends the list there. A mode that fails ends the run without the cache's line."""
+  if selected == ["compile"]:  # Compile-only devices: nothing to cache or run.
+    compile_for_target(config, workdir)
+    return
   cache = compilation_cache.enable(config_lib.checked_field(config, "compilation_cache_dir"))
   for index, mode in enumerate(selected):
     start = time.perf_counter()
@@ -314,6 +351,11 @@ def main(argv):
   sys.unraisablehook = _unraisable_at_verbosity_1
   config = _CONFIG.value
   logging.debug("config %s:\n%s", config_flags.get_config_filename(flags.FLAGS["config"]), config)
+  if "compile" in _MODE.value:
+    # The target's compiler runs beside the CPU backend, in one process for all its hosts.
+    jax.config.update("jax_platforms", "cpu")
+    run(_MODE.value, config, _WORKDIR.value)
+    return
   if not distributed(_DISTRIBUTED.value):
     run(_MODE.value, config, _WORKDIR.value)  # Each mode validates the config first.
     return

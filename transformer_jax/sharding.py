@@ -11,6 +11,7 @@ sharded along `fsdp` in parameters but stays whole in activations, whose
 """
 
 from collections.abc import Mapping, Sequence
+import dataclasses
 import math
 
 import flax.linen as nn
@@ -21,6 +22,7 @@ import numpy as np
 
 from transformer_jax.conventions import BATCH_KEYS
 from transformer_jax.errors import FieldError
+from transformer_jax.model.attention import resolve_implementation
 from transformer_jax.model.transformer import Transformer, TransformerConfig
 
 MESH_AXES = ("data", "fsdp", "tensor")
@@ -199,6 +201,15 @@ def global_batch(local_batch: Mapping[str, np.ndarray], sharding: NamedSharding)
   }
 
 
+def for_platform(model_config: TransformerConfig, platform: str) -> TransformerConfig:
+  """`model_config` with its attention implementation resolved for devices of `platform` ("cpu",
+  "gpu", "tpu"), so that a program compiled for a target takes the path a run there takes."""
+  attention = resolve_implementation(model_config.attention_impl, platform,
+                                     dtype=model_config.compute_dtype, d_k=model_config.d_k,
+                                     d_v=model_config.d_v)
+  return dataclasses.replace(model_config, attention_impl=attention)
+
+
 class Placement:
   """A Transformer placed on a mesh: the model, its shardings and the context to run it in.
 
@@ -208,11 +219,13 @@ class Placement:
   (`batch_sharding`, split into `batch_shards` pieces, of which this process
   reads block `data_shard`). Raises FieldError naming a parameter whose
   dimension does not split evenly. The trainer, the translator and the
-  evaluation modes all hold one.
+  evaluation modes all hold one. The model's attention implementation is
+  resolved for the platform of the mesh's devices (`for_platform`), not the
+  process's default backend.
   """
 
   def __init__(self, model_config: TransformerConfig, mesh: Mesh, rules: Rules):
-    self.model = Transformer(model_config)
+    self.model = Transformer(for_platform(model_config, mesh.devices.flat[0].platform))
     self.mesh, self.rules = mesh, rules
     boxed = jax.eval_shape(self.boxed_params, jax.random.key(0))
     self.param_shardings = tree_shardings(boxed, mesh, rules)

@@ -80,6 +80,10 @@ class Workdir:
     """`eval/<name>`: e.g. `test-averaged-beam4.txt`."""
     return self._path("eval", name)
 
+  def compile_report(self, target: str) -> str:
+    """The JSON report of `--mode=compile --target=<target>`."""
+    return self._path("compile", f"{target.replace(':', '_')}.json")
+
   def create(self) -> None:
     """Make the directory if needed; UserError if it cannot be made, is not a directory or (a
     local one) is not writable."""

@@ -34,6 +34,7 @@ def default_config():
   c.vocab_path = ""  # SentencePiece model, or a directory of Marian files source.spm, target.spm, vocab.json ('' = <workdir>/vocab/<dataset>-<langs>-<size>.model)
   c.tokenizer_sample_size = 200_000  # at most this many training pairs (evenly spaced) train the vocabulary
   c.batch_mode = "tokens"  # 'tokens': length-bucketed batches (paper); 'packed': packed rows; 'padded': one pair per row, every row max(max_source_length, max_target_length) long (one shape)
+  c.bucket_growth = 1.25  # 'tokens': each bucket length is about this times the one before (8, 16, 24, 32, 40, 56, ... at 1.25; 8, 16, 32, 64, ... at 2); fewer buckets compile fewer train steps but pad more
   c.tokens_per_batch = 4096  # 'tokens', 'padded': max source and max target tokens (padding included) per global batch
   c.batch_size = 32  # 'packed': rows per global batch
   c.max_length = 128  # 'packed': tokens per row
@@ -96,6 +97,9 @@ def validate_config(c):
       _fail(field, value, "a positive integer")
   if c.vocab_size < 16:
     _fail("vocab_size", c.vocab_size, "at least 16")
+  if (isinstance(c.bucket_growth, bool) or not isinstance(c.bucket_growth, (int, float))
+      or not 1 < c.bucket_growth <= 4):
+    _fail("bucket_growth", c.bucket_growth, "a number in (1, 4]")
   if not isinstance(c.num_workers, int) or isinstance(c.num_workers, bool) or c.num_workers < 0:
     _fail("num_workers", c.num_workers, "an integer >= 0")
   if c.batch_mode == "packed":

@@ -40,18 +40,41 @@ from transformer_jax.errors import FieldError
 _CHUNK = 4096  # pairs read and tokenized at a time when counting lengths
 
 
-def _next_length(length):
-  """The padded length after `length`: about 1.25 times it, a multiple of 8."""
-  return max(length + 8, -(-length * 5 // 32) * 8)
+def _next_length(length, growth=1.25):
+  """The padded length after `length`: about `growth` times it, a multiple of 8, at least 8 more."""
+  return max(length + 8, math.ceil(length * growth / 8) * 8)
 
 
-def bucket_lengths(max_length):
-  """The padded lengths of 'tokens' mode up to `max_length`: 8, 16, 24, 32, 40, 56, 72, 96, ..."""
+def bucket_lengths(max_length, growth=1.25):
+  """The padded lengths of 'tokens' mode up to `max_length`: 8, 16, 24, 32, 40, 56, 72, 96, ...
+  (each about `growth` times the one before)."""
   out, length = [], 8
   while length < max_length:
     out.append(length)
-    length = _next_length(length)
+    length = _next_length(length, growth)
   return tuple(out) + (max_length,)
+
+
+def train_batch_shapes(data_config, shard_count=1):
+  """The `(global rows, length)` of every batch shape that training on `data_config` can produce
+  over `shard_count` data-loading processes, shortest first: a function of the batch settings
+  alone (no data is read). FieldError when the longest bucket gets no rows."""
+  c = config_lib.validate_config(data_config)
+  multiple = rows_multiple(c, 0, shard_count)
+  if c.batch_mode == "packed":
+    if c.batch_size % multiple:
+      raise FieldError("data", "batch_size", f"={c.batch_size} must be a multiple of "
+                       f"{multiple} (data.batch_multiple x shard count).")
+    return [(c.batch_size, c.max_length)]
+  longest = max(c.max_source_length, c.max_target_length)
+  buckets = bucket_lengths(longest, c.bucket_growth) if c.batch_mode == "tokens" else (longest,)
+  rows = [c.tokens_per_batch // length // multiple * multiple for length in buckets]
+  if not rows[-1]:
+    raise FieldError(
+        "data", "tokens_per_batch", f"={c.tokens_per_batch} is too small: the longest "
+        f"bucket ({buckets[-1]} tokens) needs at least {buckets[-1] * multiple} "
+        f"for {multiple} rows (data.batch_multiple x shard count).")
+  return list(zip(rows, buckets))
 
 
 def padded_length(n):
@@ -266,7 +289,9 @@ class _Build:
     return layout(examples, plan.rows, plan.num_rows, plan.length)
 
 
-def _rows_multiple(c, shard_index, shard_count):
+def rows_multiple(c, shard_index, shard_count):
+  """Global batch rows come in multiples of this: `data.batch_multiple` and the shard count.
+  ValueError for a shard that is not one of `shard_count`."""
   if not (isinstance(shard_count, int) and shard_count >= 1
           and isinstance(shard_index, int) and 0 <= shard_index < shard_count):
     raise ValueError(f"shard_index={shard_index!r}, shard_count={shard_count!r}: "
@@ -289,7 +314,8 @@ def make_train_loader(data_config, tokenizer, *, seed, shard_index, shard_count)
   processes, so the main program must be an importable file, not stdin.
   """
   c = config_lib.validate_config(data_config)
-  multiple = _rows_multiple(c, shard_index, shard_count)
+  rows_multiple(c, shard_index, shard_count)  # A bad shard stops here.
+  shapes = train_batch_shapes(c, shard_count)
   if not (isinstance(seed, (int, np.integer)) and 0 <= seed < 2**32):
     raise ValueError(f"seed={seed!r}: need an integer in [0, 2**32).")
   source = sources.open_split(c, c.train_split)
@@ -307,19 +333,9 @@ def make_train_loader(data_config, tokenizer, *, seed, shard_index, shard_count)
   common = dict(lengths=lengths, ids=ids, seed=int(seed), shard_index=shard_index,
                 shard_count=shard_count)
   if c.batch_mode in ("tokens", "padded"):
-    longest = int(caps.max())
-    buckets = bucket_lengths(longest) if c.batch_mode == "tokens" else (longest,)
-    rows = [c.tokens_per_batch // length // multiple * multiple for length in buckets]
-    if not rows[-1]:
-      raise FieldError(
-          "data", "tokens_per_batch", f"={c.tokens_per_batch} is too small: the longest "
-          f"bucket ({buckets[-1]} tokens) needs at least {buckets[-1] * multiple} "
-          f"for {multiple} rows (data.batch_multiple x shard count).")
-    planner = _TokenPlanner(buckets, rows, **common)
+    planner = _TokenPlanner([length for _, length in shapes], [rows for rows, _ in shapes],
+                            **common)
   else:
-    if c.batch_size % multiple:
-      raise FieldError("data", "batch_size", f"={c.batch_size} must be a multiple of "
-                       f"{multiple} (data.batch_multiple x shard count).")
     planner = _PackPlanner(c.max_length, c.batch_size, **common)
   plans = (grain.MapDataset.range(len(ids)).shuffle(int(seed)).repeat()
            .batch(c.window).map_with_index(planner)
@@ -342,7 +358,7 @@ def make_eval_batches(data_config, tokenizer, split, *, shard_index=0, shard_cou
   (segmentation 0). The texts of the split are `sources.split_texts`.
   """
   c = config_lib.validate_config(data_config)
-  multiple = _rows_multiple(c, shard_index, shard_count)
+  multiple = rows_multiple(c, shard_index, shard_count)
   if c.eval_batch_size % multiple:
     raise FieldError("data", "eval_batch_size", f"={c.eval_batch_size} must be a multiple "
                      f"of {multiple} (data.batch_multiple x shard count).")

@@ -69,7 +69,7 @@ class TeacherForcedLoss:
 
   def __init__(self, placement: Placement, *, label_smoothing: float):
     self.placement = placement
-    self._sums = jax.jit(
+    self.jitted_sums = jax.jit(
         functools.partial(loss.loss_sums, placement.model, label_smoothing=label_smoothing),
         in_shardings=(placement.param_shardings, placement.batch_sharding),
         out_shardings=NamedSharding(placement.mesh, PartitionSpec()))
@@ -77,7 +77,7 @@ class TeacherForcedLoss:
   def __call__(self, params, batches) -> dict:
     total = None
     for batch in batches:
-      sums = self.placement.run(self._sums, params, self.placement.global_batch(batch))
+      sums = self.placement.run(self.jitted_sums, params, self.placement.global_batch(batch))
       total = sums if total is None else loss.add_sums(total, sums)
     if total is None:
       raise ValueError("the evaluation split has no batches")

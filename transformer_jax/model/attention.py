@@ -13,8 +13,8 @@ import jax.numpy as jnp
 
 from transformer_jax.conventions import PAD_ID
 
-Implementation = Literal["auto", "fused", "reference"]
-IMPLEMENTATIONS = ("auto", "fused", "reference")
+Implementation = Literal["auto", "fused", "reference", "xla", "cudnn"]
+IMPLEMENTATIONS = ("auto", "fused", "reference", "xla", "cudnn")
 
 
 def padding_mask(query_tokens, key_tokens, pad_id: int = PAD_ID):
@@ -122,26 +122,20 @@ def dot_product_attention(
       True where attention is allowed.
     implementation: "fused" uses `jax.nn.dot_product_attention` (cuDNN flash
       attention on GPU for half-precision inputs, XLA elsewhere) and needs
-      d_k == d_v; "reference" is plain jnp; "auto" picks fused when it applies,
-      and the reference for float64 inputs (the fused softmax is float32).
+      d_k == d_v; "xla" and "cudnn" pick its backend whatever the platform;
+      "reference" is plain jnp; "auto" picks fused when it applies, and the
+      reference for float64 inputs (the fused softmax is float32). The
+      platform is JAX's default backend (`resolve_implementation`); a model
+      placed on a mesh resolves it against the mesh's devices instead.
 
   Returns:
     `[batch, q_len, heads, d_v]` in the query's dtype. Rows whose keys are all
     masked are zero.
   """
   _check_shapes(query, key, value, mask)
-  if implementation not in IMPLEMENTATIONS:
-    raise ValueError(
-        f"implementation={implementation!r}; allowed: {', '.join(IMPLEMENTATIONS)}"
-    )
-  fused_applies = key.shape[-1] == value.shape[-1]
-  if implementation == "fused" and not fused_applies:
-    raise ValueError(
-        "implementation='fused' needs d_k == d_v; got d_k="
-        f"{key.shape[-1]}, d_v={value.shape[-1]} (use 'auto' or 'reference')"
-    )
-  if (implementation == "reference" or not fused_applies
-      or (implementation == "auto" and query.dtype == jnp.float64)):
+  backend = resolve_implementation(implementation, jax.default_backend(), dtype=query.dtype,
+                                   d_k=key.shape[-1], d_v=value.shape[-1])
+  if backend == "reference":
     weights = attention_weights(query, key, mask)
     return jnp.einsum(
         "bhqk,bkhd->bqhd", weights.astype(value.dtype), value
@@ -150,9 +144,7 @@ def dot_product_attention(
   if mask is not None:
     mask = jnp.asarray(mask, jnp.bool_)
     mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
-  out = jax.nn.dot_product_attention(
-      query, key, value, mask=mask, implementation=_fused_backend(query)
-  )
+  out = jax.nn.dot_product_attention(query, key, value, mask=mask, implementation=backend)
   if mask is None:
     return out
   # The fused kernel spreads a fully masked row uniformly; the paper's -inf
@@ -162,16 +154,31 @@ def dot_product_attention(
   return jnp.where(has_key, out, jnp.zeros((), out.dtype))
 
 
-def _fused_backend(query):
-  """cuDNN on GPU for half-precision inputs it supports, XLA otherwise."""
-  if (
-      jax.default_backend() == "gpu"
-      and query.dtype in (jnp.bfloat16, jnp.float16)
-      and query.shape[-1] % 8 == 0
-      and query.shape[-1] <= 128
-  ):
-    return "cudnn"
-  return "xla"
+def resolve_implementation(implementation: str, platform: str, *, dtype, d_k: int,
+                           d_v: int) -> str:
+  """The attention path that `implementation` takes on `platform` ("cpu", "gpu", "tpu") for inputs
+  of `dtype` and head sizes `d_k`, `d_v`: "reference", "xla" or "cudnn".
+
+  "fused" is cuDNN on a GPU for half-precision inputs with a head size it
+  takes (a multiple of 8, at most 128), XLA's fused attention otherwise;
+  "auto" is "fused" where it applies and the reference for float64 inputs or
+  d_k != d_v. "reference", "xla" and "cudnn" are taken as they are.
+  ValueError for an unknown implementation, or a fused one with d_k != d_v.
+  """
+  if implementation not in IMPLEMENTATIONS:
+    raise ValueError(f"implementation={implementation!r}; allowed: {', '.join(IMPLEMENTATIONS)}")
+  if implementation == "auto":
+    if d_k != d_v or jnp.dtype(dtype) == jnp.float64:
+      return "reference"
+    implementation = "fused"
+  if implementation != "reference" and d_k != d_v:
+    raise ValueError(f"implementation={implementation!r} needs d_k == d_v; got d_k={d_k}, "
+                     f"d_v={d_v} (use 'auto' or 'reference')")
+  if implementation == "fused":
+    cudnn = (platform == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
+             and d_k % 8 == 0 and d_k <= 128)
+    return "cudnn" if cudnn else "xla"
+  return implementation
 
 
 def _check_shapes(query, key, value, mask):

@@ -92,6 +92,9 @@ class TransformerConfig:
       raise _error("dtype", "='float64' needs 64-bit JAX: call "
                    "jax.config.update('jax_enable_x64', True) first")
     _require_choice("attention_impl", self.attention_impl, attention.IMPLEMENTATIONS)
+    if self.attention_impl in ("fused", "xla", "cudnn") and self.d_k != self.d_v:
+      raise _error("attention_impl", f"={self.attention_impl!r} needs d_k == d_v; got d_k="
+                   f"{self.d_k}, d_v={self.d_v} (use 'auto' or 'reference')")
     _require_choice("remat", self.remat, tuple(REMAT_POLICIES))
     for name in ("scan_layers", "attention_bias", "logits_bias"):
       if not isinstance(getattr(self, name), bool):

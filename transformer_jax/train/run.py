@@ -27,10 +27,10 @@ from transformer_jax.train.step import Trainer, TrainState
 from transformer_jax.workdir import Workdir
 
 
-def make_trainer(config: ml_collections.ConfigDict, *, vocab_size: int):
-  """`(trainer, learning-rate schedule)` of experiment `config` over all devices, for a vocabulary
-  of `vocab_size` tokens."""
-  placement = config_lib.placement(config, vocab_size=vocab_size)
+def make_trainer(config: ml_collections.ConfigDict, *, vocab_size: int, devices=None):
+  """`(trainer, learning-rate schedule)` of experiment `config` over `devices` (default: all), for
+  a vocabulary of `vocab_size` tokens."""
+  placement = config_lib.placement(config, vocab_size=vocab_size, devices=devices)
   schedule = objective.learning_rate_schedule(
       d_model=placement.model.config.d_model, warmup_steps=config.warmup_steps,
       scale=config.learning_rate)

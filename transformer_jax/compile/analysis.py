@@ -1,0 +1,84 @@
+"""What one compiled program needs per device and what the compiler estimates it costs.
+
+Bytes come from `Compiled.memory_analysis()`; FLOPs, bytes accessed and the
+estimated seconds from `Compiled.cost_analysis()`, which XLA's TPU compiler
+fills in and its GPU compiler, without a device, leaves empty.
+
+XLA's TPU estimate (`optimal_seconds`) comes out negative for large programs:
+it counts -1 s for each `ConcatBitcast` custom call (the prefetches the
+compiler inserts) in the module. That is read off its figures, not a
+documented rule: `estimated_seconds` adds those seconds back and keeps the
+result only when it is at least the time the compiler's own FLOPs take at
+the chip's peak (a roofline, which no program can beat). The caller drops the
+estimate of a program built around a loop (scanned layers, gradient
+accumulation, a search): XLA's cost analysis counts a loop's body once.
+"""
+
+import dataclasses
+import re
+import time
+
+_PREFETCH = re.compile(r'custom_call_target="ConcatBitcast"')
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgramCost:
+  """Per-device bytes of a compiled program and the compiler's cost figures (None: not given)."""
+
+  compile_seconds: float
+  argument_bytes: int
+  output_bytes: int
+  alias_bytes: int  # Output bytes that reuse donated argument buffers.
+  temp_bytes: int
+  code_bytes: int
+  flops: float | None
+  bytes_accessed: float | None
+  optimal_seconds: float | None  # The compiler's raw figure.
+  prefetch_calls: int
+
+  @property
+  def total_bytes(self) -> int:
+    """Arguments, outputs that do not reuse an argument, temporaries and code."""
+    return (self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes
+            + self.code_bytes)
+
+  def estimated_seconds(self, peak_flops: float, loop: str = "") -> tuple[float | None, str]:
+    """`(seconds, why)`: the compiler's estimate corrected for its prefetch calls, or None and
+    the reason it cannot be used (`loop` names the loop the program runs, if any)."""
+    if self.optimal_seconds is None:
+      return None, "the compiler gives no cost estimate for this target"
+    if loop:
+      return None, f"{loop} run as a loop, whose body XLA's cost analysis counts once"
+    seconds = self.optimal_seconds + self.prefetch_calls
+    floor = (self.flops or 0.0) / peak_flops
+    if seconds <= 0 or seconds < floor:
+      return None, "the compiler's estimate, corrected, is below the FLOP roofline"
+    return seconds, "the compiler's optimal_seconds + 1 s per prefetch call"
+
+  def record(self) -> dict:
+    """The figures as a JSON-ready dict."""
+    return {**dataclasses.asdict(self), "total_bytes": self.total_bytes}
+
+
+def compile_and_measure(lowered, compiler_options=None):
+  """`(compiled, ProgramCost)` of a `jax.stages.Lowered`, timing its compile."""
+  start = time.perf_counter()
+  compiled = lowered.compile(compiler_options) if compiler_options else lowered.compile()
+  seconds = time.perf_counter() - start
+  memory = compiled.memory_analysis()
+  cost = compiled.cost_analysis() or {}
+  if isinstance(cost, list):  # Older JAX: one dict per module.
+    cost = cost[0] if cost else {}
+  text = compiled.as_text()
+  return compiled, ProgramCost(
+      compile_seconds=seconds,
+      argument_bytes=int(memory.argument_size_in_bytes),
+      output_bytes=int(memory.output_size_in_bytes),
+      alias_bytes=int(memory.alias_size_in_bytes),
+      temp_bytes=int(memory.temp_size_in_bytes),
+      code_bytes=int(memory.generated_code_size_in_bytes),
+      flops=cost.get("flops"),
+      bytes_accessed=cost.get("bytes accessed"),
+      optimal_seconds=cost.get("optimal_seconds"),
+      prefetch_calls=len(_PREFETCH.findall(text)),
+  )

@@ -1,0 +1,293 @@
+"""Every program a run of an experiment compiles, compiled for a target by that target's compiler.
+
+The programs: the train step at each batch shape the data pipeline can
+produce for the config (a function of the batch settings: no data is read),
+the evaluation step, and the beam and greedy searches at the decode shape.
+The mesh, sharding rules, dtype, scanned layers and remat apply as on the
+hardware; the mesh spans the target's compile-only devices, every host's, as
+one process of a multi-host run sees them. Each program gets its per-device
+bytes against the chip's memory, the compiler's and the model's FLOPs, and,
+where the compiler gives a usable one, its estimated step time with the
+tokens/s and MFU that it implies (an estimate, never a measurement).
+"""
+
+from collections.abc import Callable
+import dataclasses
+import math
+import time
+
+from absl import logging
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from transformer_jax import config as config_lib
+from transformer_jax import data
+from transformer_jax.compile import analysis, targets
+from transformer_jax.conventions import BATCH_KEYS
+from transformer_jax.data.pipeline import padded_length, rows_multiple
+from transformer_jax.decode import search
+from transformer_jax.decode.metrics import TeacherForcedLoss
+from transformer_jax.decode.translator import DecodeSettings, Translator
+from transformer_jax.errors import UserError
+from transformer_jax.model.transformer import count_params
+from transformer_jax.train import objective
+from transformer_jax.train.run import make_trainer
+
+_TRITON_TILING = "Couldn't find output tile sizes"
+_MOST_TOKENS = 2**24  # The largest batch the fit search tries.
+
+
+class DoesNotFitError(UserError):
+  """A program of the experiment needs more memory per device than the target's chips have."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+  """One compiled program: what it is, its shape (global rows x length) and its cost."""
+
+  name: str  # "train 816x40", "eval 64x256", "beam4 128x256", "greedy 128x256"
+  kind: str  # "train", "eval", "beam" or "greedy"
+  rows: int
+  length: int
+  cost: analysis.ProgramCost
+  model_flops: float | None  # the model's FLOPs of one call, all devices together
+  loop: str  # what runs as a loop ("" = nothing), see ProgramCost.estimated_seconds
+  note: str = ""
+
+  def record(self, target: targets.Target) -> dict:
+    """A JSON-ready dict: the cost, the fit and the estimate on `target`."""
+    seconds, why = self.cost.estimated_seconds(target.chip.peak_flops, self.loop)
+    estimate = None
+    if seconds is not None and self.kind in ("train", "eval"):
+      estimate = {"step_seconds": seconds,
+                  "tokens_per_second": self.rows * self.length / seconds,
+                  "mfu": (self.model_flops / (seconds * target.chips * target.chip.peak_flops)
+                          if self.model_flops else None)}
+    return {"name": self.name, "kind": self.kind, "rows": self.rows, "length": self.length,
+            **self.cost.record(), "fits": self.cost.total_bytes <= target.chip.usable_bytes,
+            "model_flops_per_device": (self.model_flops / target.chips
+                                       if self.model_flops else None),
+            "compiler_estimate": estimate, "estimate_basis": why, "note": self.note}
+
+
+@dataclasses.dataclass
+class Report:
+  """The programs of an experiment on a target, with the parameters and mesh behind them."""
+
+  target: targets.Target
+  hosts: int
+  mesh: dict
+  rules: str
+  attention: str
+  parameters: int
+  state_bytes_per_device: int
+  data_shards: int
+  programs: list[Program]
+  largest_batch: dict | None = None
+
+  def too_big(self) -> list[Program]:
+    return [p for p in self.programs if p.cost.total_bytes > self.target.chip.usable_bytes]
+
+  def record(self) -> dict:
+    """The whole report as a JSON-ready dict (the fields docs/compile.md describes)."""
+    chip = self.target.chip
+    return {
+        "target": {"name": self.target.name, "topology": self.target.topology,
+                   "chip": chip.name, "platform": chip.platform, "chips": self.target.chips,
+                   "hosts": self.hosts, "memory_bytes": chip.memory_bytes,
+                   "usable_bytes": chip.usable_bytes, "peak_flops": chip.peak_flops,
+                   "memory_bandwidth": chip.memory_bandwidth, "source": chip.source},
+        "mesh": self.mesh, "sharding_rules": self.rules, "attention": self.attention,
+        "parameters": {"count": self.parameters,
+                       "bytes_per_parameter": 12,  # float32 parameters and two Adam moments
+                       "state_bytes_total": 12 * self.parameters,
+                       "state_bytes_per_device": self.state_bytes_per_device},
+        "data_shards": self.data_shards,
+        "programs": [p.record(self.target) for p in self.programs],
+        "compile_seconds": sum(p.cost.compile_seconds for p in self.programs),
+        "fits": not self.too_big(),
+        "largest_batch": self.largest_batch,
+    }
+
+
+def _abstract_batch(placement, rows: int, length: int) -> dict:
+  return {k: jax.ShapeDtypeStruct((rows, length), jnp.int32, sharding=placement.batch_sharding)
+          for k in BATCH_KEYS}
+
+
+def _compile(target: targets.Target, lower: Callable):
+  """`(ProgramCost, note)` of the program `lower()` returns, compiled for `target`.
+
+  XLA's GPU compiler without a device picks Triton GEMM tiles without autotuning
+  and fails on some matmuls; those programs are compiled again with Triton GEMMs
+  off (cuBLAS), and the note says so.
+  """
+  lowered = lower()
+  try:
+    return analysis.compile_and_measure(lowered)[1], ""
+  except jax.errors.JaxRuntimeError as error:
+    message = str(error)
+    if "cuDNN not found" in message:
+      raise targets.TargetError(
+          f"--target={target.name}: the cuDNN attention needs cuDNN: pip install -e "
+          "'.[cuda]'") from None
+    if target.platform != "gpu" or _TRITON_TILING not in message:
+      raise
+  cost = analysis.compile_and_measure(lowered, {"xla_gpu_enable_triton_gemm": False})[1]
+  return cost, "compiled with Triton GEMMs off (no tiling without autotuning)"
+
+
+def _state_bytes_per_device(abstract_state) -> int:
+  """Bytes of the train state one device holds under its shardings."""
+  total = 0
+  for leaf in jax.tree.leaves(abstract_state):
+    total += math.prod(leaf.sharding.shard_shape(leaf.shape)) * leaf.dtype.itemsize
+  return total
+
+
+class _Compiler:
+  """The experiment placed on the target's devices, compiling its programs one by one."""
+
+  def __init__(self, config: ml_collections.ConfigDict, target: targets.Target):
+    self.config, self.target = config, target
+    self.devices = targets.compile_devices(target)
+    config_lib.validate(config, num_devices=len(self.devices))
+    self.vocab_size = config.data.vocab_size
+    self.trainer, _ = make_trainer(config, vocab_size=self.vocab_size, devices=self.devices)
+    self.placement = self.trainer.placement
+    self.model_config = self.placement.model.config
+    layers = "the layers (model.scan_layers)" if self.model_config.scan_layers else ""
+    accumulation = ("the micro-batches (grad_accum_steps)" if config.grad_accum_steps > 1
+                    else "")
+    self.train_loop = " and ".join(x for x in (layers, accumulation) if x)
+    self.eval_loop = layers
+
+  def train(self, rows: int, length: int) -> Program:
+    trainer, placement = self.trainer, self.placement
+    batch = _abstract_batch(placement, rows, length)
+    cost, note = _compile(self.target, lambda: placement.run(
+        lambda: trainer.jitted_step.lower(trainer.abstract_state, batch)))
+    flops = objective.train_flops(self.model_config, source_tokens=rows * length,
+                                  target_tokens=rows * length, source_length=length,
+                                  target_length=length)
+    return Program(f"train {rows}x{length}", "train", rows, length, cost, flops,
+                   self.train_loop, note)
+
+  def evaluate(self, rows: int, length: int) -> Program:
+    placement = self.placement
+    step = TeacherForcedLoss(placement, label_smoothing=self.config.label_smoothing).jitted_sums
+    batch = _abstract_batch(placement, rows, length)
+    cost, note = _compile(self.target, lambda: placement.run(
+        lambda: step.lower(placement.abstract_params, batch)))
+    flops = objective.train_flops(self.model_config, source_tokens=rows * length,
+                                  target_tokens=rows * length, source_length=length,
+                                  target_length=length) / 3  # The forward pass alone.
+    return Program(f"eval {rows}x{length}", "eval", rows, length, cost, flops, self.eval_loop,
+                   note)
+
+  def search(self, settings: DecodeSettings, rows: int, length: int) -> Program:
+    placement, model = self.placement, self.placement.model
+    buffer = min(padded_length(length + settings.max_extra), self.model_config.max_len)
+    inputs = jax.ShapeDtypeStruct((rows, length), jnp.int32, sharding=placement.batch_sharding)
+    variables = {"params": placement.abstract_params}
+    if settings.beam_size > 1:
+      lower = lambda: search.beam_search.lower(
+          model, variables, inputs, beam_size=settings.beam_size, alpha=settings.alpha,
+          max_len=buffer, max_extra=settings.max_extra,
+          length_normalization=settings.length_normalization)
+    else:
+      lower = lambda: search.greedy_decode.lower(model, variables, inputs, max_len=buffer,
+                                                 max_extra=settings.max_extra)
+    cost, note = _compile(self.target, lambda: placement.run(lower))
+    return Program(f"{settings.search} {rows}x{length}",
+                   "beam" if settings.beam_size > 1 else "greedy", rows, length, cost, None,
+                   "the search steps", note)
+
+
+def _log_progress(index: int, total: int, name: str, started: float) -> None:
+  done = time.perf_counter() - started
+  eta = f", about {done / index * (total - index):.0f} s left" if index else ""
+  logging.info("compiling %s (%d of %d; %.0f s so far%s)", name, index + 1, total, done, eta)
+
+
+def compile_experiment(config: ml_collections.ConfigDict, target: targets.Target, *,
+                       find_largest_batch: bool = False) -> Report:
+  """The report of every program of experiment `config` compiled for `target`.
+
+  With `find_largest_batch`, or when a train step does not fit, also the
+  largest `data.tokens_per_batch` whose train step fits (`largest_batch`).
+  Raises ConfigError for a config the target cannot run (a mesh that does not
+  divide its chips, a parameter that does not split), TargetError when its
+  compiler is missing. Never raises for a program that does not fit: see
+  `Report.too_big`.
+  """
+  compiler = _Compiler(config, target)
+  placement = compiler.placement
+  with config_lib.section("data"):
+    shapes = data.train_batch_shapes(config.data, placement.data_shard[1])
+  longest = max(config.data.max_source_length, config.data.max_target_length)
+  if config.data.batch_mode == "packed":
+    longest = config.data.max_length
+  settings = DecodeSettings.from_config(config)
+  decode_rows = Translator(placement, None, settings).batch_size
+  decode_length = min(padded_length(config.data.max_source_length), compiler.model_config.max_len)
+  jobs = [(f"train {r}x{n}", lambda r=r, n=n: compiler.train(r, n)) for r, n in shapes]
+  jobs.append((f"eval {config.data.eval_batch_size}x{longest}",
+               lambda: compiler.evaluate(config.data.eval_batch_size, longest)))
+  searches = [settings] + ([dataclasses.replace(settings, beam_size=1)]
+                           if settings.beam_size > 1 else [])
+  for s in searches:
+    jobs.append((f"{s.search} {decode_rows}x{decode_length}",
+                 lambda s=s: compiler.search(s, decode_rows, decode_length)))
+  started = time.perf_counter()
+  programs = []
+  for index, (name, job) in enumerate(jobs):
+    _log_progress(index, len(jobs), name, started)
+    programs.append(job())
+  report = Report(
+      target=target, hosts=targets.hosts(compiler.devices), mesh=dict(placement.mesh.shape),
+      rules=config.sharding_rules, attention=compiler.model_config.attention_impl,
+      parameters=count_params(compiler.model_config),
+      state_bytes_per_device=_state_bytes_per_device(compiler.trainer.abstract_state),
+      data_shards=placement.data_shard[1], programs=programs)
+  train_too_big = [p for p in report.too_big() if p.kind == "train"]
+  if find_largest_batch or train_too_big:
+    trains = [p for p in programs if p.kind == "train"]
+    binding = max(trains, key=lambda p: p.cost.total_bytes)
+    report.largest_batch = largest_batch(compiler, binding)
+  return report
+
+
+def largest_batch(compiler: _Compiler, binding: Program) -> dict:
+  """The largest `data.tokens_per_batch` whose train step fits, found by compiling the step at
+  the length of `binding` (the train shape that needs the most memory at the configured batch)
+  with more or fewer rows: a bisection over the rows, in steps of the rows multiple."""
+  target, length = compiler.target, binding.length
+  multiple = rows_multiple(compiler.config.data, 0, compiler.placement.data_shard[1])
+  usable = target.chip.usable_bytes
+  tried: dict[int, Program] = {binding.rows // multiple: binding}
+
+  def fits(units: int) -> bool:
+    if units not in tried:
+      logging.info("fit search: compiling the train step at %dx%d", units * multiple, length)
+      tried[units] = compiler.train(units * multiple, length)
+    return tried[units].cost.total_bytes <= usable
+
+  low, high = 0, binding.rows // multiple
+  if fits(high):
+    low = high
+    while (high := high * 2) * multiple * length <= _MOST_TOKENS and fits(high):
+      low = high
+  while high - low > 1:
+    middle = (low + high) // 2
+    if fits(middle):
+      low = middle
+    else:
+      high = middle
+  best = tried.get(low)
+  record = {"tokens_per_batch": low * multiple * length, "rows": low * multiple,
+            "length": length, "compiles": len(tried) - 1}
+  if best is not None and low:
+    record["program"] = best.record(target)
+  return record
