@@ -8,6 +8,11 @@
 #   ./launch.sh MODE [FLAGS...]          any other --mode of transformer_jax.main: average,
 #                                        eval, translate (--input=FILE --output=FILE), or
 #                                        several in one process: train,average,eval
+#   ./launch.sh compile --target=v5e-8 [FLAGS...]
+#                                        compile every program of the experiment for a TPU slice
+#                                        or GPU machine (v5e-8, v5p-128, 8xh100, ...) on this CPU:
+#                                        per-device memory, cost, fit (needs the tpu or cuda
+#                                        extra: .venv/bin/pip install -e '.[tpu,cuda]')
 #   ./launch.sh import --marian=DIR --workdir=DIR
 #                                        convert a Marian (OPUS-MT) model into a work directory
 #                                        (python -m transformer_jax.pretrained import)

@@ -146,6 +146,28 @@ def test_inconsistent_shapes_raise(shapes, message):
     attention.dot_product_attention(*arrays)
 
 
+@pytest.mark.parametrize("implementation, platform, dtype, d_k, d_v, path", [
+    ("auto", "gpu", jnp.bfloat16, 64, 64, "cudnn"),
+    ("auto", "gpu", jnp.float16, 128, 128, "cudnn"),
+    ("auto", "gpu", jnp.float32, 64, 64, "xla"),  # cuDNN's attention takes half precision.
+    ("auto", "gpu", jnp.bfloat16, 60, 60, "xla"),  # Head sizes: multiples of 8,
+    ("auto", "gpu", jnp.bfloat16, 256, 256, "xla"),  # at most 128.
+    ("auto", "tpu", jnp.bfloat16, 64, 64, "xla"),
+    ("auto", "cpu", jnp.float32, 64, 64, "xla"),
+    ("auto", "gpu", jnp.float64, 64, 64, "reference"),
+    ("auto", "gpu", jnp.bfloat16, 64, 32, "reference"),
+    ("fused", "gpu", jnp.bfloat16, 64, 64, "cudnn"),
+    ("fused", "tpu", jnp.float64, 64, 64, "xla"),
+    ("reference", "gpu", jnp.bfloat16, 64, 64, "reference"),
+    ("xla", "gpu", jnp.bfloat16, 64, 64, "xla"),
+    ("cudnn", "cpu", jnp.bfloat16, 64, 64, "cudnn"),
+])
+def test_the_implementation_resolves_against_the_platform(implementation, platform, dtype, d_k,
+                                                          d_v, path):
+  assert attention.resolve_implementation(implementation, platform, dtype=dtype, d_k=d_k,
+                                          d_v=d_v) == path
+
+
 def test_bad_mask_shape_and_implementation_raise():
   q, k, v = random_qkv(10)
   with pytest.raises(ValueError, match="does not broadcast"):

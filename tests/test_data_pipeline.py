@@ -277,6 +277,29 @@ def test_bucket_lengths():
       8, 16, 24, 32, 40, 56, 72, 96, 120, 152, 192, 240, 256)
   assert [pipeline.padded_length(n) for n in (1, 8, 9, 57, 97, 300)] == [
       8, 8, 16, 72, 120, 304]
+  assert pipeline.bucket_lengths(256, growth=2) == (8, 16, 32, 64, 128, 256)
+  assert pipeline.bucket_lengths(100, growth=1.5) == (8, 16, 24, 40, 64, 96, 100)
+
+
+def test_train_batch_shapes_follow_from_the_batch_settings_alone():
+  c = data.default_config()
+  c.update(tokens_per_batch=1000, max_source_length=40, max_target_length=64,
+           batch_multiple=8, bucket_growth=2)
+  # Rows: 1000 // length, down to a multiple of 8 (and of the 2 hosts, already one).
+  assert data.train_batch_shapes(c) == [(120, 8), (56, 16), (24, 32), (8, 64)]
+  # 3 hosts: rows in multiples of lcm(8, 3) = 24, and the longest bucket gets none.
+  with pytest.raises(FieldError, match="needs at least 1536 for 24 rows"):
+    data.train_batch_shapes(c, shard_count=3)
+  c.update(batch_mode="padded")
+  assert data.train_batch_shapes(c) == [(8, 64)]
+  c.update(batch_mode="packed", batch_size=32, max_length=128)
+  assert data.train_batch_shapes(c) == [(32, 128)]
+  c.update(batch_mode="tokens", tokens_per_batch=100)
+  with pytest.raises(FieldError, match="tokens_per_batch=100 is too small"):
+    data.train_batch_shapes(c)
+  c.update(tokens_per_batch=1000, bucket_growth=1)
+  with pytest.raises(FieldError, match=r"bucket_growth"):
+    data.train_batch_shapes(c)
 
 
 def test_layout_packs_by_hand():

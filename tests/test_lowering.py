@@ -6,12 +6,11 @@ trace rejects (a host callback, a CPU-only custom call, a sharding that does
 not split) or that loses the bfloat16 matmuls, the shardings or the donation
 fails here without a GPU or TPU.
 
-What this cannot cover: the attention implementation is picked when tracing
-(`model.attention._fused_backend` reads `jax.default_backend()`), so on the CPU
-the modules use XLA's attention, never the cuDNN fused kernel that a GPU run
-in bfloat16 chooses (and that needs cuDNN present). Nothing is compiled for or
-run on a device: XLA's partitioning, the kernels, memory and numerics there
-are not checked.
+What this cannot cover: the attention implementation is resolved for the
+platform of the mesh's devices (CPU here), so the modules use XLA's
+attention, never the cuDNN fused kernel that a GPU run in bfloat16 takes.
+Nothing is compiled here: `tests/test_compile.py` compiles for TPU and GPU
+targets with their own compilers.
 """
 
 import re

@@ -5,6 +5,7 @@ The reference for every sharded run is the same step on one device.
 Run as a script, this file is one worker of the two-process test.
 """
 
+import dataclasses
 import pathlib
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from helpers import environment, free_port, make_trainer, synthetic_batch, tiny_
 from transformer_jax import sharding
 from transformer_jax.conventions import BATCH_KEYS
 from transformer_jax.errors import FieldError
+from transformer_jax.model.transformer import TransformerConfig
 
 STEPS = 2
 
@@ -199,3 +201,15 @@ def _worker(process_id: int, port: int, out_dir: str):
 
 if __name__ == "__main__":
   _worker(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
+
+
+def test_a_placed_model_takes_the_attention_of_its_mesh_platform():
+  config = TransformerConfig(vocab_size=16, num_layers=1, d_model=32, d_ff=32, num_heads=4,
+                             dtype="bfloat16")
+  assert sharding.for_platform(config, "gpu").attention_impl == "cudnn"
+  assert sharding.for_platform(config, "tpu").attention_impl == "xla"
+  assert sharding.for_platform(
+      dataclasses.replace(config, attention_impl="reference"), "gpu").attention_impl == "reference"
+  with pytest.raises(FieldError, match="needs d_k == d_v"):
+    TransformerConfig(vocab_size=16, d_model=32, num_heads=4, d_k=8, d_v=16,
+                      attention_impl="cudnn")

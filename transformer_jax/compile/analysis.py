@@ -19,6 +19,7 @@ import re
 import time
 
 _PREFETCH = re.compile(r'custom_call_target="ConcatBitcast"')
+_CUDNN_ATTENTION = re.compile(r'custom_call_target="__cudnn\$fmha')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +36,8 @@ class ProgramCost:
   bytes_accessed: float | None
   optimal_seconds: float | None  # The compiler's raw figure.
   prefetch_calls: int
+  cudnn_attention_calls: int  # cuDNN fused attention kernels, forward and backward
+  refused: str = ""  # The compiler's own out-of-memory error: then only temp_bytes is known.
 
   @property
   def total_bytes(self) -> int:
@@ -45,6 +48,8 @@ class ProgramCost:
   def estimated_seconds(self, peak_flops: float, loop: str = "") -> tuple[float | None, str]:
     """`(seconds, why)`: the compiler's estimate corrected for its prefetch calls, or None and
     the reason it cannot be used (`loop` names the loop the program runs, if any)."""
+    if self.refused:
+      return None, "the compiler refused the program: it does not fit"
     if self.optimal_seconds is None:
       return None, "the compiler gives no cost estimate for this target"
     if loop:
@@ -55,15 +60,42 @@ class ProgramCost:
       return None, "the compiler's estimate, corrected, is below the FLOP roofline"
     return seconds, "the compiler's optimal_seconds + 1 s per prefetch call"
 
+  def fits(self, usable_bytes: int) -> bool:
+    """Whether the program fits in `usable_bytes` per device (and its compiler took it)."""
+    return not self.refused and self.total_bytes <= usable_bytes
+
   def record(self) -> dict:
     """The figures as a JSON-ready dict."""
     return {**dataclasses.asdict(self), "total_bytes": self.total_bytes}
 
 
+_OUT_OF_MEMORY = re.compile(r"RESOURCE_EXHAUSTED: Ran out of memory.*?temporaries \(([\d.]+)([KMGT]?)\)")
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def refused_cost(message: str, seconds: float) -> ProgramCost | None:
+  """The cost of a program that the compiler refused for lack of memory (XLA's TPU compiler
+  does, naming the temporaries it needed), or None for any other error."""
+  match = _OUT_OF_MEMORY.search(message)
+  if match is None:
+    return None
+  temp = int(float(match[1]) * _UNITS[match[2]])
+  return ProgramCost(compile_seconds=seconds, argument_bytes=0, output_bytes=0, alias_bytes=0,
+                     temp_bytes=temp, code_bytes=0, flops=None, bytes_accessed=None,
+                     optimal_seconds=None, prefetch_calls=0, cudnn_attention_calls=0,
+                     refused=message.strip().splitlines()[0])
+
+
 def compile_and_measure(lowered, compiler_options=None):
   """`(compiled, ProgramCost)` of a `jax.stages.Lowered`, timing its compile."""
   start = time.perf_counter()
-  compiled = lowered.compile(compiler_options) if compiler_options else lowered.compile()
+  try:
+    compiled = lowered.compile(compiler_options) if compiler_options else lowered.compile()
+  except Exception as error:  # pylint: disable=broad-except  # XLA's errors are JaxRuntimeError.
+    refused = refused_cost(str(error), time.perf_counter() - start)
+    if refused is None:
+      raise
+    return None, refused
   seconds = time.perf_counter() - start
   memory = compiled.memory_analysis()
   cost = compiled.cost_analysis() or {}
@@ -81,4 +113,5 @@ def compile_and_measure(lowered, compiler_options=None):
       bytes_accessed=cost.get("bytes accessed"),
       optimal_seconds=cost.get("optimal_seconds"),
       prefetch_calls=len(_PREFETCH.findall(text)),
+      cudnn_attention_calls=len(_CUDNN_ATTENTION.findall(text)),
   )

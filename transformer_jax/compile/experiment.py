@@ -65,7 +65,7 @@ class Program:
                   "mfu": (self.model_flops / (seconds * target.chips * target.chip.peak_flops)
                           if self.model_flops else None)}
     return {"name": self.name, "kind": self.kind, "rows": self.rows, "length": self.length,
-            **self.cost.record(), "fits": self.cost.total_bytes <= target.chip.usable_bytes,
+            **self.cost.record(), "fits": self.cost.fits(target.chip.usable_bytes),
             "model_flops_per_device": (self.model_flops / target.chips
                                        if self.model_flops else None),
             "compiler_estimate": estimate, "estimate_basis": why, "note": self.note}
@@ -87,7 +87,7 @@ class Report:
   largest_batch: dict | None = None
 
   def too_big(self) -> list[Program]:
-    return [p for p in self.programs if p.cost.total_bytes > self.target.chip.usable_bytes]
+    return [p for p in self.programs if not p.cost.fits(self.target.chip.usable_bytes)]
 
   def record(self) -> dict:
     """The whole report as a JSON-ready dict (the fields docs/compile.md describes)."""
@@ -254,40 +254,42 @@ def compile_experiment(config: ml_collections.ConfigDict, target: targets.Target
   train_too_big = [p for p in report.too_big() if p.kind == "train"]
   if find_largest_batch or train_too_big:
     trains = [p for p in programs if p.kind == "train"]
-    binding = max(trains, key=lambda p: p.cost.total_bytes)
+    binding = max(trains, key=lambda p: (bool(p.cost.refused), p.cost.total_bytes))
     report.largest_batch = largest_batch(compiler, binding)
   return report
 
 
 def largest_batch(compiler: _Compiler, binding: Program) -> dict:
-  """The largest `data.tokens_per_batch` whose train step fits, found by compiling the step at
-  the length of `binding` (the train shape that needs the most memory at the configured batch)
-  with more or fewer rows: a bisection over the rows, in steps of the rows multiple."""
+  """The largest batch whose train step fits (`field`: `data.tokens_per_batch`, or
+  `data.batch_size` for packed rows, and its `value`), to within 1/16, found by
+  compiling the step at the length of `binding` (the train shape that needs the most memory at
+  the configured batch) with other row counts: doubling while it fits, then a bisection."""
   target, length = compiler.target, binding.length
   multiple = rows_multiple(compiler.config.data, 0, compiler.placement.data_shard[1])
-  usable = target.chip.usable_bytes
   tried: dict[int, Program] = {binding.rows // multiple: binding}
 
   def fits(units: int) -> bool:
     if units not in tried:
       logging.info("fit search: compiling the train step at %dx%d", units * multiple, length)
       tried[units] = compiler.train(units * multiple, length)
-    return tried[units].cost.total_bytes <= usable
+    return tried[units].cost.fits(target.chip.usable_bytes)
 
   low, high = 0, binding.rows // multiple
   if fits(high):
     low = high
     while (high := high * 2) * multiple * length <= _MOST_TOKENS and fits(high):
       low = high
-  while high - low > 1:
+  while high - low > max(1, low // 16):
     middle = (low + high) // 2
     if fits(middle):
       low = middle
     else:
       high = middle
-  best = tried.get(low)
-  record = {"tokens_per_batch": low * multiple * length, "rows": low * multiple,
+  packed = compiler.config.data.batch_mode == "packed"
+  record = {"field": "data.batch_size" if packed else "data.tokens_per_batch",
+            "value": low * multiple if packed else low * multiple * length,
+            "tokens_per_batch": low * multiple * length, "rows": low * multiple,
             "length": length, "compiles": len(tried) - 1}
-  if best is not None and low:
-    record["program"] = best.record(target)
+  if low:
+    record["program"] = tried[low].record(target)
   return record

@@ -23,7 +23,8 @@ def rows(record: dict) -> list[tuple[str, ...]]:
     model = p["model_flops_per_device"]
     out.append((
         p["name"], f"{p['compile_seconds']:.1f}", _gib(p["argument_bytes"]), _gib(p["temp_bytes"]),
-        _gib(p["code_bytes"]), _gib(p["total_bytes"]),
+        _gib(p["code_bytes"]), (">" if p["refused"] else "") + _gib(p["total_bytes"]),
+        "refused" if p["refused"] else
         f"{p['total_bytes'] / usable:.0%}" + ("" if p["fits"] else " NO"),
         _maybe(p["flops"] and p["flops"] / 1e12, ".3g"), _maybe(model and model / 1e12, ".3g"),
         _maybe(estimate.get("step_seconds"), ".4f"),
@@ -59,9 +60,9 @@ def format_report(record: dict) -> str:
 
 
 def _largest_line(largest: dict) -> str:
-  if not largest["tokens_per_batch"]:
-    return f"no batch fits: even {largest['rows'] or 'the fewest'} rows are too many"
-  line = (f"largest batch that fits: data.tokens_per_batch={largest['tokens_per_batch']} "
+  if not largest["value"]:
+    return "no batch fits: even the fewest rows are too many"
+  line = (f"largest batch that fits: {largest['field']}={largest['value']} "
           f"({largest['rows']}x{largest['length']}; {largest['compiles']} extra compiles)")
   estimate = (largest.get("program") or {}).get("compiler_estimate")
   if estimate:
@@ -76,18 +77,19 @@ def does_not_fit(record: dict) -> str | None:
   too_big = [p for p in record["programs"] if not p["fits"]]
   if not too_big:
     return None
-  worst = max(too_big, key=lambda p: p["total_bytes"])
+  worst = max(too_big, key=lambda p: (p["refused"] != "", p["total_bytes"]))
   t = record["target"]
-  line = (f"{worst['name']} needs {_gib(worst['total_bytes'])} GiB per device; a {t['chip']} of "
-          f"{t['name']} has {_gib(t['usable_bytes'])} GiB usable")
+  needs = (f"more than {_gib(worst['total_bytes'])} GiB per device (the compiler refused it)"
+           if worst["refused"] else f"{_gib(worst['total_bytes'])} GiB per device")
+  line = (f"{worst['name']} needs {needs}; a {t['chip']} of {t['name']} has "
+          f"{_gib(t['usable_bytes'])} GiB usable")
   if len(too_big) > 1:
     line += f" ({len(too_big)} programs do not fit)"
   largest = record["largest_batch"]
   if worst["kind"] == "train" and largest is not None:
-    line += ("; " + (f"the largest data.tokens_per_batch that fits is "
-                     f"{largest['tokens_per_batch']}" if largest["tokens_per_batch"]
-                     else "no data.tokens_per_batch fits: shard the parameters (sharding_rules "
-                          "fsdp or tp) or use a larger target"))
+    line += ("; " + (f"the largest {largest['field']} that fits is {largest['value']}"
+                     if largest["value"] else "no batch fits: shard the parameters "
+                     "(sharding_rules fsdp or tp) or use a larger target"))
   elif worst["kind"] in ("beam", "greedy"):
     line += "; lower config.decode.batch_size"
   elif worst["kind"] == "eval":

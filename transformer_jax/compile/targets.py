@@ -138,11 +138,16 @@ def parse_target(name: str) -> Target:
                     f"GPUs: {GPU_EXAMPLES}")
 
 
-def _quiet_libtpu() -> None:
-  """libtpu asks the cloud for the worker hostnames and accelerator type and logs an error when
-  there is no TPU VM; naming this machine as the only worker keeps it quiet (kept if set)."""
+def _quiet_compilers() -> None:
+  """Keep the compilers' start-up noise off the terminal (values already set are kept): libtpu
+  asks the cloud for the worker hostnames and accelerator type and logs an error when there is
+  no TPU VM, so this machine is named the only worker; the plugins log at INFO as they load.
+  libtpu also takes a lock file meant for the chips, which a compile-only process has no use
+  for: another process that compiles for a TPU at the same time may load it too."""
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
   os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v5litepod-8")
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
 
 def _require(module: str, target: Target, what: str) -> None:
@@ -165,9 +170,9 @@ def compile_devices(target: Target) -> list:
   if jax.default_backend() != "cpu":
     raise TargetError(f"--target={target.name}: compiling for a target runs on the CPU backend; "
                       f"set JAX_PLATFORMS=cpu (this process has {jax.default_backend()})")
+  _quiet_compilers()
   if target.platform == "tpu":
     _require("libtpu", target, "XLA's TPU compiler (libtpu)")
-    _quiet_libtpu()
     description = topologies.get_topology_desc(
         topology_name=target.topology, platform="tpu",
         **_TOPOLOGY_OPTIONS.get(target.generation, {}))
