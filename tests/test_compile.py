@@ -86,7 +86,7 @@ def _batch_bytes_per_device(rows: int, length: int, shards: int) -> int:
 @pytest.mark.parametrize("rules", ["dp", "fsdp"])
 def test_the_base_train_step_compiles_for_v5e_8_with_12_bytes_a_parameter(rules):
   config = _paper_config("base", rules)
-  compiler = experiment._Compiler(config, targets.parse_target("v5e-8"))
+  compiler = experiment.Compiler(config, targets.parse_target("v5e-8"))
   program = compiler.train(64, 32)
   model = compiler.model_config
   parameters = count_params(model)
@@ -107,7 +107,7 @@ def test_the_base_train_step_compiles_for_v5e_8_with_12_bytes_a_parameter(rules)
 @needs_tpu
 def test_the_beam_search_compiles_for_v5e_8():
   config = _paper_config("base", "dp")
-  compiler = experiment._Compiler(config, targets.parse_target("v5e-8"))
+  compiler = experiment.Compiler(config, targets.parse_target("v5e-8"))
   settings = experiment.DecodeSettings.from_config(config)
   program = compiler.search(settings, 16, 32)
   assert (program.name, program.kind) == ("beam4 16x32", "beam")
@@ -119,7 +119,7 @@ def test_the_beam_search_compiles_for_v5e_8():
 @needs_cuda
 def test_the_base_train_step_compiles_for_8_h100_with_cudnn_attention():
   config = _paper_config("base", "dp")
-  compiler = experiment._Compiler(config, targets.parse_target("8xh100"))
+  compiler = experiment.Compiler(config, targets.parse_target("8xh100"))
   assert compiler.model_config.attention_impl == "cudnn"  # What a bfloat16 run on a GPU takes.
   program = compiler.train(64, 32)
   assert program.cost.cudnn_attention_calls > 0
@@ -141,9 +141,9 @@ def _small_config(**data):
 def test_the_tpu_compile_counts_the_flops_of_the_cpu_compile():
   config = _small_config()
   target = targets.parse_target("v5e-8")
-  tpu = experiment._Compiler(config, target).train(64, 32).cost.flops
+  tpu = experiment.Compiler(config, target).train(64, 32).cost.flops
   trainer, _ = experiment.make_trainer(config, vocab_size=256)  # The 8 simulated CPU devices.
-  batch = experiment._abstract_batch(trainer.placement, 64, 32)
+  batch = experiment.abstract_batch(trainer.placement, 64, 32)
   cpu = trainer.placement.run(lambda: trainer.jitted_step.lower(
       trainer.abstract_state, batch)).compile().cost_analysis()["flops"]
   # Both are XLA's HLO cost analysis of the same step, per device, after each backend's own
@@ -214,7 +214,7 @@ def test_the_report_has_every_program_and_the_documented_fields(small_report):
 @needs_tpu
 def test_the_largest_batch_is_found_by_compiling():
   config = _small_config(max_source_length=64, max_target_length=64, vocab_size=16384)
-  compiler = experiment._Compiler(config, targets.parse_target("v5e-8"))
+  compiler = experiment.Compiler(config, targets.parse_target("v5e-8"))
   start = compiler.train(8 * 64, 64)
   found = experiment.largest_batch(compiler, start)
   usable = targets.CHIPS["v5e"].usable_bytes
@@ -245,3 +245,12 @@ def test_a_batch_that_cannot_fit_ends_the_command_with_one_error_line(tmp_path):
   assert not record["fits"] and largest["field"] == "data.tokens_per_batch"
   assert 0 < largest["value"] < 4194304 and largest["program"]["fits"]
   assert last.endswith(f"the largest data.tokens_per_batch that fits is {largest['value']}")
+
+
+def test_compile_runs_alone_and_needs_a_target():
+  from absl import flags  # pylint: disable=import-outside-toplevel
+  from transformer_jax import main  # pylint: disable=import-outside-toplevel
+  with pytest.raises(flags.ValidationError, match="runs alone"):
+    main._known_modes(["train", "compile"])
+  with pytest.raises(main.UserError, match="needs --target"):
+    main.compile_for_target(None, "/tmp/unused", "", False)

@@ -245,14 +245,15 @@ def parse_flags(argv: list[str]) -> list[str]:
   return remaining
 
 
-def compile_for_target(config, workdir: str) -> None:
-  """--mode=compile: the report of every program compiled for --target on stdout and in
+def compile_for_target(config, workdir: str, target_name: str | None,
+                       find_largest_batch: bool) -> None:
+  """--mode=compile: the report of every program compiled for the target named on stdout and in
   <workdir>/compile/<target>.json; DoesNotFitError (exit 1) naming what does not fit."""
-  if not _TARGET.value:
+  if not target_name:
     raise UserError("--mode=compile needs --target (e.g. --target=v5e-8 or --target=8xh100)")
-  target = compile_targets.parse_target(_TARGET.value)
+  target = compile_targets.parse_target(target_name)
   report = compile_experiment.compile_experiment(
-      config, target, find_largest_batch=_FIND_LARGEST_BATCH.value).record()
+      config, target, find_largest_batch=find_largest_batch).record()
   path = Workdir(workdir).compile_report(target.name)
   files.write_json(path, report)
   print(compile_table.format_report(report))
@@ -268,7 +269,7 @@ def run(selected: list[str], config, workdir: str) -> None:
   stdout (translations, or one summary line per mode). Training stopped before its last step (a
   preemption) ends the list there. A mode that fails ends the run without the cache's line."""
   if selected == ["compile"]:  # Compile-only devices: nothing to cache or run.
-    compile_for_target(config, workdir)
+    compile_for_target(config, workdir, _TARGET.value, _FIND_LARGEST_BATCH.value)
     return
   cache = compilation_cache.enable(config_lib.checked_field(config, "compilation_cache_dir"))
   for index, mode in enumerate(selected):

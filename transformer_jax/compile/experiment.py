@@ -111,7 +111,8 @@ class Report:
     }
 
 
-def _abstract_batch(placement, rows: int, length: int) -> dict:
+def abstract_batch(placement, rows: int, length: int) -> dict:
+  """A `[rows, length]` batch of abstract int32 arrays with the placement's batch sharding."""
   return {k: jax.ShapeDtypeStruct((rows, length), jnp.int32, sharding=placement.batch_sharding)
           for k in BATCH_KEYS}
 
@@ -146,8 +147,9 @@ def _state_bytes_per_device(abstract_state) -> int:
   return total
 
 
-class _Compiler:
-  """The experiment placed on the target's devices, compiling its programs one by one."""
+class Compiler:
+  """An experiment placed on a target's compile-only devices; `train`, `evaluate` and `search`
+  compile one program each at a given shape."""
 
   def __init__(self, config: ml_collections.ConfigDict, target: targets.Target):
     self.config, self.target = config, target
@@ -165,7 +167,7 @@ class _Compiler:
 
   def train(self, rows: int, length: int) -> Program:
     trainer, placement = self.trainer, self.placement
-    batch = _abstract_batch(placement, rows, length)
+    batch = abstract_batch(placement, rows, length)
     cost, note = _compile(self.target, lambda: placement.run(
         lambda: trainer.jitted_step.lower(trainer.abstract_state, batch)))
     flops = objective.train_flops(self.model_config, source_tokens=rows * length,
@@ -177,7 +179,7 @@ class _Compiler:
   def evaluate(self, rows: int, length: int) -> Program:
     placement = self.placement
     step = TeacherForcedLoss(placement, label_smoothing=self.config.label_smoothing).jitted_sums
-    batch = _abstract_batch(placement, rows, length)
+    batch = abstract_batch(placement, rows, length)
     cost, note = _compile(self.target, lambda: placement.run(
         lambda: step.lower(placement.abstract_params, batch)))
     flops = objective.train_flops(self.model_config, source_tokens=rows * length,
@@ -222,7 +224,7 @@ def compile_experiment(config: ml_collections.ConfigDict, target: targets.Target
   compiler is missing. Never raises for a program that does not fit: see
   `Report.too_big`.
   """
-  compiler = _Compiler(config, target)
+  compiler = Compiler(config, target)
   placement = compiler.placement
   with config_lib.section("data"):
     shapes = data.train_batch_shapes(config.data, placement.data_shard[1])
@@ -259,7 +261,7 @@ def compile_experiment(config: ml_collections.ConfigDict, target: targets.Target
   return report
 
 
-def largest_batch(compiler: _Compiler, binding: Program) -> dict:
+def largest_batch(compiler: Compiler, binding: Program) -> dict:
   """The largest batch whose train step fits (`field`: `data.tokens_per_batch`, or
   `data.batch_size` for packed rows, and its `value`), to within 1/16, found by
   compiling the step at the length of `binding` (the train shape that needs the most memory at
