@@ -8,13 +8,13 @@ Variants (`--config=experiments/wmt14.py:<variant>`):
 The paper's recipe: Adam (0.9, 0.98, 1e-9), `d_model^-0.5 * min(step^-0.5,
 step * 4000^-1.5)`, label smoothing 0.1, a shared BPE vocabulary (37k EN-DE,
 32k word pieces EN-FR), batches of about 25k source and 25k target tokens,
-here 128 packed rows of 256 tokens (32768 slots a side, 4096 per GPU on 8
-GPUs as in tensor2tensor, which the paper used). The paper batched pairs of
-similar length; packing them into rows of one shape (tensor2tensor's packed
-problems) keeps every pair apart through its segment ids, wastes almost no
-slot on padding and compiles one train step instead of 13, with the same step
-time by XLA's TPU estimate (docs/compile.md). The paper's batching:
-`--config.data.batch_mode=tokens --config.data.tokens_per_batch=32768`. Meshes are for 8 accelerators and take
+here 104 packed rows of 256 tokens (26624 slots a side, about 25k of them
+filled). The paper batched pairs of similar length; packing them into rows
+of one shape (tensor2tensor's packed problems) keeps every pair apart through
+its segment ids, wastes few slots on padding and compiles one train step
+instead of 13 (docs/compile.md). The paper's batching, 32768 tokens a side
+counting padding (4096 per GPU on 8 GPUs, as in tensor2tensor, which the
+paper used): `--config.data.batch_mode=tokens`. Meshes are for 8 accelerators and take
 the rest of whatever devices there are (-1): base is data parallel, the big
 models are FSDP-sharded. Computation is in bfloat16, parameters in float32.
 The paper evaluates the average of the last 5 (base) or 20 (big) checkpoints
@@ -50,7 +50,7 @@ def get_config(variant: str = "base"):
   config.data.source_lang = "en"
   config.data.tokenizer_sample_size = 1_000_000
   config.data.batch_mode = "packed"
-  config.data.batch_size = 128
+  config.data.batch_size = 104
   config.data.max_length = 256
   config.data.tokens_per_batch = 32768  # With batch_mode=tokens.
   config.data.max_source_length = 256

@@ -285,7 +285,7 @@ def test_train_batch_shapes_follow_from_the_batch_settings_alone():
   c = data.default_config()
   c.update(tokens_per_batch=1000, max_source_length=40, max_target_length=64,
            batch_multiple=8, bucket_growth=2)
-  # Rows: 1000 // length, down to a multiple of 8 (and of the 2 hosts, already one).
+  # Rows: 1000 // length, down to a multiple of 8 (data.batch_multiple; one host).
   assert data.train_batch_shapes(c) == [(120, 8), (56, 16), (24, 32), (8, 64)]
   # 3 hosts: rows in multiples of lcm(8, 3) = 24, and the longest bucket gets none.
   with pytest.raises(FieldError, match="needs at least 1536 for 24 rows"):

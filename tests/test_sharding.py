@@ -199,10 +199,6 @@ def _worker(process_id: int, port: int, out_dir: str):
   jax.distributed.shutdown()
 
 
-if __name__ == "__main__":
-  _worker(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
-
-
 def test_a_placed_model_takes_the_attention_of_its_mesh_platform():
   config = TransformerConfig(vocab_size=16, num_layers=1, d_model=32, d_ff=32, num_heads=4,
                              dtype="bfloat16")
@@ -210,6 +206,15 @@ def test_a_placed_model_takes_the_attention_of_its_mesh_platform():
   assert sharding.for_platform(config, "tpu").attention_impl == "xla"
   assert sharding.for_platform(
       dataclasses.replace(config, attention_impl="reference"), "gpu").attention_impl == "reference"
+  with pytest.raises(FieldError, match="'cudnn' needs a GPU, bfloat16 or float16"):
+    sharding.for_platform(dataclasses.replace(config, attention_impl="cudnn"), "tpu")
+  with pytest.raises(FieldError, match="got gpu, float32"):
+    sharding.for_platform(dataclasses.replace(config, attention_impl="cudnn", dtype="float32"),
+                          "gpu")
   with pytest.raises(FieldError, match="needs d_k == d_v"):
     TransformerConfig(vocab_size=16, d_model=32, num_heads=4, d_k=8, d_v=16,
                       attention_impl="cudnn")
+
+
+if __name__ == "__main__":
+  _worker(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])

@@ -255,6 +255,8 @@ def placement(config: ml_collections.ConfigDict, *, vocab_size: int,
   model = transformer_config(config, vocab_size=vocab_size)
   with section("mesh"):
     mesh = sharding.make_mesh(dict(config.mesh), devices)
+  with section("model"):
+    model = sharding.for_platform(model, mesh.devices.flat[0].platform)
   with section("sharding_rules"):
     rules = sharding.logical_rules(config.sharding_rules)
     return sharding.Placement(model, mesh, rules)

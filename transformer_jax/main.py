@@ -79,12 +79,13 @@ _MODE = flags.DEFINE_list(
     "process: train,average,eval (compile runs alone).")
 _TARGET = flags.DEFINE_string(
     "target", None,
-    "compile: the TPU slice or GPU machine to compile for: v5e-8, v5e-256, v5p-8, v5p-128, "
-    "v4-32, v6e-8 (or a topology such as v5e:2x4), 1xh100, 8xh100, 16xh100, 8xa100, 8xh200.")
+    f"compile: the TPU slice or GPU machine to compile for. TPUs: {compile_targets.TPU_EXAMPLES}; "
+    f"GPUs: {compile_targets.GPU_EXAMPLES}.")
 _FIND_LARGEST_BATCH = flags.DEFINE_bool(
     "find_largest_batch", False,
-    "compile: also find the largest data.tokens_per_batch whose train step fits the target "
-    "(a few more compiles); done anyway when the configured batch does not fit.")
+    "compile: also find the largest batch (data.tokens_per_batch, or data.batch_size for "
+    "packed rows) whose train step fits the target (a few more compiles); done anyway when the "
+    "configured batch does not fit.")
 
 _CHECKPOINT = flags.DEFINE_string(
     "checkpoint", "latest",
@@ -268,9 +269,6 @@ def run(selected: list[str], config, workdir: str) -> None:
   (`config.compilation_cache_dir`), and log what the cache did; results meant for the user go to
   stdout (translations, or one summary line per mode). Training stopped before its last step (a
   preemption) ends the list there. A mode that fails ends the run without the cache's line."""
-  if selected == ["compile"]:  # Compile-only devices: nothing to cache or run.
-    compile_for_target(config, workdir, _TARGET.value, _FIND_LARGEST_BATCH.value)
-    return
   cache = compilation_cache.enable(config_lib.checked_field(config, "compilation_cache_dir"))
   for index, mode in enumerate(selected):
     start = time.perf_counter()
@@ -352,10 +350,11 @@ def main(argv):
   sys.unraisablehook = _unraisable_at_verbosity_1
   config = _CONFIG.value
   logging.debug("config %s:\n%s", config_flags.get_config_filename(flags.FLAGS["config"]), config)
-  if "compile" in _MODE.value:
-    # The target's compiler runs beside the CPU backend, in one process for all its hosts.
+  if _MODE.value == ["compile"]:
+    # The target's compiler runs beside the CPU backend, in one process for all its hosts; no
+    # compilation cache (compile-only programs cannot be stored).
     jax.config.update("jax_platforms", "cpu")
-    run(_MODE.value, config, _WORKDIR.value)
+    compile_for_target(config, _WORKDIR.value, _TARGET.value, _FIND_LARGEST_BATCH.value)
     return
   if not distributed(_DISTRIBUTED.value):
     run(_MODE.value, config, _WORKDIR.value)  # Each mode validates the config first.

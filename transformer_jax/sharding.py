@@ -203,10 +203,17 @@ def global_batch(local_batch: Mapping[str, np.ndarray], sharding: NamedSharding)
 
 def for_platform(model_config: TransformerConfig, platform: str) -> TransformerConfig:
   """`model_config` with its attention implementation resolved for devices of `platform` ("cpu",
-  "gpu", "tpu"), so that a program compiled for a target takes the path a run there takes."""
+  "gpu", "tpu"), so that a program compiled for a target takes the path a run there takes.
+  FieldError (owner `model`) for `attention_impl='cudnn'` where cuDNN cannot run it."""
   attention = resolve_implementation(model_config.attention_impl, platform,
                                      dtype=model_config.compute_dtype, d_k=model_config.d_k,
                                      d_v=model_config.d_v)
+  if attention == "cudnn" and resolve_implementation(
+      "fused", platform, dtype=model_config.compute_dtype, d_k=model_config.d_k,
+      d_v=model_config.d_v) != "cudnn":
+    raise FieldError("model", "attention_impl", f"='cudnn' needs a GPU, bfloat16 or float16 and "
+                     f"a head size that is a multiple of 8 up to 128; got {platform}, "
+                     f"{model_config.dtype}, d_k={model_config.d_k} (use 'auto')")
   return dataclasses.replace(model_config, attention_impl=attention)
 
 

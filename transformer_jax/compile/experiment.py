@@ -155,6 +155,8 @@ class Compiler:
     self.config, self.target = config, target
     self.devices = targets.compile_devices(target)
     config_lib.validate(config, num_devices=len(self.devices))
+    # The vocabulary size the config asks for (a run takes its tokenizer's, the same for a
+    # trained vocabulary; a Marian vocabulary file may differ).
     self.vocab_size = config.data.vocab_size
     self.trainer, _ = make_trainer(config, vocab_size=self.vocab_size, devices=self.devices)
     self.placement = self.trainer.placement
@@ -228,18 +230,21 @@ def compile_experiment(config: ml_collections.ConfigDict, target: targets.Target
   placement = compiler.placement
   with config_lib.section("data"):
     shapes = data.train_batch_shapes(config.data, placement.data_shard[1])
-  longest = max(config.data.max_source_length, config.data.max_target_length)
-  if config.data.batch_mode == "packed":
-    longest = config.data.max_length
+  max_len = compiler.model_config.max_len
+  # Evaluation reads whole pairs (none cut) in lengths of the padded series, at most max_len.
+  eval_length = min(padded_length(max(config.data.max_source_length,
+                                      config.data.max_target_length)), max_len)
+  decode_length = min(padded_length(config.data.max_source_length), max_len)
   settings = DecodeSettings.from_config(config)
   decode_rows = Translator(placement, None, settings).batch_size
-  decode_length = min(padded_length(config.data.max_source_length), compiler.model_config.max_len)
   jobs = [(f"train {r}x{n}", lambda r=r, n=n: compiler.train(r, n)) for r, n in shapes]
-  jobs.append((f"eval {config.data.eval_batch_size}x{longest}",
-               lambda: compiler.evaluate(config.data.eval_batch_size, longest)))
-  searches = [settings] + ([dataclasses.replace(settings, beam_size=1)]
-                           if settings.beam_size > 1 else [])
-  for s in searches:
+  jobs.append((f"eval {config.data.eval_batch_size}x{eval_length}",
+               lambda: compiler.evaluate(config.data.eval_batch_size, eval_length)))
+  searches = {settings.beam_size: settings}  # --mode=eval and translate
+  if config.eval_every_steps and config.eval_bleu_sentences:  # Validation BLEU in training.
+    searches.setdefault(config.eval_bleu_beam_size, DecodeSettings.from_config(
+        config, beam_size=config.eval_bleu_beam_size))
+  for s in searches.values():
     jobs.append((f"{s.search} {decode_rows}x{decode_length}",
                  lambda s=s: compiler.search(s, decode_rows, decode_length)))
   started = time.perf_counter()
@@ -256,19 +261,21 @@ def compile_experiment(config: ml_collections.ConfigDict, target: targets.Target
   train_too_big = [p for p in report.too_big() if p.kind == "train"]
   if find_largest_batch or train_too_big:
     trains = [p for p in programs if p.kind == "train"]
-    binding = max(trains, key=lambda p: (bool(p.cost.refused), p.cost.total_bytes))
-    report.largest_batch = largest_batch(compiler, binding)
+    most_memory = max(trains, key=lambda p: (bool(p.cost.refused), p.cost.total_bytes))
+    report.largest_batch = largest_batch(compiler, most_memory)
   return report
 
 
-def largest_batch(compiler: Compiler, binding: Program) -> dict:
+def largest_batch(compiler: Compiler, most_memory: Program) -> dict:
   """The largest batch whose train step fits (`field`: `data.tokens_per_batch`, or
-  `data.batch_size` for packed rows, and its `value`), to within 1/16, found by
-  compiling the step at the length of `binding` (the train shape that needs the most memory at
-  the configured batch) with other row counts: doubling while it fits, then a bisection."""
-  target, length = compiler.target, binding.length
+  `data.batch_size` for packed rows, and its `value`), to within 1/16, found by compiling the
+  step at the length of `most_memory` (the train shape that needs the most memory at the
+  configured batch) with other row counts: doubling while it fits, then a bisection. `capped`:
+  the search stopped at its largest batch, 2**24 tokens, which fits."""
+  target, length = compiler.target, most_memory.length
   multiple = rows_multiple(compiler.config.data, 0, compiler.placement.data_shard[1])
-  tried: dict[int, Program] = {binding.rows // multiple: binding}
+  start = most_memory.rows // multiple
+  tried: dict[int, Program] = {start: most_memory}
 
   def fits(units: int) -> bool:
     if units not in tried:
@@ -276,11 +283,16 @@ def largest_batch(compiler: Compiler, binding: Program) -> dict:
       tried[units] = compiler.train(units * multiple, length)
     return tried[units].cost.fits(target.chip.usable_bytes)
 
-  low, high = 0, binding.rows // multiple
-  if fits(high):
-    low = high
-    while (high := high * 2) * multiple * length <= _MOST_TOKENS and fits(high):
-      low = high
+  most = max(start, _MOST_TOKENS // (multiple * length))
+  low, high = 0, start
+  if fits(start):
+    low = start
+    while low * 2 <= most and fits(low * 2):
+      low *= 2
+    high = low * 2 if low * 2 <= most else most + 1
+  capped = low == most or (high == most + 1 and fits(most))
+  if capped:
+    low = most
   while high - low > max(1, low // 16):
     middle = (low + high) // 2
     if fits(middle):
@@ -291,7 +303,7 @@ def largest_batch(compiler: Compiler, binding: Program) -> dict:
   record = {"field": "data.batch_size" if packed else "data.tokens_per_batch",
             "value": low * multiple if packed else low * multiple * length,
             "tokens_per_batch": low * multiple * length, "rows": low * multiple,
-            "length": length, "compiles": len(tried) - 1}
+            "length": length, "compiles": len(tried) - 1, "capped": capped}
   if low:
     record["program"] = tried[low].record(target)
   return record

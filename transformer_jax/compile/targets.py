@@ -77,7 +77,10 @@ GPUS_PER_HOST = 8
 _CORES_PER_NAME_UNIT = {"v4": 2, "v5p": 2, "v5e": 1, "v6e": 1}
 # v4 runs as one device per chip (megacore) under JAX; its compile-only topology must be told.
 _TOPOLOGY_OPTIONS = {"v4": {"chip_config_name": "megacore"}}
-TPU_EXAMPLES = "v5e-8, v5e-256, v5p-8, v5p-128, v4-8, v4-32, v6e-8, or a topology like v5e:2x4"
+# Hosts have 4 chips (2x2x1, libtpu's default), except the single-host 8-chip v5e and v6e slices.
+_SINGLE_HOST_8 = {"v5e", "v6e"}
+_DIMENSIONS = {"v4": 3, "v5p": 3, "v5e": 2, "v6e": 2}
+TPU_EXAMPLES = "v5e-8, v5e-256, v5p-8, v5p-128, v4-8, v4-32, v6e-8, or a topology such as v5e:2x4"
 GPU_EXAMPLES = "1xh100, 8xh100, 16xh100, 8xa100, 8xh200"
 
 
@@ -118,9 +121,12 @@ def parse_target(name: str) -> Target:
     hosts, per_host = max(1, count // GPUS_PER_HOST), min(count, GPUS_PER_HOST)
     return Target(name, CHIPS[gpu], gpu, f"{hosts}x1x{per_host}", count)
   if match := re.fullmatch(r"(v4|v5e|v5p|v6e):(\d+(?:x\d+)+)", name):
-    generation = match[1]
-    chips = math.prod(int(d) for d in match[2].split("x"))
-    return Target(name, CHIPS[generation], generation, name, chips)
+    generation, dims = match[1], [int(d) for d in match[2].split("x")]
+    if len(dims) != _DIMENSIONS[generation] or min(dims) < 1:
+      raise TargetError(f"--target={name}: a {generation} topology has "
+                        f"{_DIMENSIONS[generation]} dimensions, e.g. "
+                        f"{generation}:{'2x4' if _DIMENSIONS[generation] == 2 else '2x2x1'}")
+    return Target(name, CHIPS[generation], generation, name, math.prod(dims))
   if match := re.fullmatch(r"(v4|v5e|v5p|v6e|v5litepod)-(\d+)", name):
     generation = "v5e" if match[1] == "v5litepod" else match[1]
     units = int(match[2])
@@ -170,17 +176,24 @@ def compile_devices(target: Target) -> list:
   if jax.default_backend() != "cpu":
     raise TargetError(f"--target={target.name}: compiling for a target runs on the CPU backend; "
                       f"set JAX_PLATFORMS=cpu (this process has {jax.default_backend()})")
-  _quiet_compilers()
   if target.platform == "tpu":
     _require("libtpu", target, "XLA's TPU compiler (libtpu)")
-    description = topologies.get_topology_desc(
-        topology_name=target.topology, platform="tpu",
-        **_TOPOLOGY_OPTIONS.get(target.generation, {}))
+    options = dict(_TOPOLOGY_OPTIONS.get(target.generation, {}))
+    if target.generation in _SINGLE_HOST_8 and target.chips == 8:
+      options["chips_per_host_bounds"] = (2, 4, 1)
+    describe = lambda: topologies.get_topology_desc(
+        topology_name=target.topology, platform="tpu", **options)
   else:
     _require("jax_plugins.xla_cuda12", target, "the jax CUDA plugin")
-    description = topologies.get_topology_desc(
+    describe = lambda: topologies.get_topology_desc(
         target.generation, "cuda", target_config=gpu_spec(target.generation),
         topology=target.topology)
+  _quiet_compilers()
+  try:
+    description = describe()
+  except jax.errors.JaxRuntimeError as error:
+    raise TargetError(f"--target={target.name}: the compiler takes no such topology: "
+                      f"{str(error).splitlines()[0]}") from None
   devices = list(description.devices)
   if len(devices) != target.chips:
     raise TargetError(f"--target={target.name}: the compiler gave {len(devices)} devices for "

@@ -22,6 +22,7 @@ The training stream, deterministic from the seed:
 """
 
 import dataclasses
+import fractions
 import hashlib
 import math
 import os
@@ -42,7 +43,8 @@ _CHUNK = 4096  # pairs read and tokenized at a time when counting lengths
 
 def _next_length(length, growth=1.25):
   """The padded length after `length`: about `growth` times it, a multiple of 8, at least 8 more."""
-  return max(length + 8, math.ceil(length * growth / 8) * 8)
+  exact = fractions.Fraction(growth).limit_denominator(1000) * length / 8  # No float rounding up.
+  return max(length + 8, math.ceil(exact) * 8)
 
 
 def bucket_lengths(max_length, growth=1.25):
@@ -58,7 +60,8 @@ def bucket_lengths(max_length, growth=1.25):
 def train_batch_shapes(data_config, shard_count=1):
   """The `(global rows, length)` of every batch shape that training on `data_config` can produce
   over `shard_count` data-loading processes, shortest first: a function of the batch settings
-  alone (no data is read). FieldError when the longest bucket gets no rows."""
+  alone (no data is read). FieldError when the longest bucket gets no rows or packed rows do not
+  split over the shards; `make_train_loader` checks this before it reads any data."""
   c = config_lib.validate_config(data_config)
   multiple = rows_multiple(c, 0, shard_count)
   if c.batch_mode == "packed":
