@@ -153,9 +153,11 @@ def test_every_logical_axis_name_of_the_model_is_known_to_the_rules():
 def test_two_processes_match_one_process(data_parallel_8, tmp_path):
   """2 processes x 4 CPU devices (gloo collectives) against 1 process x 8 devices.
 
-  Data parallel: each process reads half of every batch. Tensor parallel
-  across the processes (devices interleaved so that each data-parallel row
-  pairs a device of each process): both read the whole batch.
+  Data parallel: each process reads half of every batch, also when its devices
+  hold every other shard of the batch (interleaved, as the hosts of a TPU slice
+  are along its torus; each process passes the rows its devices hold). Tensor parallel across the processes (devices
+  interleaved so that each data-parallel row pairs a device of each process):
+  both read the whole batch.
   """
   port = free_port()
   env = environment(devices=4)
@@ -167,7 +169,8 @@ def test_two_processes_match_one_process(data_parallel_8, tmp_path):
     output, _ = worker.communicate(timeout=600)
     assert worker.returncode == 0, output[-3000:]
   losses, params = data_parallel_8
-  for layout, shards in (("dp", [(0, 2), (1, 2)]), ("tp_across", [(0, 1), (0, 1)])):
+  for layout, shards in (("dp", [(0, 2), (1, 2)]), ("dp_interleaved", [(0, 2), (1, 2)]),
+                         ("tp_across", [(0, 1), (0, 1)])):
     for i in range(2):
       result = np.load(tmp_path / f"{layout}_{i}.npz")
       assert tuple(result["data_shard"]) == shards[i]
@@ -181,16 +184,20 @@ def _worker(process_id: int, port: int, out_dir: str):
   assert jax.device_count() == 8 and jax.local_device_count() == 4
   interleaved = [d for pair in zip(jax.devices()[:4], jax.devices()[4:]) for d in pair]
   layouts = {"dp": ({"data": -1}, "dp", None),
+             "dp_interleaved": ({"data": -1}, "dp", interleaved),
              "tp_across": ({"data": 4, "tensor": 2}, "tp", interleaved)}
   for name, (mesh_shape, rules, devices) in layouts.items():
     trainer = _trainer(mesh_shape, rules, devices)
     index, count = trainer.placement.data_shard
+    # The rows this process's devices hold, in order: block `index` of the loader lands there
+    # (`global_batch`), here the batch's own rows, so that every layout sees the same batch.
+    held = sorted({row for where in trainer.placement.batch_sharding.addressable_devices_indices_map(
+        (8, 12)).values() for row in range(*where[0].indices(8))})
+    assert len(held) == 8 // count
     state, losses = trainer.init(), []
     for seed in range(STEPS):
       batch = synthetic_batch(seed, rows=8)
-      rows = 8 // count
-      state, metrics = trainer.train_step(
-          state, {k: v[index * rows:(index + 1) * rows] for k, v in batch.items()})
+      state, metrics = trainer.train_step(state, {k: v[held] for k, v in batch.items()})
       losses.append(float(metrics["loss"].addressable_data(0))
                     / float(metrics["tokens"].addressable_data(0)))
     embedding = multihost_utils.process_allgather(state.params["embed"]["embedding"], tiled=True)

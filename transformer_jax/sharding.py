@@ -164,22 +164,27 @@ def num_batch_shards(mesh_shape: Mapping[str, int], rules: Rules) -> int:
 
 
 def data_shard(sharding: NamedSharding) -> tuple[int, int]:
-  """`(index, count)`: this process reads block `index` of `count` equal consecutive blocks of rows.
+  """`(index, count)`: this process reads block `index` of `count` equal blocks of every batch's
+  rows.
 
-  The block is the rows that this process's devices hold under the batch
-  `sharding`. Processes whose devices hold the same rows (replicas along a
-  mesh axis the batch is not split over) get the same index and must read
-  the same rows. One process: `(0, 1)`.
+  Each process's devices hold some of the batch's shards under `sharding`;
+  the processes that hold the same shards (replicas along a mesh axis the
+  batch is not split over) form a group, and the groups, ordered by their
+  first shard, are the blocks. The shards of a group need not be adjacent (a
+  slice's hosts are not, in a mesh laid out along the chips' torus):
+  `global_batch` puts the block's rows onto them in order, so a batch's rows
+  are permuted, never lost or doubled. One process: `(0, 1)`.
   """
   shards = math.prod(sharding.mesh.shape[a] for a in _axes(sharding.spec[0]))
-  rows = set()
-  for index in sharding.addressable_devices_indices_map((shards, 1)).values():
-    rows.update(range(*index[0].indices(shards)))
-  lo, block = min(rows), len(rows)
-  if rows != set(range(lo, lo + block)) or lo % block or shards % block:
-    raise ValueError(f"process {jax.process_index()} holds batch shards {sorted(rows)} of "
-                     f"{shards}: not one aligned block; order the mesh devices by process")
-  return lo // block, shards // block
+  held: dict[int, set[int]] = {}
+  for device, index in sharding.devices_indices_map((shards, 1)).items():
+    held.setdefault(device.process_index, set()).update(range(*index[0].indices(shards)))
+  groups = sorted({frozenset(rows) for rows in held.values()}, key=min)
+  sizes = {len(group) for group in groups}
+  if len(sizes) != 1 or sum(map(len, groups)) != shards:
+    raise ValueError(f"the processes hold overlapping or unequal parts of the {shards} batch "
+                     f"shards: {[sorted(group) for group in groups]}")
+  return groups.index(frozenset(held[jax.process_index()])), len(groups)
 
 
 def abstract_tree(tree, shardings):
