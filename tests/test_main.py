@@ -64,7 +64,7 @@ def test_several_modes_run_in_order_in_one_process(shared, tmp_path):
   error = _run(shared, tmp_path / "bad", "--mode=train,evaluate").fail()
   assert error.startswith("error: flag --mode=") and error.rstrip().endswith(
       "'evaluate' is not a mode; --mode takes one or more of train, average, eval, translate, "
-      "comma-separated"), error
+      "compile, comma-separated"), error
 
 
 def test_three_steps_then_a_restart_equal_six_straight(shared, tmp_path):
