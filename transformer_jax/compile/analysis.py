@@ -86,8 +86,8 @@ def refused_cost(message: str, seconds: float) -> ProgramCost | None:
                      refused=message.strip().splitlines()[0])
 
 
-def compile_and_measure(lowered, compiler_options=None):
-  """`(compiled, ProgramCost)` of a `jax.stages.Lowered`, timing its compile."""
+def compile_and_measure(lowered, compiler_options=None) -> ProgramCost:
+  """The `ProgramCost` of a `jax.stages.Lowered`, timing its compile."""
   start = time.perf_counter()
   try:
     compiled = lowered.compile(compiler_options) if compiler_options else lowered.compile()
@@ -95,14 +95,14 @@ def compile_and_measure(lowered, compiler_options=None):
     refused = refused_cost(str(error), time.perf_counter() - start)
     if refused is None:
       raise
-    return None, refused
+    return refused
   seconds = time.perf_counter() - start
   memory = compiled.memory_analysis()
   cost = compiled.cost_analysis() or {}
   if isinstance(cost, list):  # Older JAX: one dict per module.
     cost = cost[0] if cost else {}
   text = compiled.as_text()
-  return compiled, ProgramCost(
+  return ProgramCost(
       compile_seconds=seconds,
       argument_bytes=int(memory.argument_size_in_bytes),
       output_bytes=int(memory.output_size_in_bytes),

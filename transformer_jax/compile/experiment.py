@@ -126,7 +126,7 @@ def _compile(target: targets.Target, lower: Callable):
   """
   lowered = lower()
   try:
-    return analysis.compile_and_measure(lowered)[1], ""
+    return analysis.compile_and_measure(lowered), ""
   except jax.errors.JaxRuntimeError as error:
     message = str(error)
     if "cuDNN not found" in message:
@@ -135,7 +135,7 @@ def _compile(target: targets.Target, lower: Callable):
           "'.[cuda]'") from None
     if target.platform != "gpu" or _TRITON_TILING not in message:
       raise
-  cost = analysis.compile_and_measure(lowered, {"xla_gpu_enable_triton_gemm": False})[1]
+  cost = analysis.compile_and_measure(lowered, {"xla_gpu_enable_triton_gemm": False})
   return cost, "compiled with Triton GEMMs off (no tiling without autotuning)"
 
 
@@ -167,15 +167,19 @@ class Compiler:
     self.train_loop = " and ".join(x for x in (layers, accumulation) if x)
     self.eval_loop = layers
 
+  def _train_flops(self, rows: int, length: int) -> float:
+    """The model's FLOPs of a train step on a `[rows, length]` batch, every slot counted."""
+    return objective.train_flops(self.model_config, source_tokens=rows * length,
+                                 target_tokens=rows * length, source_length=length,
+                                 target_length=length)
+
   def train(self, rows: int, length: int) -> Program:
     trainer, placement = self.trainer, self.placement
     batch = abstract_batch(placement, rows, length)
     cost, note = _compile(self.target, lambda: placement.run(
         lambda: trainer.jitted_step.lower(trainer.abstract_state, batch)))
-    flops = objective.train_flops(self.model_config, source_tokens=rows * length,
-                                  target_tokens=rows * length, source_length=length,
-                                  target_length=length)
-    return Program(f"train {rows}x{length}", "train", rows, length, cost, flops,
+    return Program(f"train {rows}x{length}", "train", rows, length, cost,
+                   self._train_flops(rows, length),
                    self.train_loop, note)
 
   def evaluate(self, rows: int, length: int) -> Program:
@@ -184,11 +188,8 @@ class Compiler:
     batch = abstract_batch(placement, rows, length)
     cost, note = _compile(self.target, lambda: placement.run(
         lambda: step.lower(placement.abstract_params, batch)))
-    flops = objective.train_flops(self.model_config, source_tokens=rows * length,
-                                  target_tokens=rows * length, source_length=length,
-                                  target_length=length) / 3  # The forward pass alone.
-    return Program(f"eval {rows}x{length}", "eval", rows, length, cost, flops, self.eval_loop,
-                   note)
+    return Program(f"eval {rows}x{length}", "eval", rows, length, cost,
+                   self._train_flops(rows, length) / 3, self.eval_loop, note)  # Forward only.
 
   def search(self, settings: DecodeSettings, rows: int, length: int) -> Program:
     placement, model = self.placement, self.placement.model
