@@ -108,3 +108,52 @@ def transformer_logits(params, inputs, targets, num_layers, activation="relu", e
                       causal & real_out[:, None, :, None] & real_out[:, None, None, :],
                       real_out[:, None, :, None] & real_in[:, None, None, :], activation, eps)
   return y @ embedding.T + np.asarray(params["embed"].get("logits_bias", 0.0), np.float64)
+
+
+def step_log_probs(logits, *, last: bool, eos: int, pad: int = 0, force_eos: bool = False,
+                   renormalize: bool = False):
+  """Next-token log-probabilities from float64 `logits` [vocab]: pad excluded (after the
+  log-softmax, or before it with `renormalize`); only EOS, at 0, on the `last` step with
+  `force_eos` (Hugging Face's bad_words_ids=[[pad]], renormalize_logits, forced_eos_token_id)."""
+  logits = np.asarray(logits, np.float64).copy()
+  if renormalize:
+    logits[pad] = -np.inf
+  top = logits.max()
+  log_probs = logits - top - np.log(np.exp(logits - top).sum())
+  log_probs[pad] = -np.inf
+  if force_eos and last:
+    log_probs = np.full_like(log_probs, -np.inf)
+    log_probs[eos] = 0.0
+  return log_probs
+
+
+def beam_search(log_probs_of, limit, beam_size, penalty):
+  """fairseq's and Hugging Face's beam search, one sentence, in float64: (best hypothesis, score,
+  steps run, times an alive beam came from beyond the first `beam_size` ranks).
+
+  `log_probs_of(prefix)` gives the next-token log-probabilities [vocab] after the token tuple
+  `prefix`; a hypothesis ends with EOS (id 1) or at `limit` tokens; `penalty(length)` divides
+  a finished hypothesis' summed log-probability. Each step ranks the `2 * beam_size` best
+  extensions; the ended ones among the first `beam_size` are finished, the best `beam_size`
+  that did not end are the next alive beams. It stops when no alive beam can beat the best
+  finished hypothesis at any length it may still reach.
+  """
+  alive, best, best_score, beyond = [((), 0.0)], None, -np.inf, 0
+  for step in range(limit):
+    bound = max(score for _, score in alive) / max(penalty(step + 1), penalty(limit))
+    if best_score >= bound:
+      return best, best_score, step, beyond
+    candidates = sorted(((score + lp, prefix + (token,)) for prefix, score in alive
+                         for token, lp in enumerate(log_probs_of(prefix)) if lp > -np.inf),
+                        key=lambda c: -c[0])[:2 * beam_size]
+    alive = []
+    for rank, (score, hyp) in enumerate(candidates):
+      ends = hyp[-1] == 1 or len(hyp) == limit
+      if ends and rank < beam_size and score / penalty(len(hyp)) > best_score:
+        best, best_score = list(hyp), score / penalty(len(hyp))
+      if not ends and len(alive) < beam_size:
+        alive.append((hyp, score))
+        beyond += rank >= beam_size
+    if not alive:
+      return best, best_score, step + 1, beyond
+  return best, best_score, limit, beyond

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import numpy_reference as ref
 from helpers import SOURCES_16, VOCAB, eos_biased_model as tiny_model, stack_layers
 from transformer_jax.conventions import EOS_ID as EOS
 from transformer_jax.decode import search as search_lib
@@ -271,10 +272,9 @@ def test_beam_of_one_is_greedy(fixture):
     inputs = SOURCES_16
   kwargs = dict(max_len=12, max_extra=6)
   greedy = search_lib.greedy_decode(model, variables, inputs, **kwargs)
-  for alpha in (0.6, 0.0):
-    beam = search_lib.beam_search(model, variables, inputs, beam_size=1, alpha=alpha, **kwargs)
-    np.testing.assert_array_equal(beam.tokens, greedy.tokens)
-    assert int(beam.steps) == int(greedy.steps)
+  beam = search_lib.beam_search(model, variables, inputs, beam_size=1, alpha=0.0, **kwargs)
+  np.testing.assert_array_equal(beam.tokens, greedy.tokens)
+  assert int(beam.steps) == int(greedy.steps)
   # With alpha = 0 the beam score is the plain summed log-probability.
   np.testing.assert_allclose(beam.scores, greedy.scores, atol=1e-5)
 
@@ -343,6 +343,79 @@ def test_markov_fixtures_cover_early_stops_and_optima_of_every_length():
       lengths.add(len(best))
       early += earliest_safe_stop(table, 6, alpha) < 6
   assert {2, 3, 5} <= lengths and early >= 6
+
+
+MARKOV_SOURCES = np.array([[3, 2, 0], [2, 4, 4]], np.int32)  # Limits 5 and 6 with max_extra 3.
+
+
+def markov_reference(table, inputs, beam_size, alpha, normalization, max_len, **options):
+  """`numpy_reference.beam_search` of each sentence of `inputs` (max_extra 3, a `max_len`
+  buffer): (hypothesis, score, steps, alive beams from beyond the first ranks) per sentence."""
+  penalty = lambda n: {"gnmt": gnmt_penalty, "length": length_power}[normalization](n, alpha)
+  results = []
+  for limit in np.minimum(source_lengths(inputs) + 3, max_len):
+    log_probs_of = lambda prefix, limit=limit: ref.step_log_probs(
+        table[len(prefix), prefix[-1] if prefix else 0], last=len(prefix) + 1 == limit, eos=EOS,
+        **options)
+    results.append(ref.beam_search(log_probs_of, limit, beam_size, penalty))
+  return results
+
+
+MARKOV_BEAMS = [(seed, slope, k) for seed, slope in [(0, 0.5), (1, 1.0), (4, 2.0), (5, 0.0)]
+                for k in (1, 2, 3)]
+
+
+@pytest.mark.parametrize("options", [{}, {"force_eos": True}, {"renormalize": True},
+                                     {"force_eos": True, "renormalize": True}])
+@pytest.mark.parametrize("alpha, normalization", [(0.6, "gnmt"), (1.0, "length"), (2.0, "length")])
+@pytest.mark.parametrize("max_len", [8, 5])
+def test_markov_beam_equals_the_reference_beam_search(options, alpha, normalization, max_len):
+  """Small beams, where the 2k rule decides which beams live on; a buffer of 5 caps both
+  sentences at 5 tokens (an absolute cap), where `force_eos` ends every hypothesis with EOS."""
+  for seed, slope, k in MARKOV_BEAMS:
+    model, variables, table = markov_model(seed, slope)
+    out = search_lib.beam_search(model, variables, MARKOV_SOURCES, beam_size=k, alpha=alpha,
+                                 max_len=max_len, max_extra=3,
+                                 length_normalization=normalization, **options)
+    want = markov_reference(table, MARKOV_SOURCES, k, alpha, normalization, max_len, **options)
+    for b, (best, score, _, _) in enumerate(want):
+      assert hypothesis(out.tokens, b) == best, (seed, slope, k, b)
+      np.testing.assert_allclose(out.scores[b], score, rtol=1e-5)
+      assert not options.get("force_eos") or best[-1] == EOS
+    assert int(out.steps) == max(steps for _, _, steps, _ in want)
+
+
+def test_markov_reference_fixtures_exercise_the_2k_rule_the_cap_and_forced_eos():
+  """Guards the test above: alive beams come from beyond the first k ranks, and the forced EOS
+  changes some best hypotheses at the cap."""
+  beyond = changed = 0
+  for seed, slope, k in MARKOV_BEAMS:
+    _, _, table = markov_model(seed, slope)
+    plain = markov_reference(table, MARKOV_SOURCES, k, 1.0, "length", 5)
+    forced = markov_reference(table, MARKOV_SOURCES, k, 1.0, "length", 5, force_eos=True)
+    beyond += sum(r[3] for r in plain)
+    changed += sum(p[0] != f[0] for p, f in zip(plain, forced))
+  assert beyond >= 5 and changed >= 3
+
+
+@pytest.mark.parametrize("renormalize", [False, True])
+def test_greedy_with_forced_eos_ends_every_sentence_at_its_limit_with_eos(renormalize):
+  model, variables = tiny_model(eos_bias=-30.0, seed=10)  # EOS is never chosen
+  inputs = jnp.array([[2, 3, 4, 0, 0], [3, 0, 0, 0, 0], [0, 0, 0, 0, 0], [4, 2, 2, 2, 3]])
+  plain = search_lib.greedy_decode(model, variables, inputs, max_len=7, max_extra=3)
+  out = search_lib.greedy_decode(model, variables, inputs, max_len=7, max_extra=3,
+                                 force_eos=True, renormalize=renormalize)
+  lengths = output_lengths(plain.tokens)
+  np.testing.assert_array_equal(output_lengths(out.tokens), lengths)
+  for b in range(4):
+    if lengths[b]:  # The same words, the last one replaced by EOS at log-probability 0.
+      assert hypothesis(out.tokens, b) == hypothesis(plain.tokens, b)[:-1] + [EOS]
+  if not renormalize:
+    last_word = teacher_forced_log_probs(model, variables, inputs, plain.tokens)[
+        np.arange(4), np.maximum(lengths - 1, 0), np.asarray(plain.tokens)[
+            np.arange(4), np.maximum(lengths - 1, 0)]]
+    np.testing.assert_allclose(out.scores, plain.scores - np.where(lengths > 0, last_word, 0.0),
+                               atol=1e-4)
 
 
 def test_beam_of_four_stops_before_the_limit():

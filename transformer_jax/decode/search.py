@@ -13,8 +13,16 @@ sentence. Decoders never emit PAD_ID.
 Output length: sentence `i` gets at most `max_lengths(inputs, max_extra,
 max_len)[i]` tokens, EOS included, i.e. its number of non-pad input tokens
 plus `max_extra` (the paper's input length + 50), capped by the buffer size
-`max_len`. A hypothesis that reaches its limit without EOS ends there. A row
-whose input is all padding decodes to nothing (all zeros, score 0).
+`max_len` (so a buffer of exactly N positions is an absolute cap of N tokens,
+Hugging Face's `max_length` N + 1, which counts the decoder's start). A
+hypothesis that reaches its limit without EOS ends there; with `force_eos` its
+last token is EOS, scored log-probability 0 (Hugging Face's
+`forced_eos_token_id`). A row whose input is all padding decodes to nothing
+(all zeros, score 0).
+
+Log-probabilities are the model's log-softmax with the pad id set to -inf
+afterwards; `renormalize` takes the log-softmax over the other tokens instead
+(Hugging Face's `renormalize_logits` after `bad_words_ids=[[pad]]`).
 
 Sharding: pass `inputs` sharded along the batch (e.g. `NamedSharding(mesh,
 P('data'))`); beams of a sentence stay next to each other (`[batch * beam]`
@@ -93,20 +101,29 @@ def init_cache(model, variables, encoded, inputs, max_len: int, rows: int | None
   return mutated["cache"]
 
 
-def decode_step(model, variables, cache, encoded, inputs, tokens, position):
+def decode_step(model, variables, cache, encoded, inputs, tokens, position, *,
+                renormalize: bool = False):
   """One cached decoder step: (log-probs `[n, vocab]`, new cache).
 
   `tokens` `[n]` are the previous outputs, fed at `position`; `n` is the cache's rows, a multiple
-  of the sentences of `encoded` and `inputs`. Log-probabilities
-  are float32, with the pad id set to -inf (never emitted).
+  of the sentences of `encoded` and `inputs`. Log-probabilities are float32, with the pad id set
+  to -inf (never emitted): after the log-softmax, or before it with `renormalize`.
   """
   n = tokens.shape[0]
   logits, mutated = model.apply(
       {**variables, "cache": cache}, encoded, inputs, tokens[:, None],
       targets_position=jnp.full((n, 1), position, jnp.int32),
       decode=True, method=model.decode, mutable=["cache"])
-  log_probs = jax.nn.log_softmax(logits[:, 0].astype(jnp.float32))
-  return log_probs.at[:, PAD_ID].set(NEG_INF), mutated["cache"]
+  logits = logits[:, 0].astype(jnp.float32)
+  if renormalize:
+    return jax.nn.log_softmax(logits.at[:, PAD_ID].set(NEG_INF)), mutated["cache"]
+  return jax.nn.log_softmax(logits).at[:, PAD_ID].set(NEG_INF), mutated["cache"]
+
+
+def restrict_to_eos(log_probs, last, eos_id: int):
+  """Rows where `last` `[n]` is true may only emit EOS, at log-probability 0: `[n, vocab]`."""
+  only_eos = jnp.where(jnp.arange(log_probs.shape[-1]) == eos_id, 0.0, NEG_INF)
+  return jnp.where(last[:, None], only_eos, log_probs)
 
 
 def gather_beams(x, indices):
@@ -191,13 +208,16 @@ def _check_args(model, max_len, beam_size=1):
     raise ValueError(f"beam_size must be at least 1; got {beam_size}")
 
 
-@functools.partial(jax.jit, static_argnames=("model", "max_len", "max_extra", "eos_id"))
+@functools.partial(jax.jit, static_argnames=("model", "max_len", "max_extra", "eos_id",
+                                             "force_eos", "renormalize"))
 def greedy_decode(model, variables, inputs, *, max_len: int, max_extra: int = 50,
-                  eos_id: int = EOS_ID) -> Decoded:
+                  eos_id: int = EOS_ID, force_eos: bool = False,
+                  renormalize: bool = False) -> Decoded:
   """Greedy decoding of source ids `[batch, src_len]` -> `Decoded` (tokens `[batch, max_len]`).
 
   `variables` is the model's variable dict (`{"params": ...}`). At each step
-  every unfinished sentence takes its most probable token.
+  every unfinished sentence takes its most probable token; `force_eos` and
+  `renormalize` as in the module doc.
   """
   _check_args(model, max_len)
   batch = inputs.shape[0]
@@ -211,7 +231,10 @@ def greedy_decode(model, variables, inputs, *, max_len: int, max_extra: int = 50
   def body(state):
     step, tokens, scores, done, cache = state
     previous = jnp.where(step > 0, tokens[:, jnp.maximum(step - 1, 0)], PAD_ID)
-    log_probs, cache = decode_step(model, variables, cache, encoded, inputs, previous, step)
+    log_probs, cache = decode_step(model, variables, cache, encoded, inputs, previous, step,
+                                   renormalize=renormalize)
+    if force_eos:
+      log_probs = restrict_to_eos(log_probs, step + 1 >= limits, eos_id)
     token = jnp.where(done, PAD_ID, jnp.argmax(log_probs, axis=-1).astype(jnp.int32))
     token_log_prob = jnp.take_along_axis(log_probs, token[:, None], axis=1)[:, 0]
     scores = scores + jnp.where(done, 0.0, token_log_prob)
@@ -253,51 +276,65 @@ class BeamState(NamedTuple):
   cache: Any  # The decoder's cache: `[batch * k, ...]` rows, the cross-attention's `[batch, ...]`.
 
 
-def _beam_step(model, variables, encoded, inputs, limits, penalty, eos_id,
-               state: BeamState) -> BeamState:
-  """Extend every alive beam by one token, keep the `k` best, and record finished hypotheses."""
+def _beam_step(model, variables, encoded, inputs, limits, penalty, eos_id, force_eos,
+               renormalize, state: BeamState) -> BeamState:
+  """Extend every alive beam by one token: the best `2k` extensions; those of the first `k` that
+  end (EOS, or the sentence's limit) are finished hypotheses, and the best `k` that do not end
+  are the alive beams of the next step."""
   batch, k = state.alive.shape[:2]
   step = state.step
   done = _sentence_done(state.alive_log_probs, state.best_scores, step, limits, penalty)
   alive_log_probs = jnp.where(done[:, None], NEG_INF, state.alive_log_probs)
   previous = jnp.where(step > 0, state.alive[:, :, jnp.maximum(step - 1, 0)], PAD_ID)
   log_probs, cache = decode_step(
-      model, variables, state.cache, encoded, inputs, previous.reshape(-1), step)
+      model, variables, state.cache, encoded, inputs, previous.reshape(-1), step,
+      renormalize=renormalize)
+  last = step + 1 >= limits
+  if force_eos:
+    log_probs = restrict_to_eos(log_probs, jnp.repeat(last, k), eos_id)
   top_log_probs, beams, tokens = top_extensions(
-      alive_log_probs, log_probs.reshape(batch, k, -1), k)
-  alive = gather_beams(state.alive, beams).at[:, :, step].set(tokens)
-  cache = reorder_cache(cache, beams, batch_axis=int(model.config.scan_layers), length=step + 1)
+      alive_log_probs, log_probs.reshape(batch, k, -1), 2 * k)
+  ends = (tokens == eos_id) | last[:, None]
 
-  finished = (tokens == eos_id) | (step + 1 >= limits[:, None])
-  finished_scores = jnp.where(
-      finished, top_log_probs / penalty(step + 1), NEG_INF)
+  first = gather_beams(state.alive, beams[:, :k]).at[:, :, step].set(tokens[:, :k])
+  finished_scores = jnp.where(ends[:, :k], top_log_probs[:, :k] / penalty(step + 1), NEG_INF)
   step_best = jnp.argmax(finished_scores, axis=1)
   step_best_scores = jnp.max(finished_scores, axis=1)
   improved = step_best_scores > state.best_scores
-  best = jnp.where(improved[:, None], gather_beams(alive, step_best[:, None])[:, 0], state.best)
-  return BeamState(step=step + 1, alive=alive,
-                   alive_log_probs=jnp.where(finished, NEG_INF, top_log_probs),
+  best = jnp.where(improved[:, None], gather_beams(first, step_best[:, None])[:, 0], state.best)
+
+  next_log_probs, kept = lax.approx_max_k(jnp.where(ends, NEG_INF, top_log_probs), k,
+                                          recall_target=1.0)
+  kept_beams = jnp.take_along_axis(beams, kept, axis=1)
+  kept_tokens = jnp.take_along_axis(tokens, kept, axis=1)
+  alive = gather_beams(state.alive, kept_beams).at[:, :, step].set(kept_tokens)
+  cache = reorder_cache(cache, kept_beams, batch_axis=int(model.config.scan_layers),
+                        length=step + 1)
+  return BeamState(step=step + 1, alive=alive, alive_log_probs=next_log_probs,
                    best_scores=jnp.where(improved, step_best_scores, state.best_scores),
                    best=best, cache=cache)
 
 
 @functools.partial(
     jax.jit, static_argnames=("model", "beam_size", "max_len", "max_extra", "eos_id",
-                              "length_normalization"))
+                              "length_normalization", "force_eos", "renormalize"))
 def beam_search(model, variables, inputs, *, beam_size: int = 4, alpha=0.6, max_len: int,
-                max_extra: int = 50, eos_id: int = EOS_ID,
-                length_normalization: str = "gnmt") -> Decoded:
+                max_extra: int = 50, eos_id: int = EOS_ID, length_normalization: str = "gnmt",
+                force_eos: bool = False, renormalize: bool = False) -> Decoded:
   """Beam search over source ids `[batch, src_len]` -> `Decoded`, the best hypothesis per sentence.
 
-  Each step ranks every one-token extension of the alive beams by summed
-  log-probability and keeps the top `beam_size`; those ending in EOS (or
-  reaching the sentence's limit) are finished and scored with the GNMT
-  length penalty (length counts EOS), the others stay alive, so a finished
-  hypothesis uses up its slot for that step only. A sentence stops once no
+  Each step ranks every one-token extension of the `k = beam_size` alive
+  beams by summed log-probability. Those among the best `k` that end in EOS
+  (or reach the sentence's limit) are finished and scored with the length
+  penalty (length counts EOS); the best `k` that do not end are the next
+  alive beams (fairseq's and Hugging Face's rule). A sentence stops once no
   alive beam can beat its best finished hypothesis; the loop stops when
-  every sentence has. With `beam_size=1` this is greedy decoding. `alpha` is
+  every sentence has. With `beam_size=1` and `alpha=0` this is greedy
+  decoding (with `alpha > 0` a beam that ends may give way to a longer one
+  that scores better). `alpha` is
   traced: changing it does not recompile. `length_normalization="length"`
   divides by `length ** alpha` instead (Hugging Face's normalization).
+  `force_eos` and `renormalize` as in the module doc.
   """
   _check_args(model, max_len, beam_size)
   penalty = functools.partial(length_penalty, alpha=alpha, normalization=length_normalization)
@@ -310,7 +347,8 @@ def beam_search(model, variables, inputs, *, beam_size: int = 4, alpha=0.6, max_
     done = _sentence_done(state.alive_log_probs, state.best_scores, state.step, limits, penalty)
     return (state.step < max_len) & ~jnp.all(done)
 
-  body = functools.partial(_beam_step, model, variables, encoded, inputs, limits, penalty, eos_id)
+  body = functools.partial(_beam_step, model, variables, encoded, inputs, limits, penalty, eos_id,
+                           force_eos, renormalize)
   # Every beam starts from the start token; only the first is live, so the
   # first step expands one hypothesis per sentence.
   first_beam = jnp.where(jnp.arange(k) == 0, 0.0, NEG_INF).astype(jnp.float32)
