@@ -30,7 +30,7 @@ from transformer_jax.conventions import EOS_ID
 from transformer_jax.data import marian as marian_vocab
 from transformer_jax.decode import modes, search
 from transformer_jax.errors import UserError
-from transformer_jax.pretrained import convert, marian
+from transformer_jax.pretrained import convert, generation, marian
 
 pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")
 torch = pytest.importorskip("torch", reason="comparing with Hugging Face needs torch "
@@ -66,8 +66,15 @@ def train_spm(sentences, vocab_size):
   return buffer.getvalue()
 
 
-def marian_directory(path, corpus, *, activation="swish", seed=0, eos_bias=2.0):
-  """A random MarianMTModel and its tokenizer files saved in `path`; returns the model."""
+# The decoding settings OPUS-MT models ship in generation_config.json (their max_length is 512;
+# a short one makes many outputs reach it).
+OPUS_MT_GENERATION = dict(num_beams=4, max_length=16, renormalize_logits=True)
+
+
+def marian_directory(path, corpus, *, activation="swish", seed=0, eos_bias=1.3):
+  """A random MarianMTModel and its tokenizer files saved in `path`, with OPUS-MT's generation
+  settings (forced EOS, pad never generated, renormalized log-probabilities, beam 4); returns
+  the model."""
   sources, targets = corpus
   protos = {"source.spm": train_spm(sources, 120), "target.spm": train_spm(targets, 100)}
   pieces = []
@@ -92,9 +99,10 @@ def marian_directory(path, corpus, *, activation="swish", seed=0, eos_bias=2.0):
   with torch.no_grad():
     for name, tensor in model.state_dict().items():
       if "embed_positions" not in name:
-        tensor.copy_(0.3 * torch.randn_like(tensor))
-    model.final_logits_bias[0, 0] += eos_bias  # Marian's EOS: some sentences end early.
-  model.generation_config.update(num_beams=3, max_length=40, length_penalty=1.2)
+        # LayerNorm scales near 1, so that the outputs depend on the input.
+        tensor.copy_(0.3 * torch.randn_like(tensor) + ("layer_norm.weight" in name))
+    model.final_logits_bias[0, 0] += eos_bias  # Marian's EOS: some outputs end, some reach the cap.
+  model.generation_config.update(bad_words_ids=[[size - 1]], **OPUS_MT_GENERATION)
   model.save_pretrained(path)
   return model
 
@@ -212,43 +220,48 @@ def data_flags(shared, **overrides):
   return [f"--config.{name.replace('__', '.')}={value}" for name, value in values.items()]
 
 
-def hf_texts(hf, hf_tokenizer, sentences, max_extra, num_beams=1):
-  """Hugging Face's translations (its generation config's search, `num_beams`) with our limit:
-  source tokens (EOS included) + max_extra."""
-  texts = []
+def hf_outputs(hf, hf_tokenizer, sentences, num_beams):
+  """Hugging Face's translations and generated lengths (EOS included): `generate` with the
+  model's generation settings and `num_beams`, the beam search stopping when no beam can
+  improve (`early_stopping="never"`, the search this project runs)."""
+  texts, lengths = [], []
   for sentence in sentences:
     batch = hf_tokenizer([sentence], return_tensors="pt")
     with torch.no_grad():
-      out = hf.generate(**batch, num_beams=num_beams, do_sample=False, forced_eos_token_id=None,
-                        early_stopping="never",  # Stop when no beam can improve, as ours.
-                        max_new_tokens=batch["input_ids"].shape[1] + max_extra, max_length=None,
-                        bad_words_ids=[[hf.config.pad_token_id]])
+      out = hf.generate(**batch, num_beams=num_beams,
+                        **({"early_stopping": "never"} if num_beams > 1 else {}))
     texts.append(hf_tokenizer.decode(out[0], skip_special_tokens=True))
-  return texts
+    lengths.append(out.shape[1] - 1)
+  return texts, lengths
 
 
-def test_translate_and_eval_an_imported_work_directory_through_the_command_line(
+def test_translations_through_the_command_line_equal_generate_on_every_line_and_eval_runs(
     imported, corpus, shared, tmp_path):
+  """OPUS-MT's generation settings: forced EOS at max_length 16 (15 output tokens), pad never
+  generated, renormalized log-probabilities, beam 4 with len ** 1.0; greedy and beam, many
+  lines reach the cap."""
   hf, hf_tokenizer, workdir, _ = imported
-  sentences = corpus[0][-20:] + ["Zürich ☃"]
+  sentences = corpus[0][-30:] + ["Zürich ☃"]
   (tmp_path / "in.txt").write_text("\n".join(sentences) + "\n")
   config = f"--config={workdir}/config.py"
   translate = [config, f"--workdir={workdir}", "--mode=translate",
                f"--input={tmp_path / 'in.txt'}", f"--output={tmp_path / 'out.txt'}"]
-  cli(shared, "transformer_jax.main", *translate, "--config.decode.beam_size=1")
-  got = (tmp_path / "out.txt").read_text().splitlines()
-  assert got == hf_texts(hf, hf_tokenizer, sentences, max_extra=39)
-  cli(shared, "transformer_jax.main", *translate)  # Beam 3, score / length ** 1.2.
-  got = (tmp_path / "out.txt").read_text().splitlines()
-  assert got == hf_texts(hf, hf_tokenizer, sentences, max_extra=39, num_beams=3)
+  for beams in (1, 4):
+    cli(shared, "transformer_jax.main", *translate, f"--config.decode.beam_size={beams}")
+    got = (tmp_path / "out.txt").read_text().splitlines()
+    want, lengths = hf_outputs(hf, hf_tokenizer, sentences, beams)
+    assert got == want, beams
+    capped = sum(n == OPUS_MT_GENERATION["max_length"] - 1 for n in lengths)
+    print(f"beam {beams}: {len(got)} lines equal, {capped} at the cap")
+    assert 5 <= capped <= len(sentences) - 5  # Lines that end, and lines cut at the cap.
   printed = cli(shared, "transformer_jax.main", config, f"--workdir={workdir}", "--mode=eval",
                 *data_flags(shared, decode__split="test"))
   assert "test BLEU" in printed and "step 0" in printed
-  record = json.loads((workdir / "eval" / "test-step0-beam3.json").read_text())
+  record = json.loads((workdir / "eval" / "test-step0-beam4.json").read_text())
   assert record["sentences"] > 0
-  # The generation config's search: beam 3, length ** 1.2, outputs of at most 39 tokens.
   assert (record["beam_size"], record["length_normalization"], record["alpha"],
-          record["max_extra"]) == (3, "length", 1.2, 39)
+          record["max_length"], record["force_eos"], record["renormalize"]) == (
+              4, "length", 1.0, 16, True, True)
 
 
 # A model trained here that Marian can represent: post-LN, sinusoidal, d_k = d_model / heads.
@@ -340,6 +353,49 @@ def test_import_refuses_what_it_cannot_represent_naming_the_field(imported, tmp_
     convert.import_marian(str(source), str(tmp_path / "work"))
 
 
+def edited_generation(source, target, **changes):
+  """A copy of Marian directory `source` with `changes` made to its generation_config.json
+  (a value None removes the field)."""
+  shutil.copytree(source, target)
+  path = target / "generation_config.json"
+  settings = {**json.loads(path.read_text()), **changes}
+  path.write_text(json.dumps({k: v for k, v in settings.items() if v is not None}))
+  return target
+
+
+@pytest.mark.parametrize("changes, field", [
+    (dict(do_sample=True), "do_sample"), (dict(no_repeat_ngram_size=3), "no_repeat_ngram_size"),
+    (dict(num_return_sequences=2), "num_return_sequences"), (dict(min_length=5), "min_length"),
+    (dict(repetition_penalty=1.2), "repetition_penalty"), (dict(bad_words_ids=[[5]]), "bad_words_ids"),
+    (dict(forced_eos_token_id=5), "forced_eos_token_id"), (dict(length_penalty=-1.0), "length_penalty"),
+    (dict(forced_bos_token_id=5), "forced_bos_token_id"), (dict(num_beam_groups=2), "num_beam_groups"),
+])
+def test_import_refuses_generation_settings_the_decoder_does_not_reproduce(imported, tmp_path,
+                                                                          changes, field):
+  source = edited_generation(imported[2].parent / "marian", tmp_path / "marian", **changes)
+  with pytest.raises(UserError, match=re.escape(f"generation_config.json.{field}=")):
+    convert.import_marian(str(source), str(tmp_path / "work"))
+
+
+@pytest.mark.parametrize("changes, decode, note", [
+    (dict(max_new_tokens=9), dict(max_length=10), "early_stopping=False"),
+    (dict(max_length=None), dict(max_length=21), "early_stopping=False"),  # 20 new tokens.
+    (dict(forced_eos_token_id=None, renormalize_logits=None, length_penalty=0.5),
+     dict(force_eos=False, renormalize=False, alpha=0.5), "early_stopping=False"),
+    (dict(early_stopping=True), dict(beam_size=4), "early_stopping=True"),
+    (dict(early_stopping="never"), dict(beam_size=4), None),
+    (dict(num_beams=None), dict(beam_size=1), None),  # Greedy has no early stopping.
+])
+def test_import_maps_the_generation_settings(imported, tmp_path, changes, decode, note):
+  source = edited_generation(imported[2].parent / "marian", tmp_path / "marian", **changes)
+  result = convert.import_marian(str(source), str(tmp_path / "work"))
+  config = config_lib.load_file(result["config"])
+  assert {name: config.decode[name] for name in decode} == decode
+  assert config.decode.max_extra == config.model.max_len  # No source-relative limit.
+  assert len(result["notes"]) == (note is not None)
+  assert note is None or note in result["notes"][0]
+
+
 def test_import_errors_on_the_command_line_are_one_line(imported, shared, tmp_path):
   source = tmp_path / "marian"
   shutil.copytree(imported[2].parent / "marian", source)
@@ -399,5 +455,9 @@ def test_fine_tuning_an_imported_model_through_the_command_line_lowers_the_loss_
   hf = transformers.MarianMTModel.from_pretrained(str(exported)).eval()
   hf_tokenizer = transformers.MarianTokenizer.from_pretrained(str(exported))
   config = config_lib.load_file(str(workdir / "config.py"))
+  reimported = generation.decode_fields(
+      json.loads((exported / "generation_config.json").read_text()),
+      pad_id=hf.config.pad_token_id, eos_id=0, positions=config.model.max_len)
+  assert reimported == ({name: config.decode[name] for name in reimported[0]}, [])
   assert logits_difference(hf, hf_tokenizer, workdir, config, corpus[0][:4],
                            corpus[1][:4]) <= 1e-5

@@ -129,6 +129,16 @@ DECODE_FIELDS: dict[str, Field] = {
                                     "Face's beam search divides them", "gnmt", "length"),
     "max_extra": _count(50, "output tokens <= source tokens + max_extra (and <= model.max_len)",
                         minimum=0),
+    "max_length": Field(0, "0 (no cap) or an integer >= 2",
+                        lambda v: _is_int(v) and (v == 0 or v >= 2),
+                        "output tokens <= max_length - 1, EOS included, whatever the source "
+                        "(Hugging Face's max_length, which counts the decoder's start token)"),
+    "force_eos": Field(False, "True or False", lambda v: isinstance(v, bool),
+                       "an output that reaches its limit ends with EOS, scored log-probability 0 "
+                       "(Hugging Face's forced_eos_token_id)"),
+    "renormalize": Field(False, "True or False", lambda v: isinstance(v, bool),
+                         "log-probabilities are renormalized over the tokens other than pad "
+                         "(Hugging Face's renormalize_logits); off: pad's share is dropped"),
     "batch_size": _count(128, "sentences per decoding batch (rounded up to the batch shards)"),
     "split": Field("test", "a split name such as test", lambda v: isinstance(v, str) and v != "",
                    "the split --mode=eval decodes"),

@@ -26,7 +26,6 @@ from transformer_jax import data
 from transformer_jax.compile import analysis, targets
 from transformer_jax.conventions import BATCH_KEYS
 from transformer_jax.data.pipeline import padded_length, rows_multiple
-from transformer_jax.decode import search
 from transformer_jax.decode.metrics import TeacherForcedLoss
 from transformer_jax.decode.translator import DecodeSettings, Translator
 from transformer_jax.errors import UserError
@@ -193,17 +192,10 @@ class Compiler:
 
   def search(self, settings: DecodeSettings, rows: int, length: int) -> Program:
     placement, model = self.placement, self.placement.model
-    buffer = min(padded_length(length + settings.max_extra), self.model_config.max_len)
+    run, kwargs = settings.search_call(length, self.model_config.max_len)
     inputs = jax.ShapeDtypeStruct((rows, length), jnp.int32, sharding=placement.batch_sharding)
     variables = {"params": placement.abstract_params}
-    if settings.beam_size > 1:
-      lower = lambda: search.beam_search.lower(
-          model, variables, inputs, beam_size=settings.beam_size, alpha=settings.alpha,
-          max_len=buffer, max_extra=settings.max_extra,
-          length_normalization=settings.length_normalization)
-    else:
-      lower = lambda: search.greedy_decode.lower(model, variables, inputs, max_len=buffer,
-                                                 max_extra=settings.max_extra)
+    lower = lambda: run.lower(model, variables, inputs, **kwargs)
     cost, note = _compile(self.target, lambda: placement.run(lower))
     return Program(f"{settings.search} {rows}x{length}",
                    "beam" if settings.beam_size > 1 else "greedy", rows, length, cost, None,

@@ -180,7 +180,8 @@ def evaluate_split(config, workdir: str, checkpoint: str = "latest") -> dict:
       "perplexity": perplexity(float(sums["nll"]), int(sums["tokens"])),
       "search": settings.search, "beam_size": settings.beam_size, "alpha": settings.alpha,
       "length_normalization": settings.length_normalization,
-      "max_extra": settings.max_extra,
+      "max_extra": settings.max_extra, "max_length": settings.max_length,
+      "force_eos": settings.force_eos, "renormalize": settings.renormalize,
       "decode_seconds": round(seconds, 2),
       "sentences_per_second": round(len(sources) / seconds, 2),
   }

@@ -30,6 +30,9 @@ class DecodeSettings:
   max_extra: int  # A sentence's output has at most its source tokens + this many.
   batch_size: int  # Sentences per decoding batch (rounded up to the batch shards).
   length_normalization: str = "gnmt"  # "gnmt" (the paper's) or "length" (Hugging Face's).
+  max_length: int = 0  # Outputs have at most max_length - 1 tokens (Hugging Face's); 0: no cap.
+  force_eos: bool = False  # An output that reaches its limit ends with EOS.
+  renormalize: bool = False  # Log-softmax over the tokens other than pad.
 
   @classmethod
   def from_config(cls, config, *, beam_size: int | None = None) -> "DecodeSettings":
@@ -37,12 +40,33 @@ class DecodeSettings:
     decode = config.decode
     return cls(beam_size=decode.beam_size if beam_size is None else beam_size,
                alpha=decode.alpha, max_extra=decode.max_extra, batch_size=decode.batch_size,
-               length_normalization=decode.length_normalization)
+               length_normalization=decode.length_normalization,
+               max_length=decode.max_length, force_eos=decode.force_eos,
+               renormalize=decode.renormalize)
 
   @property
   def search(self) -> str:
     """The search, as files and records name it: 'greedy' or 'beam4'."""
     return "greedy" if self.beam_size == 1 else f"beam{self.beam_size}"
+
+  def search_call(self, source_length: int, positions: int):
+    """(jitted search, its keyword arguments) for sources padded to `source_length` tokens and a
+    model of `positions` positions.
+
+    The output buffer is the longest output any sentence may have (source
+    + `max_extra` rounded up to a padded length, capped by `max_length - 1`
+    and `positions`), so only a few shapes compile; the buffer is itself the
+    cap of every sentence's output.
+    """
+    buffer = min(padded_length(source_length + self.max_extra), positions)
+    if self.max_length:
+      buffer = min(buffer, self.max_length - 1)
+    common = dict(max_len=buffer, max_extra=self.max_extra, force_eos=self.force_eos,
+                  renormalize=self.renormalize)
+    if self.beam_size == 1:
+      return search.greedy_decode, common
+    return search.beam_search, dict(common, beam_size=self.beam_size, alpha=self.alpha,
+                                     length_normalization=self.length_normalization)
 
 
 class Translator:
@@ -53,7 +77,8 @@ class Translator:
   lengths to the padded lengths of the data pipeline, and the output buffer
   follows from the source length, so only a few shapes compile. Sentence `i`
   gets at most its source tokens (EOS included) + `max_extra` output tokens
-  (the paper: input length + 50), never more than the model's `max_len`.
+  (the paper: input length + 50), never more than `max_length - 1` (when
+  set) nor the model's `max_len`.
   """
 
   def __init__(self, placement: Placement, tokenizer, settings: DecodeSettings):
@@ -112,15 +137,8 @@ class Translator:
       host[row, :len(ids)] = ids
     inputs = jax.make_array_from_callback(host.shape, self.placement.batch_sharding,
                                           lambda index: host[index])
-    settings, model = self.settings, self.placement.model
-    buffer = min(padded_length(length + settings.max_extra), self.max_len)
-    if settings.beam_size > 1:
-      out = self.placement.run(lambda: search.beam_search(
-          model, {"params": params}, inputs, beam_size=settings.beam_size, alpha=settings.alpha,
-          max_len=buffer, max_extra=settings.max_extra,
-          length_normalization=settings.length_normalization))
-    else:
-      out = self.placement.run(lambda: search.greedy_decode(
-          model, {"params": params}, inputs, max_len=buffer, max_extra=settings.max_extra))
+    run, kwargs = self.settings.search_call(length, self.max_len)
+    model = self.placement.model
+    out = self.placement.run(lambda: run(model, {"params": params}, inputs, **kwargs))
     tokens = multihost_utils.process_allgather(out.tokens, tiled=True)
     return search.trim(tokens)[:len(sources)]

@@ -27,7 +27,8 @@ from transformer_jax import config as config_lib
 from transformer_jax.checkpoints import store
 from transformer_jax.data import marian as marian_vocab
 from transformer_jax.decode import modes
-from transformer_jax.pretrained import marian, weights
+from transformer_jax.decode.translator import DecodeSettings
+from transformer_jax.pretrained import generation, marian, weights
 from transformer_jax.workdir import Workdir
 
 CONFIG_FILE = "config.py"
@@ -59,27 +60,16 @@ def get_config():
 '''
 
 
-def decode_settings(generation: dict, max_len: int) -> dict:
-  """`config.decode` fields from a `generation_config.json`: its beam size, maximum length and
-  Hugging Face's length normalization with its `length_penalty` (1.0 unless given)."""
-  penalty = generation.get("length_penalty", 1.0)
-  settings = {"length_normalization": "length",
-              "alpha": float(penalty) if isinstance(penalty, (int, float)) and penalty >= 0 else 1.0}
-  if isinstance(generation.get("num_beams"), int) and generation["num_beams"] > 0:
-    settings["beam_size"] = generation["num_beams"]
-  if isinstance(generation.get("max_length"), int) and generation["max_length"] > 1:
-    # max_length counts the decoder's start token; outputs stop at max_len anyway.
-    settings["max_extra"] = min(generation["max_length"] - 1, max_len)
-  return settings
-
-
 def import_marian(source: str, workdir: str) -> dict:
   """Convert the Marian directory `source` into work directory `workdir` (see the module doc).
 
-  Returns `{"config": path of the experiment file, "parameters": count}`.
-  Raises a UserError (naming the field of config.json) for a model this
-  project cannot represent, files that are missing or unreadable, or a work
-  directory that already has checkpoints.
+  Returns `{"config": path of the experiment file, "parameters": count, "notes": lines
+  to show}`. The decoding settings come from `generation_config.json` (else
+  from the generation settings of `config.json`, as Hugging Face reads an
+  older model), mapped by `generation.decode_fields`. Raises a UserError
+  (naming the field of config.json or generation_config.json) for a model or
+  a generation setting this project cannot represent, files that are missing
+  or unreadable, or a work directory that already has checkpoints.
   """
   work = Workdir(workdir)
   if epath.Path(work.checkpoints).exists():
@@ -87,7 +77,10 @@ def import_marian(source: str, workdir: str) -> dict:
   vocab = marian.read_tokenizer(source)
   hf_config = marian.read_json(os.path.join(source, "config.json"))
   fields = marian.model_fields(hf_config, vocab)
-  generation = marian.read_json(os.path.join(source, "generation_config.json"), default={})
+  generation_file = os.path.join(source, generation.FILE)
+  decode, notes = generation.decode_fields(
+      marian.read_json(generation_file) if os.path.exists(generation_file) else hf_config,
+      pad_id=vocab["<pad>"], eos_id=vocab["</s>"], positions=fields["max_len"])
   state = marian.read_state(source)
   state[weights.EMBEDDING] = marian.shared_embedding(state)
   state.setdefault(weights.LOGITS_BIAS, np.zeros((1, len(vocab)), np.float32))
@@ -106,7 +99,7 @@ def import_marian(source: str, workdir: str) -> dict:
   with open(config_file, "w", encoding="utf-8") as f:
     f.write(_CONFIG_TEMPLATE.format(
         source=os.path.abspath(source), config_file=config_file, workdir=work.root,
-        model=fields, decode=decode_settings(generation, fields["max_len"]),
+        model=fields, decode=decode,
         vocab_dir=", ".join(repr(part) for part in VOCAB_DIR), vocab_size=len(vocab)))
   config = config_lib.load_file(config_file)
   placement = config_lib.placement(config, vocab_size=len(vocab))
@@ -114,7 +107,7 @@ def import_marian(source: str, workdir: str) -> dict:
   manager = store.make_params_manager(work.checkpoints)
   store.save_params(manager, 0, placed, imported_from=os.path.abspath(source))
   manager.close()
-  return {"config": config_file,
+  return {"config": config_file, "notes": notes,
           "parameters": sum(int(x.size) for x in jax.tree_util.tree_leaves(params))}
 
 
@@ -142,8 +135,9 @@ def export_marian(config, workdir: str, output: str, checkpoint: str = "latest")
   os.makedirs(output, exist_ok=True)
   save_file(state, os.path.join(output, marian.SAFETENSORS), metadata={"format": "pt"})
   marian.write_json(os.path.join(output, "config.json"), hf_config)
-  marian.write_json(os.path.join(output, "generation_config.json"),
-                    generation_config(config, hf_config))
+  marian.write_json(os.path.join(output, generation.FILE), generation.generation_config(
+      DecodeSettings.from_config(config), pad_id=hf_config["pad_token_id"],
+      eos_id=hf_config["eos_token_id"], positions=model.max_len))
   for name, content in files.items():
     with open(os.path.join(output, name), "wb") as f:
       f.write(content)
@@ -151,19 +145,6 @@ def export_marian(config, workdir: str, output: str, checkpoint: str = "latest")
       "tokenizer_class": "MarianTokenizer", "model_max_length": model.max_len,
       "separate_vocabs": False})
   return {"directory": output, "checkpoint": loaded.name}
-
-
-def generation_config(config, hf_config: dict) -> dict:
-  """`generation_config.json`: the search of `config.decode`, and Marian's token rules (pad is
-  never produced; EOS is forced at the maximum length)."""
-  pad = hf_config["pad_token_id"]
-  return {"decoder_start_token_id": pad, "pad_token_id": pad,
-          "eos_token_id": hf_config["eos_token_id"],
-          "forced_eos_token_id": hf_config["eos_token_id"], "bad_words_ids": [[pad]],
-          "num_beams": config.decode.beam_size, "max_length": hf_config["max_position_embeddings"],
-          "renormalize_logits": True, **(
-              {"length_penalty": config.decode.alpha}
-              if config.decode.length_normalization == "length" else {})}
 
 
 def tokenizer_files(tokenizer) -> dict[str, bytes]:
