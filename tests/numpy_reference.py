@@ -127,33 +127,45 @@ def step_log_probs(logits, *, last: bool, eos: int, pad: int = 0, force_eos: boo
   return log_probs
 
 
-def beam_search(log_probs_of, limit, beam_size, penalty):
+def beam_search(log_probs_of, limit, beam_size, penalty, early_stopping="exact"):
   """fairseq's and Hugging Face's beam search, one sentence, in float64: (best hypothesis, score,
   steps run, times an alive beam came from beyond the first `beam_size` ranks).
 
   `log_probs_of(prefix)` gives the next-token log-probabilities [vocab] after the token tuple
   `prefix`; a hypothesis ends with EOS (id 1) or at `limit` tokens; `penalty(length)` divides
   a finished hypothesis' summed log-probability. Each step ranks the `2 * beam_size` best
-  extensions; the ended ones among the first `beam_size` are finished, the best `beam_size`
-  that did not end are the next alive beams. It stops when no alive beam can beat the best
-  finished hypothesis at any length it may still reach.
+  extensions; the ended ones among the first `beam_size` are finished (the best `beam_size`
+  of them kept), the best `beam_size` that did not end are the next alive beams. It stops
+  ("exact") when no alive beam can beat the best finished hypothesis at any length it may
+  still reach; ("heuristic", Hugging Face's early_stopping=False) when `beam_size` have
+  finished and the best alive beam, scored at its present length, does not beat the worst of
+  them; ("first_k", early_stopping=True) when `beam_size` have finished.
   """
-  alive, best, best_score, beyond = [((), 0.0)], None, -np.inf, 0
+  alive, finished, beyond = [((), 0.0)], [], 0
   for step in range(limit):
-    bound = max(score for _, score in alive) / max(penalty(step + 1), penalty(limit))
-    if best_score >= bound:
-      return best, best_score, step, beyond
+    best_alive = max(score for _, score in alive)
+    full = len(finished) == beam_size
+    if early_stopping == "exact":
+      stop = bool(finished) and finished[0][0] >= best_alive / max(penalty(step + 1),
+                                                                   penalty(limit))
+    elif early_stopping == "heuristic":
+      stop = full and best_alive / penalty(step) <= finished[-1][0]
+    else:
+      stop = full
+    if stop:
+      return finished[0][1], finished[0][0], step, beyond
     candidates = sorted(((score + lp, prefix + (token,)) for prefix, score in alive
                          for token, lp in enumerate(log_probs_of(prefix)) if lp > -np.inf),
                         key=lambda c: -c[0])[:2 * beam_size]
     alive = []
     for rank, (score, hyp) in enumerate(candidates):
       ends = hyp[-1] == 1 or len(hyp) == limit
-      if ends and rank < beam_size and score / penalty(len(hyp)) > best_score:
-        best, best_score = list(hyp), score / penalty(len(hyp))
+      if ends and rank < beam_size:
+        finished.append((score / penalty(len(hyp)), list(hyp)))
       if not ends and len(alive) < beam_size:
         alive.append((hyp, score))
         beyond += rank >= beam_size
+    finished = sorted(finished, key=lambda f: -f[0])[:beam_size]
     if not alive:
-      return best, best_score, step + 1, beyond
-  return best, best_score, limit, beyond
+      return finished[0][1], finished[0][0], step + 1, beyond
+  return finished[0][1], finished[0][0], limit, beyond

@@ -220,16 +220,14 @@ def data_flags(shared, **overrides):
   return [f"--config.{name.replace('__', '.')}={value}" for name, value in values.items()]
 
 
-def hf_outputs(hf, hf_tokenizer, sentences, num_beams):
+def hf_outputs(hf, hf_tokenizer, sentences, num_beams, **settings):
   """Hugging Face's translations and generated lengths (EOS included): `generate` with the
-  model's generation settings and `num_beams`, the beam search stopping when no beam can
-  improve (`early_stopping="never"`, the search this project runs)."""
+  model's generation settings, `num_beams` and `settings`."""
   texts, lengths = [], []
   for sentence in sentences:
     batch = hf_tokenizer([sentence], return_tensors="pt")
     with torch.no_grad():
-      out = hf.generate(**batch, num_beams=num_beams,
-                        **({"early_stopping": "never"} if num_beams > 1 else {}))
+      out = hf.generate(**batch, num_beams=num_beams, **settings)
     texts.append(hf_tokenizer.decode(out[0], skip_special_tokens=True))
     lengths.append(out.shape[1] - 1)
   return texts, lengths
@@ -238,21 +236,24 @@ def hf_outputs(hf, hf_tokenizer, sentences, num_beams):
 def test_translations_through_the_command_line_equal_generate_on_every_line_and_eval_runs(
     imported, corpus, shared, tmp_path):
   """OPUS-MT's generation settings: forced EOS at max_length 16 (15 output tokens), pad never
-  generated, renormalized log-probabilities, beam 4 with len ** 1.0; greedy and beam, many
-  lines reach the cap."""
+  generated, renormalized log-probabilities, beam 4 with len ** 1.0 and Hugging Face's default
+  early stopping; greedy and beam, many lines reach the cap. The exact stop
+  (`early_stopping="never"`) against the same setting."""
   hf, hf_tokenizer, workdir, _ = imported
   sentences = corpus[0][-30:] + ["Zürich ☃"]
   (tmp_path / "in.txt").write_text("\n".join(sentences) + "\n")
   config = f"--config={workdir}/config.py"
   translate = [config, f"--workdir={workdir}", "--mode=translate",
                f"--input={tmp_path / 'in.txt'}", f"--output={tmp_path / 'out.txt'}"]
-  for beams in (1, 4):
-    cli(shared, "transformer_jax.main", *translate, f"--config.decode.beam_size={beams}")
+  for beams, stop in ((1, "heuristic"), (4, "heuristic"), (4, "exact")):
+    cli(shared, "transformer_jax.main", *translate, f"--config.decode.beam_size={beams}",
+        f"--config.decode.early_stopping={stop}")
     got = (tmp_path / "out.txt").read_text().splitlines()
-    want, lengths = hf_outputs(hf, hf_tokenizer, sentences, beams)
-    assert got == want, beams
+    want, lengths = hf_outputs(hf, hf_tokenizer, sentences, beams,
+                               **({"early_stopping": "never"} if stop == "exact" else {}))
+    assert got == want, (beams, stop)
     capped = sum(n == OPUS_MT_GENERATION["max_length"] - 1 for n in lengths)
-    print(f"beam {beams}: {len(got)} lines equal, {capped} at the cap")
+    print(f"beam {beams} {stop}: {len(got)} lines equal, {capped} at the cap")
     assert 5 <= capped <= len(sentences) - 5  # Lines that end, and lines cut at the cap.
   printed = cli(shared, "transformer_jax.main", config, f"--workdir={workdir}", "--mode=eval",
                 *data_flags(shared, decode__split="test"))
@@ -260,8 +261,8 @@ def test_translations_through_the_command_line_equal_generate_on_every_line_and_
   record = json.loads((workdir / "eval" / "test-step0-beam4.json").read_text())
   assert record["sentences"] > 0
   assert (record["beam_size"], record["length_normalization"], record["alpha"],
-          record["max_length"], record["force_eos"], record["renormalize"]) == (
-              4, "length", 1.0, 16, True, True)
+          record["max_length"], record["force_eos"], record["renormalize"],
+          record["early_stopping"]) == (4, "length", 1.0, 16, True, True, "heuristic")
 
 
 # A model trained here that Marian can represent: post-LN, sinusoidal, d_k = d_model / heads.
@@ -377,23 +378,21 @@ def test_import_refuses_generation_settings_the_decoder_does_not_reproduce(impor
     convert.import_marian(str(source), str(tmp_path / "work"))
 
 
-@pytest.mark.parametrize("changes, decode, note", [
-    (dict(max_new_tokens=9), dict(max_length=10), "early_stopping=False"),
-    (dict(max_length=None), dict(max_length=21), "early_stopping=False"),  # 20 new tokens.
+@pytest.mark.parametrize("changes, decode", [
+    (dict(max_new_tokens=9), dict(max_length=10)),
+    (dict(max_length=None), dict(max_length=21)),  # Hugging Face's 20 new tokens.
     (dict(forced_eos_token_id=None, renormalize_logits=None, length_penalty=0.5),
-     dict(force_eos=False, renormalize=False, alpha=0.5), "early_stopping=False"),
-    (dict(early_stopping=True), dict(beam_size=4), "early_stopping=True"),
-    (dict(early_stopping="never"), dict(beam_size=4), None),
-    (dict(num_beams=None), dict(beam_size=1), None),  # Greedy has no early stopping.
+     dict(force_eos=False, renormalize=False, alpha=0.5)),
+    (dict(), dict(beam_size=4, early_stopping="heuristic", force_eos=True, renormalize=True)),
+    (dict(early_stopping=True), dict(early_stopping="first_k")),
+    (dict(early_stopping="never"), dict(early_stopping="exact")),
+    (dict(num_beams=None), dict(beam_size=1)),
 ])
-def test_import_maps_the_generation_settings(imported, tmp_path, changes, decode, note):
+def test_import_maps_the_generation_settings(imported, tmp_path, changes, decode):
   source = edited_generation(imported[2].parent / "marian", tmp_path / "marian", **changes)
-  result = convert.import_marian(str(source), str(tmp_path / "work"))
-  config = config_lib.load_file(result["config"])
+  config = config_lib.load_file(convert.import_marian(str(source), str(tmp_path / "work"))["config"])
   assert {name: config.decode[name] for name in decode} == decode
   assert config.decode.max_extra == config.model.max_len  # No source-relative limit.
-  assert len(result["notes"]) == (note is not None)
-  assert note is None or note in result["notes"][0]
 
 
 def test_import_errors_on_the_command_line_are_one_line(imported, shared, tmp_path):
@@ -458,6 +457,6 @@ def test_fine_tuning_an_imported_model_through_the_command_line_lowers_the_loss_
   reimported = generation.decode_fields(
       json.loads((exported / "generation_config.json").read_text()),
       pad_id=hf.config.pad_token_id, eos_id=0, positions=config.model.max_len)
-  assert reimported == ({name: config.decode[name] for name in reimported[0]}, [])
+  assert reimported == {name: config.decode[name] for name in reimported}
   assert logits_difference(hf, hf_tokenizer, workdir, config, corpus[0][:4],
                            corpus[1][:4]) <= 1e-5

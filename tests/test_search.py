@@ -348,7 +348,8 @@ def test_markov_fixtures_cover_early_stops_and_optima_of_every_length():
 MARKOV_SOURCES = np.array([[3, 2, 0], [2, 4, 4]], np.int32)  # Limits 5 and 6 with max_extra 3.
 
 
-def markov_reference(table, inputs, beam_size, alpha, normalization, max_len, **options):
+def markov_reference(table, inputs, beam_size, alpha, normalization, max_len,
+                     early_stopping="exact", **options):
   """`numpy_reference.beam_search` of each sentence of `inputs` (max_extra 3, a `max_len`
   buffer): (hypothesis, score, steps, alive beams from beyond the first ranks) per sentence."""
   penalty = lambda n: {"gnmt": gnmt_penalty, "length": length_power}[normalization](n, alpha)
@@ -357,27 +358,31 @@ def markov_reference(table, inputs, beam_size, alpha, normalization, max_len, **
     log_probs_of = lambda prefix, limit=limit: ref.step_log_probs(
         table[len(prefix), prefix[-1] if prefix else 0], last=len(prefix) + 1 == limit, eos=EOS,
         **options)
-    results.append(ref.beam_search(log_probs_of, limit, beam_size, penalty))
+    results.append(ref.beam_search(log_probs_of, limit, beam_size, penalty, early_stopping))
   return results
 
 
 MARKOV_BEAMS = [(seed, slope, k) for seed, slope in [(0, 0.5), (1, 1.0), (4, 2.0), (5, 0.0)]
                 for k in (1, 2, 3)]
+BOTH = {"force_eos": True, "renormalize": True}
 
 
-@pytest.mark.parametrize("options", [{}, {"force_eos": True}, {"renormalize": True},
-                                     {"force_eos": True, "renormalize": True}])
+@pytest.mark.parametrize("early_stopping, options", [
+    ("exact", {}), ("exact", {"force_eos": True}), ("exact", {"renormalize": True}),
+    ("exact", BOTH), ("heuristic", {}), ("heuristic", BOTH), ("first_k", {}), ("first_k", BOTH)])
 @pytest.mark.parametrize("alpha, normalization", [(0.6, "gnmt"), (1.0, "length"), (2.0, "length")])
 @pytest.mark.parametrize("max_len", [8, 5])
-def test_markov_beam_equals_the_reference_beam_search(options, alpha, normalization, max_len):
+def test_markov_beam_equals_the_reference_beam_search(early_stopping, options, alpha,
+                                                      normalization, max_len):
   """Small beams, where the 2k rule decides which beams live on; a buffer of 5 caps both
   sentences at 5 tokens (an absolute cap), where `force_eos` ends every hypothesis with EOS."""
   for seed, slope, k in MARKOV_BEAMS:
     model, variables, table = markov_model(seed, slope)
     out = search_lib.beam_search(model, variables, MARKOV_SOURCES, beam_size=k, alpha=alpha,
-                                 max_len=max_len, max_extra=3,
-                                 length_normalization=normalization, **options)
-    want = markov_reference(table, MARKOV_SOURCES, k, alpha, normalization, max_len, **options)
+                                 max_len=max_len, max_extra=3, length_normalization=normalization,
+                                 early_stopping=early_stopping, **options)
+    want = markov_reference(table, MARKOV_SOURCES, k, alpha, normalization, max_len,
+                            early_stopping, **options)
     for b, (best, score, _, _) in enumerate(want):
       assert hypothesis(out.tokens, b) == best, (seed, slope, k, b)
       np.testing.assert_allclose(out.scores[b], score, rtol=1e-5)
@@ -385,17 +390,23 @@ def test_markov_beam_equals_the_reference_beam_search(options, alpha, normalizat
     assert int(out.steps) == max(steps for _, _, steps, _ in want)
 
 
-def test_markov_reference_fixtures_exercise_the_2k_rule_the_cap_and_forced_eos():
-  """Guards the test above: alive beams come from beyond the first k ranks, and the forced EOS
-  changes some best hypotheses at the cap."""
-  beyond = changed = 0
+def test_markov_reference_fixtures_exercise_the_2k_rule_the_cap_and_the_stopping_rules():
+  """Guards the test above: alive beams come from beyond the first k ranks, the forced EOS
+  changes some best hypotheses at the cap, and the stopping rules give different outputs."""
+  beyond = forced_changed = heuristic_changed = first_k_changed = 0
   for seed, slope, k in MARKOV_BEAMS:
     _, _, table = markov_model(seed, slope)
-    plain = markov_reference(table, MARKOV_SOURCES, k, 1.0, "length", 5)
-    forced = markov_reference(table, MARKOV_SOURCES, k, 1.0, "length", 5, force_eos=True)
+    plain = markov_reference(table, MARKOV_SOURCES, k, 2.0, "length", 5)
+    forced = markov_reference(table, MARKOV_SOURCES, k, 2.0, "length", 5, force_eos=True)
+    heuristic = markov_reference(table, MARKOV_SOURCES, k, 2.0, "length", 8, "heuristic")
+    first_k = markov_reference(table, MARKOV_SOURCES, k, 2.0, "length", 8, "first_k")
+    exact = markov_reference(table, MARKOV_SOURCES, k, 2.0, "length", 8)
     beyond += sum(r[3] for r in plain)
-    changed += sum(p[0] != f[0] for p, f in zip(plain, forced))
-  assert beyond >= 5 and changed >= 3
+    forced_changed += sum(p[0] != f[0] for p, f in zip(plain, forced))
+    heuristic_changed += sum(e[0] != h[0] for e, h in zip(exact, heuristic))
+    first_k_changed += sum(e[0] != f[0] for e, f in zip(exact, first_k))
+  assert beyond >= 5 and forced_changed >= 3, (beyond, forced_changed)
+  assert heuristic_changed >= 2 and first_k_changed >= 2, (heuristic_changed, first_k_changed)
 
 
 @pytest.mark.parametrize("renormalize", [False, True])

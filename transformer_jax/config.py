@@ -136,6 +136,10 @@ DECODE_FIELDS: dict[str, Field] = {
     "force_eos": Field(False, "True or False", lambda v: isinstance(v, bool),
                        "an output that reaches its limit ends with EOS, scored log-probability 0 "
                        "(Hugging Face's forced_eos_token_id)"),
+    "early_stopping": _choice("exact", "when a sentence's beam search stops: exact (no beam can "
+                              "improve; Hugging Face's early_stopping='never'), heuristic (its "
+                              "default, False) or first_k (True)", "exact", "heuristic",
+                              "first_k"),
     "renormalize": Field(False, "True or False", lambda v: isinstance(v, bool),
                          "log-probabilities are renormalized over the tokens other than pad "
                          "(Hugging Face's renormalize_logits); off: pad's share is dropped"),

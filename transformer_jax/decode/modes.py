@@ -182,6 +182,7 @@ def evaluate_split(config, workdir: str, checkpoint: str = "latest") -> dict:
       "length_normalization": settings.length_normalization,
       "max_extra": settings.max_extra, "max_length": settings.max_length,
       "force_eos": settings.force_eos, "renormalize": settings.renormalize,
+      "early_stopping": settings.early_stopping,
       "decode_seconds": round(seconds, 2),
       "sentences_per_second": round(len(sources) / seconds, 2),
   }

@@ -253,37 +253,52 @@ def greedy_decode(model, variables, inputs, *, max_len: int, max_extra: int = 50
   return Decoded(tokens, scores, steps)
 
 
-def _sentence_done(alive_log_probs, best_scores, step, limits, penalty):
-  """True for sentences where no alive beam can beat the best finished hypothesis: `[b]`.
+# When a sentence's beam search stops: "exact" once no alive beam can beat the best finished
+# hypothesis (Hugging Face's early_stopping="never"); "heuristic" once `k` hypotheses have
+# finished and the best alive beam, scored at its present length, does not beat the worst of
+# them (its default, early_stopping=False); "first_k" once `k` have finished (early_stopping=True).
+EARLY_STOPPING = ("exact", "heuristic", "first_k")
 
-  Log-probabilities only fall as a hypothesis grows, so an alive beam's best
-  possible score is its log-probability now over the largest penalty of any
-  length it may still end at (between `step + 1` and its sentence's limit).
+
+def _sentence_done(state, limits, penalty, early_stopping: str):
+  """True for sentences whose search is over (see `EARLY_STOPPING`), or that have no alive beam:
+  `[b]`.
+
+  "exact": log-probabilities only fall as a hypothesis grows, so an alive
+  beam's best possible score is its log-probability now over the largest
+  penalty of any length it may still end at (between `step + 1` and its
+  sentence's limit).
   """
-  largest_penalty = jnp.maximum(penalty(step + 1), penalty(limits))
-  bound = jnp.max(alive_log_probs, axis=1) / largest_penalty
-  return best_scores >= bound
+  best_alive = jnp.max(state.alive_log_probs, axis=1)
+  if early_stopping == "exact":
+    largest_penalty = jnp.maximum(penalty(state.step + 1), penalty(limits))
+    return state.finished_scores[:, 0] >= best_alive / largest_penalty
+  full = jnp.all(state.finished_scores > NEG_INF, axis=1)
+  if early_stopping == "heuristic":
+    full &= best_alive / penalty(state.step) <= jnp.min(state.finished_scores, axis=1)
+  return full | (best_alive == NEG_INF)
 
 
 class BeamState(NamedTuple):
-  """The loop state of `beam_search`, for `batch` sentences of `k` beams and a `max_len` buffer."""
+  """The loop state of `beam_search`, for `batch` sentences of `k` beams, the `n` best finished
+  hypotheses (1, or `k` where the stopping rule needs them) and a `max_len` buffer."""
 
   step: jax.Array  # int32 scalar: positions decoded so far.
   alive: jax.Array  # [batch, k, max_len] int32: the alive hypotheses.
   alive_log_probs: jax.Array  # [batch, k] float32: their summed log-probabilities (-inf: none).
-  best_scores: jax.Array  # [batch] float32: the best finished hypothesis' penalized score.
-  best: jax.Array  # [batch, max_len] int32: that hypothesis.
+  finished_scores: jax.Array  # [batch, n] float32: finished hypotheses' scores, best first.
+  finished: jax.Array  # [batch, n, max_len] int32: those hypotheses.
   cache: Any  # The decoder's cache: `[batch * k, ...]` rows, the cross-attention's `[batch, ...]`.
 
 
 def _beam_step(model, variables, encoded, inputs, limits, penalty, eos_id, force_eos,
-               renormalize, state: BeamState) -> BeamState:
+               renormalize, early_stopping, state: BeamState) -> BeamState:
   """Extend every alive beam by one token: the best `2k` extensions; those of the first `k` that
-  end (EOS, or the sentence's limit) are finished hypotheses, and the best `k` that do not end
-  are the alive beams of the next step."""
+  end (EOS, or the sentence's limit) join the finished hypotheses, and the best `k` that do not
+  end are the alive beams of the next step."""
   batch, k = state.alive.shape[:2]
   step = state.step
-  done = _sentence_done(state.alive_log_probs, state.best_scores, step, limits, penalty)
+  done = _sentence_done(state, limits, penalty, early_stopping)
   alive_log_probs = jnp.where(done[:, None], NEG_INF, state.alive_log_probs)
   previous = jnp.where(step > 0, state.alive[:, :, jnp.maximum(step - 1, 0)], PAD_ID)
   log_probs, cache = decode_step(
@@ -297,58 +312,63 @@ def _beam_step(model, variables, encoded, inputs, limits, penalty, eos_id, force
   ends = (tokens == eos_id) | last[:, None]
 
   first = gather_beams(state.alive, beams[:, :k]).at[:, :, step].set(tokens[:, :k])
-  finished_scores = jnp.where(ends[:, :k], top_log_probs[:, :k] / penalty(step + 1), NEG_INF)
-  step_best = jnp.argmax(finished_scores, axis=1)
-  step_best_scores = jnp.max(finished_scores, axis=1)
-  improved = step_best_scores > state.best_scores
-  best = jnp.where(improved[:, None], gather_beams(first, step_best[:, None])[:, 0], state.best)
+  first_scores = jnp.where(ends[:, :k], top_log_probs[:, :k] / penalty(step + 1), NEG_INF)
+  finished_scores, kept = lax.approx_max_k(
+      jnp.concatenate([state.finished_scores, first_scores], axis=1),
+      state.finished_scores.shape[1], recall_target=1.0)
+  finished = gather_beams(jnp.concatenate([state.finished, first], axis=1), kept)
 
-  next_log_probs, kept = lax.approx_max_k(jnp.where(ends, NEG_INF, top_log_probs), k,
-                                          recall_target=1.0)
+  alive_log_probs, kept = lax.approx_max_k(jnp.where(ends, NEG_INF, top_log_probs), k,
+                                           recall_target=1.0)
   kept_beams = jnp.take_along_axis(beams, kept, axis=1)
-  kept_tokens = jnp.take_along_axis(tokens, kept, axis=1)
-  alive = gather_beams(state.alive, kept_beams).at[:, :, step].set(kept_tokens)
+  alive = gather_beams(state.alive, kept_beams).at[:, :, step].set(
+      jnp.take_along_axis(tokens, kept, axis=1))
   cache = reorder_cache(cache, kept_beams, batch_axis=int(model.config.scan_layers),
                         length=step + 1)
-  return BeamState(step=step + 1, alive=alive, alive_log_probs=next_log_probs,
-                   best_scores=jnp.where(improved, step_best_scores, state.best_scores),
-                   best=best, cache=cache)
+  return BeamState(step=step + 1, alive=alive, alive_log_probs=alive_log_probs,
+                   finished_scores=finished_scores, finished=finished, cache=cache)
 
 
 @functools.partial(
     jax.jit, static_argnames=("model", "beam_size", "max_len", "max_extra", "eos_id",
-                              "length_normalization", "force_eos", "renormalize"))
+                              "length_normalization", "force_eos", "renormalize",
+                              "early_stopping"))
 def beam_search(model, variables, inputs, *, beam_size: int = 4, alpha=0.6, max_len: int,
                 max_extra: int = 50, eos_id: int = EOS_ID, length_normalization: str = "gnmt",
-                force_eos: bool = False, renormalize: bool = False) -> Decoded:
+                force_eos: bool = False, renormalize: bool = False,
+                early_stopping: str = "exact") -> Decoded:
   """Beam search over source ids `[batch, src_len]` -> `Decoded`, the best hypothesis per sentence.
 
   Each step ranks every one-token extension of the `k = beam_size` alive
   beams by summed log-probability. Those among the best `k` that end in EOS
   (or reach the sentence's limit) are finished and scored with the length
   penalty (length counts EOS); the best `k` that do not end are the next
-  alive beams (fairseq's and Hugging Face's rule). A sentence stops once no
-  alive beam can beat its best finished hypothesis; the loop stops when
-  every sentence has. With `beam_size=1` and `alpha=0` this is greedy
-  decoding (with `alpha > 0` a beam that ends may give way to a longer one
-  that scores better). `alpha` is
-  traced: changing it does not recompile. `length_normalization="length"`
-  divides by `length ** alpha` instead (Hugging Face's normalization).
-  `force_eos` and `renormalize` as in the module doc.
+  alive beams (fairseq's and Hugging Face's rule). A sentence stops by the
+  `early_stopping` rule (`EARLY_STOPPING`; "exact": once no alive beam can
+  beat its best finished hypothesis); the loop stops when every sentence
+  has. With `beam_size=1`, `alpha=0` and "exact" this is greedy decoding
+  (with `alpha > 0` a beam that ends may give way to a longer one that
+  scores better). `alpha` is traced: changing it does not recompile.
+  `length_normalization="length"` divides by `length ** alpha` instead
+  (Hugging Face's normalization). `force_eos` and `renormalize` as in the
+  module doc.
   """
   _check_args(model, max_len, beam_size)
+  if early_stopping not in EARLY_STOPPING:
+    raise ValueError(f"early_stopping={early_stopping!r}; allowed: {', '.join(EARLY_STOPPING)}")
   penalty = functools.partial(length_penalty, alpha=alpha, normalization=length_normalization)
   batch, k = inputs.shape[0], beam_size
+  kept = 1 if early_stopping == "exact" else k
   limits = max_lengths(inputs, max_extra, max_len)
   # The beams of a sentence share its encoder output and cross-attention keys/values.
   encoded = model.apply(variables, inputs, method=model.encode)
 
   def cond(state: BeamState):
-    done = _sentence_done(state.alive_log_probs, state.best_scores, state.step, limits, penalty)
+    done = _sentence_done(state, limits, penalty, early_stopping)
     return (state.step < max_len) & ~jnp.all(done)
 
   body = functools.partial(_beam_step, model, variables, encoded, inputs, limits, penalty, eos_id,
-                           force_eos, renormalize)
+                           force_eos, renormalize, early_stopping)
   # Every beam starts from the start token; only the first is live, so the
   # first step expands one hypothesis per sentence.
   first_beam = jnp.where(jnp.arange(k) == 0, 0.0, NEG_INF).astype(jnp.float32)
@@ -356,12 +376,14 @@ def beam_search(model, variables, inputs, *, beam_size: int = 4, alpha=0.6, max_
       step=jnp.int32(0),
       alive=jnp.zeros((batch, k, max_len), jnp.int32),
       alive_log_probs=jnp.where(limits[:, None] > 0, first_beam[None, :], NEG_INF),
-      best_scores=jnp.where(limits > 0, NEG_INF, 0.0).astype(jnp.float32),
-      best=jnp.zeros((batch, max_len), jnp.int32),
+      # An empty source's output is empty, score 0.
+      finished_scores=jnp.full((batch, kept), NEG_INF).at[:, 0].set(
+          jnp.where(limits > 0, NEG_INF, 0.0)),
+      finished=jnp.zeros((batch, kept, max_len), jnp.int32),
       cache=init_cache(model, variables, encoded, inputs, max_len, rows=batch * k),
   )
   final = lax.while_loop(cond, body, state)
-  return Decoded(final.best, final.best_scores, final.step)
+  return Decoded(final.finished[:, 0], final.finished_scores[:, 0], final.step)
 
 
 def trim(tokens, eos_id: int = EOS_ID) -> list[list[int]]:

@@ -33,6 +33,7 @@ class DecodeSettings:
   max_length: int = 0  # Outputs have at most max_length - 1 tokens (Hugging Face's); 0: no cap.
   force_eos: bool = False  # An output that reaches its limit ends with EOS.
   renormalize: bool = False  # Log-softmax over the tokens other than pad.
+  early_stopping: str = "exact"  # When a beam search stops: search.EARLY_STOPPING.
 
   @classmethod
   def from_config(cls, config, *, beam_size: int | None = None) -> "DecodeSettings":
@@ -42,7 +43,7 @@ class DecodeSettings:
                alpha=decode.alpha, max_extra=decode.max_extra, batch_size=decode.batch_size,
                length_normalization=decode.length_normalization,
                max_length=decode.max_length, force_eos=decode.force_eos,
-               renormalize=decode.renormalize)
+               renormalize=decode.renormalize, early_stopping=decode.early_stopping)
 
   @property
   def search(self) -> str:
@@ -66,7 +67,8 @@ class DecodeSettings:
     if self.beam_size == 1:
       return search.greedy_decode, common
     return search.beam_search, dict(common, beam_size=self.beam_size, alpha=self.alpha,
-                                     length_normalization=self.length_normalization)
+                                     length_normalization=self.length_normalization,
+                                     early_stopping=self.early_stopping)
 
 
 class Translator:

@@ -38,8 +38,6 @@ def run(command: str) -> None:
     if _MARIAN.value is None:
       raise UserError("import needs --marian=DIR, the Marian model's directory")
     result = convert.import_marian(_MARIAN.value, _WORKDIR.value)
-    for note in result["notes"]:
-      print(f"note: {note}")
     print(f"imported {result['parameters']:,} parameters; use --config={result['config']} "
           f"--workdir={_WORKDIR.value}")
   else:

@@ -63,8 +63,7 @@ def get_config():
 def import_marian(source: str, workdir: str) -> dict:
   """Convert the Marian directory `source` into work directory `workdir` (see the module doc).
 
-  Returns `{"config": path of the experiment file, "parameters": count, "notes": lines
-  to show}`. The decoding settings come from `generation_config.json` (else
+  Returns `{"config": path of the experiment file, "parameters": count}`. The decoding settings come from `generation_config.json` (else
   from the generation settings of `config.json`, as Hugging Face reads an
   older model), mapped by `generation.decode_fields`. Raises a UserError
   (naming the field of config.json or generation_config.json) for a model or
@@ -78,7 +77,7 @@ def import_marian(source: str, workdir: str) -> dict:
   hf_config = marian.read_json(os.path.join(source, "config.json"))
   fields = marian.model_fields(hf_config, vocab)
   generation_file = os.path.join(source, generation.FILE)
-  decode, notes = generation.decode_fields(
+  decode = generation.decode_fields(
       marian.read_json(generation_file) if os.path.exists(generation_file) else hf_config,
       pad_id=vocab["<pad>"], eos_id=vocab["</s>"], positions=fields["max_len"])
   state = marian.read_state(source)
@@ -107,7 +106,7 @@ def import_marian(source: str, workdir: str) -> dict:
   manager = store.make_params_manager(work.checkpoints)
   store.save_params(manager, 0, placed, imported_from=os.path.abspath(source))
   manager.close()
-  return {"config": config_file, "notes": notes,
+  return {"config": config_file,
           "parameters": sum(int(x.size) for x in jax.tree_util.tree_leaves(params))}
 
 

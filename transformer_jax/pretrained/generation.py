@@ -5,15 +5,17 @@ generation settings onto the one decoder here: the beam size, the length
 rule (`max_length` counts the decoder's start token; `max_new_tokens` wins
 over it; neither means 20 new tokens), the forced EOS at that cap,
 renormalized log-probabilities and the `len ** length_penalty`
-normalization. A setting that would change the output and that the decoder
-does not reproduce is refused with a FieldError naming it; early stopping is
-the one setting mapped with a note instead (see `decode_fields`).
+normalization and the beam search's stopping rule. A setting that would
+change the output and that the decoder does not reproduce is refused with a
+FieldError naming it.
 """
 
 from transformer_jax.errors import FieldError
 
 FILE = "generation_config.json"
 DEFAULT_NEW_TOKENS = 20  # Hugging Face's output length when no maximum is set.
+# Hugging Face's early_stopping values and the beam search's stopping rules they name.
+EARLY_STOPPING = {"never": "exact", False: "heuristic", True: "first_k"}
 
 # Settings that change the output unless they hold their default (Hugging Face's defaults).
 _REFUSED = {
@@ -52,18 +54,14 @@ def _unset(value, default) -> bool:
   return value == default or value is None or value == [] or (default is None and value == 0)
 
 
-def decode_fields(generation: dict, *, pad_id: int, eos_id: int,
-                  positions: int) -> tuple[dict, list[str]]:
-  """(`config.decode` fields, notes) for the generation settings `generation` of a model whose
+def decode_fields(generation: dict, *, pad_id: int, eos_id: int, positions: int) -> dict:
+  """The `config.decode` fields for the generation settings `generation` of a model whose
   token ids are Marian's `pad_id` and `eos_id` and which has `positions` positions.
 
   The output cap is `max_length` counted as Hugging Face counts it (and no
   source-relative limit: `max_extra` is set to `positions`). Raises
   FieldError (owner generation_config.json) for a setting the decoder does
-  not reproduce. Hugging Face's `early_stopping` False (its default) or True
-  stop the beam search on a rule of thumb; the decoder here always stops
-  when no beam can improve, as `generate(early_stopping="never")` does, and
-  a note says so.
+  not reproduce.
   """
   for field, (default, what) in _REFUSED.items():
     if field == "min_length" and generation.get(field, 0) in (0, 1):  # 1: the start token.
@@ -98,16 +96,13 @@ def decode_fields(generation: dict, *, pad_id: int, eos_id: int,
     max_length = min(DEFAULT_NEW_TOKENS + 1, positions)
   if not isinstance(max_length, int) or max_length < 2:
     raise _refuse("max_length", f"={max_length!r}: an output needs at least one token (>= 2)")
-  fields = {"beam_size": beams, "alpha": float(penalty), "length_normalization": "length",
-            "max_extra": positions, "max_length": max_length,
-            "force_eos": forced is not None, "renormalize": bool(generation.get("renormalize_logits"))}
-  notes = []
   early = generation.get("early_stopping", False)
-  if beams > 1 and early != "never":
-    notes.append(f"{FILE}: early_stopping={early!r} stops Hugging Face's beam search on a rule "
-                 "of thumb; this decoder stops when no beam can improve, as "
-                 "early_stopping='never' does (the outputs can differ where the rule stops early)")
-  return fields, notes
+  if early not in EARLY_STOPPING:
+    raise _refuse("early_stopping", f"={early!r} is not one of True, False, 'never'")
+  return {"beam_size": beams, "alpha": float(penalty), "length_normalization": "length",
+          "max_extra": positions, "max_length": max_length, "force_eos": forced is not None,
+          "renormalize": bool(generation.get("renormalize_logits")),
+          "early_stopping": EARLY_STOPPING[early]}
 
 
 def generation_config(decode, *, pad_id: int, eos_id: int, positions: int) -> dict:
@@ -117,7 +112,9 @@ def generation_config(decode, *, pad_id: int, eos_id: int, positions: int) -> di
   as the default `len ** 1`."""
   config = {"decoder_start_token_id": pad_id, "pad_token_id": pad_id, "eos_token_id": eos_id,
             "bad_words_ids": [[pad_id]], "num_beams": decode.beam_size,
-            "max_length": decode.max_length or positions, "early_stopping": "never",
+            "max_length": decode.max_length or positions,
+            "early_stopping": {rule: value for value, rule in EARLY_STOPPING.items()}[
+                decode.early_stopping],
             "renormalize_logits": decode.renormalize}
   if decode.force_eos:
     config["forced_eos_token_id"] = eos_id
