@@ -409,6 +409,36 @@ def test_markov_reference_fixtures_exercise_the_2k_rule_the_cap_and_the_stopping
   assert heuristic_changed >= 2 and first_k_changed >= 2, (heuristic_changed, first_k_changed)
 
 
+def forced_eos_hypotheses(limit):
+  """Every complete output when the last allowed token is EOS: words then EOS, at most `limit`."""
+  return [list(p) + [EOS] for n in range(limit) for p in itertools.product(WORDS, repeat=n)]
+
+
+@pytest.mark.parametrize("renormalize", [False, True])
+@pytest.mark.parametrize("alpha", [0.0, 1.0, 2.0])
+@pytest.mark.parametrize("seed, slope", [(0, 0.5), (1, 1.0), (5, 0.0)])
+def test_markov_large_beam_with_a_cap_and_forced_eos_finds_the_brute_force_best(
+    renormalize, alpha, seed, slope):
+  """A buffer of 5 caps both sentences at 5 tokens, the last one EOS; a beam of 4 * 3**5 keeps
+  every candidate, so the search must find the best of every hypothesis enumerated."""
+  model, variables, table = markov_model(seed, slope)
+  out = search_lib.beam_search(model, variables, MARKOV_SOURCES, beam_size=972, alpha=alpha,
+                               max_len=5, max_extra=3, length_normalization="length",
+                               force_eos=True, renormalize=renormalize)
+  hyps = forced_eos_hypotheses(5)
+  scores = []
+  for h in hyps:
+    log_probs = [ref.step_log_probs(table[i, h[i - 1] if i else 0], last=i + 1 == 5, eos=EOS,
+                                    force_eos=True, renormalize=renormalize)[t]
+                 for i, t in enumerate(h)]
+    scores.append(sum(log_probs) / length_power(len(h), alpha))
+  best = int(np.argmax(scores))
+  assert sorted(scores)[-1] - sorted(scores)[-2] > 1e-4, "fixture has a near-tie"
+  for b in range(2):  # Both sentences have limit 5 (the cap), so the same best.
+    assert hypothesis(out.tokens, b) == hyps[best]
+    np.testing.assert_allclose(out.scores[b], scores[best], rtol=1e-5)
+
+
 @pytest.mark.parametrize("renormalize", [False, True])
 def test_greedy_with_forced_eos_ends_every_sentence_at_its_limit_with_eos(renormalize):
   model, variables = tiny_model(eos_bias=-30.0, seed=10)  # EOS is never chosen
