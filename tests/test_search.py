@@ -10,6 +10,7 @@ EOS likelier with position and gives optima of every length.
 import dataclasses
 import functools
 import itertools
+import re
 from typing import Any
 
 import flax.linen as nn
@@ -469,6 +470,8 @@ def test_beam_search_ranks_the_candidates_with_a_top_k_not_a_sort_of_all(early_s
                                      max_extra=6, early_stopping=early_stopping).compile().as_text()
   sorts = [line for line in hlo.splitlines() if " sort(" in line]
   assert not [line for line in sorts if "[4,64]" in line], sorts
+  assert re.search(r"f32\[4,8\]\{[0-9,]*\}, s32\[4,8\]\{[0-9,]*\}\) custom-call\([^)]*\), "
+                   r"custom_call_target=\"TopK\"", hlo)  # The best 2k of the 64 candidates.
 
 
 def test_beam_of_four_stops_before_the_limit():

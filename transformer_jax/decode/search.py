@@ -275,7 +275,9 @@ def _sentence_done(state, limits, penalty, early_stopping: str):
     return state.finished_scores[:, 0] >= best_alive / largest_penalty
   full = jnp.all(state.finished_scores > NEG_INF, axis=1)
   if early_stopping == "heuristic":
-    full &= best_alive / penalty(state.step) <= jnp.min(state.finished_scores, axis=1)
+    # Scored at its present length (at least 1: the rule is only consulted once k have finished).
+    full &= (best_alive / penalty(jnp.maximum(state.step, 1))
+             <= jnp.min(state.finished_scores, axis=1))
   return full | (best_alive == NEG_INF)
 
 

@@ -63,9 +63,10 @@ def get_config():
 def import_marian(source: str, workdir: str) -> dict:
   """Convert the Marian directory `source` into work directory `workdir` (see the module doc).
 
-  Returns `{"config": path of the experiment file, "parameters": count}`. The decoding settings come from `generation_config.json` (else
-  from the generation settings of `config.json`, as Hugging Face reads an
-  older model), mapped by `generation.decode_fields`. Raises a UserError
+  Returns `{"config": path of the experiment file, "parameters": count}`.
+  The decoding settings come from `generation_config.json` (else from the
+  generation settings of `config.json`, as Hugging Face reads an older
+  model), mapped by `generation.decode_fields`. Raises a UserError
   (naming the field of config.json or generation_config.json) for a model or
   a generation setting this project cannot represent, files that are missing
   or unreadable, or a work directory that already has checkpoints.
