@@ -400,6 +400,17 @@ def test_import_maps_the_generation_settings(imported, tmp_path, changes, decode
   assert config.decode.max_extra == config.model.max_len  # No source-relative limit.
 
 
+def test_import_reads_the_generation_settings_of_config_json_without_generation_config_json(
+    imported, tmp_path):
+  """Older OPUS-MT models keep their generation settings in config.json."""
+  source = edited_copy(imported[2].parent / "marian", tmp_path / "marian", num_beams=6,
+                       max_length=30, bad_words_ids=[[imported[0].config.pad_token_id]])
+  (source / "generation_config.json").unlink()
+  config = config_lib.load_file(convert.import_marian(str(source), str(tmp_path / "work"))["config"])
+  assert (config.decode.beam_size, config.decode.max_length, config.decode.force_eos) == (
+      6, 30, True)
+
+
 def test_import_errors_on_the_command_line_are_one_line(imported, shared, tmp_path):
   source = tmp_path / "marian"
   shutil.copytree(imported[2].parent / "marian", source)

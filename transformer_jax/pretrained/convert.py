@@ -77,9 +77,8 @@ def import_marian(source: str, workdir: str) -> dict:
   vocab = marian.read_tokenizer(source)
   hf_config = marian.read_json(os.path.join(source, "config.json"))
   fields = marian.model_fields(hf_config, vocab)
-  generation_file = os.path.join(source, generation.FILE)
   decode = generation.decode_fields(
-      marian.read_json(generation_file) if os.path.exists(generation_file) else hf_config,
+      marian.read_json(os.path.join(source, generation.FILE), default=hf_config),
       pad_id=vocab["<pad>"], eos_id=vocab["</s>"], positions=fields["max_len"])
   state = marian.read_state(source)
   state[weights.EMBEDDING] = marian.shared_embedding(state)

@@ -16,6 +16,7 @@ FILE = "generation_config.json"
 DEFAULT_NEW_TOKENS = 20  # Hugging Face's output length when no maximum is set.
 # Hugging Face's early_stopping values and the beam search's stopping rules they name.
 EARLY_STOPPING = {"never": "exact", False: "heuristic", True: "first_k"}
+_HF_EARLY_STOPPING = {rule: value for value, rule in EARLY_STOPPING.items()}
 
 # Settings that change the output, with the values that leave it alone ((): none does).
 _REFUSED = {
@@ -112,8 +113,7 @@ def generation_config(decode, *, pad_id: int, eos_id: int, positions: int) -> di
             "max_length": decode.max_length or positions + 1,
             "renormalize_logits": decode.renormalize}
   if decode.beam_size > 1:
-    config["early_stopping"] = {rule: value for value, rule in EARLY_STOPPING.items()}[
-        decode.early_stopping]
+    config["early_stopping"] = _HF_EARLY_STOPPING[decode.early_stopping]
   if decode.force_eos:
     config["forced_eos_token_id"] = eos_id
   if decode.length_normalization == "length":
