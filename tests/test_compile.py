@@ -185,8 +185,8 @@ def test_the_estimate_adds_back_a_second_per_prefetch_and_respects_the_roofline(
 
 @pytest.fixture(scope="module")
 def small_report():
-  if importlib.util.find_spec("libtpu") is None:
-    pytest.skip("needs the tpu extra (libtpu)")
+  if importlib.util.find_spec("libtpu") is None or not ON_CPU:
+    pytest.skip("needs the tpu extra (libtpu) and the CPU backend")
   config = _small_config(tokens_per_batch=2048)
   config.eval_every_steps = 100
   return experiment.compile_experiment(config, targets.parse_target("v5e-8"),

@@ -279,6 +279,8 @@ def test_bucket_lengths():
       8, 8, 16, 72, 120, 304]
   assert pipeline.bucket_lengths(256, growth=2) == (8, 16, 32, 64, 128, 256)
   assert pipeline.bucket_lengths(100, growth=1.5) == (8, 16, 24, 40, 64, 96, 100)
+  # 1.1 * 400 is 440.00000000000006 in floating point: exactly 440, not 448.
+  assert pipeline._next_length(400, growth=1.1) == 440  # pylint: disable=protected-access
 
 
 def test_train_batch_shapes_follow_from_the_batch_settings_alone():

@@ -22,7 +22,7 @@ import numpy as np
 
 from transformer_jax.conventions import BATCH_KEYS
 from transformer_jax.errors import FieldError
-from transformer_jax.model.attention import resolve_implementation
+from transformer_jax.model.attention import cudnn_supports, resolve_implementation
 from transformer_jax.model.transformer import Transformer, TransformerConfig
 
 MESH_AXES = ("data", "fsdp", "tensor")
@@ -213,9 +213,8 @@ def for_platform(model_config: TransformerConfig, platform: str) -> TransformerC
   attention = resolve_implementation(model_config.attention_impl, platform,
                                      dtype=model_config.compute_dtype, d_k=model_config.d_k,
                                      d_v=model_config.d_v)
-  if attention == "cudnn" and resolve_implementation(
-      "fused", platform, dtype=model_config.compute_dtype, d_k=model_config.d_k,
-      d_v=model_config.d_v) != "cudnn":
+  if attention == "cudnn" and not cudnn_supports(platform, dtype=model_config.compute_dtype,
+                                                 d_k=model_config.d_k):
     raise FieldError("model", "attention_impl", f"='cudnn' needs a GPU, bfloat16 or float16 and "
                      f"a head size that is a multiple of 8 up to 128; got {platform}, "
                      f"{model_config.dtype}, d_k={model_config.d_k} (use 'auto')")

@@ -2,7 +2,8 @@
 
 The programs: the train step at each batch shape the data pipeline can
 produce for the config (a function of the batch settings: no data is read),
-the evaluation step, and the beam and greedy searches at the decode shape.
+the evaluation step, the `decode.*` search at the decode shape, and the
+validation-BLEU search when training evaluates.
 The mesh, sharding rules, dtype, scanned layers and remat apply as on the
 hardware; the mesh spans the target's compile-only devices, every host's, as
 one process of a multi-host run sees them. Each program gets its per-device
@@ -213,7 +214,8 @@ def compile_experiment(config: ml_collections.ConfigDict, target: targets.Target
   """The report of every program of experiment `config` compiled for `target`.
 
   With `find_largest_batch`, or when a train step does not fit, also the
-  largest `data.tokens_per_batch` whose train step fits (`largest_batch`).
+  largest batch (`data.batch_size` packed, else `data.tokens_per_batch`) whose train step fits
+  (`largest_batch`).
   Raises ConfigError for a config the target cannot run (a mesh that does not
   divide its chips, a parameter that does not split), TargetError when its
   compiler is missing. Never raises for a program that does not fit: see

@@ -175,10 +175,15 @@ def resolve_implementation(implementation: str, platform: str, *, dtype, d_k: in
     raise ValueError(f"implementation={implementation!r} needs d_k == d_v; got d_k={d_k}, "
                      f"d_v={d_v} (use 'auto' or 'reference')")
   if implementation == "fused":
-    cudnn = (platform == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
-             and d_k % 8 == 0 and d_k <= 128)
-    return "cudnn" if cudnn else "xla"
+    return "cudnn" if cudnn_supports(platform, dtype=dtype, d_k=d_k) else "xla"
   return implementation
+
+
+def cudnn_supports(platform: str, *, dtype, d_k: int) -> bool:
+  """Whether cuDNN's fused attention runs heads of size `d_k` in `dtype` on `platform`: a GPU,
+  bfloat16 or float16, and a head size that is a multiple of 8 up to 128."""
+  return (platform == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
+          and d_k % 8 == 0 and d_k <= 128)
 
 
 def _check_shapes(query, key, value, mask):
