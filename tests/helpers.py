@@ -153,18 +153,15 @@ def shared_dir(tmp_path_factory) -> pathlib.Path:
   """The session's shared corpus, vocabulary and compilation cache, prepared on first use."""
   shared = tmp_path_factory.getbasetemp() / "runs_shared"
   if not (shared / "vocab.model").exists():
-    c = data.default_config()
-    c.name, c.data_dir, c.vocab_size = "embedded_tiny", str(shared / "tfds"), 200
-    c.vocab_path = str(shared / "vocab.model")
-    data.get_tokenizer(c, str(shared))
+    data.get_tokenizer(data.DataConfig(name="embedded_tiny", data_dir=str(shared / "tfds"),
+                                       vocab_size=200, vocab_path=str(shared / "vocab.model")),
+                       str(shared))
   return shared
 
 
 def tiny_data_config(shared: pathlib.Path):
   """The `config.data` of tiny runs (without their vocabulary path)."""
-  c = data.default_config()
-  c.name, c.data_dir = "embedded_tiny", str(shared / "tfds")
-  return c
+  return data.DataConfig(name="embedded_tiny", data_dir=str(shared / "tfds"))
 
 
 def flags(shared: pathlib.Path, **overrides) -> list[str]:

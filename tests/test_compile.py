@@ -19,6 +19,7 @@ import pytest
 from helpers import REPO, environment
 from transformer_jax import config as config_lib
 from transformer_jax.compile import analysis, experiment, table, targets
+from transformer_jax.errors import FieldError
 from transformer_jax.model.transformer import count_params
 
 ON_CPU = jax.default_backend() == "cpu"  # Compiling for a target runs on the CPU backend.
@@ -79,7 +80,7 @@ def _paper_config(variant: str, rules: str, **data):
       "data": 1, "fsdp": -1, "tensor": 1}
   config.sharding_rules = rules
   config.data.update(data)
-  return config
+  return config_lib.parse(config)
 
 
 def _batch_bytes_per_device(rows: int, length: int, shards: int) -> int:
@@ -112,7 +113,7 @@ def test_the_base_train_step_compiles_for_v5e_8_with_12_bytes_a_parameter(rules)
 def test_the_beam_search_compiles_for_v5e_8():
   config = _paper_config("base", "dp")
   compiler = experiment.Compiler(config, targets.parse_target("v5e-8"))
-  settings = experiment.DecodeSettings.from_config(config)
+  settings = config.decode
   program = compiler.search(settings, 16, 32)
   assert (program.name, program.kind) == ("beam4 16x32", "beam")
   assert 0 < program.cost.total_bytes < targets.CHIPS["v5e"].usable_bytes
@@ -132,13 +133,15 @@ def test_the_base_train_step_compiles_for_8_h100_with_cudnn_attention():
   assert program.cost.optimal_seconds is None  # No cost analysis for a GPU without a device.
 
 
-def _small_config(**data):
+def _small_config(*, mesh=None, eval_every_steps=0, **data):
   config = config_lib.default_config()
   config.model = config_lib.model_fields("base", num_layers=2, d_model=64, d_ff=128,
                                          num_heads=4, max_len=64, dtype="bfloat16")
   config.data.update({"vocab_size": 256, "max_source_length": 32, "max_target_length": 32,
                       **data})
-  return config
+  config.mesh.update(mesh or {})
+  config.eval_every_steps = eval_every_steps
+  return config_lib.parse(config)
 
 
 @needs_tpu
@@ -162,9 +165,8 @@ def test_the_tpu_compile_counts_the_flops_of_the_cpu_compile():
 
 @needs_tpu
 def test_a_mesh_that_does_not_divide_the_chips_is_refused():
-  config = _small_config()
-  config.mesh.data, config.mesh.tensor = 3, 1
-  with pytest.raises(config_lib.ConfigError, match=r"config\.mesh.*8 are present"):
+  config = _small_config(mesh={"data": 3, "tensor": 1})
+  with pytest.raises(FieldError, match=r"^mesh=.*8 are present"):
     experiment.compile_experiment(config, targets.parse_target("v5e-8"))
 
 
@@ -187,8 +189,7 @@ def test_the_estimate_adds_back_a_second_per_prefetch_and_respects_the_roofline(
 def small_report():
   if importlib.util.find_spec("libtpu") is None or not ON_CPU:
     pytest.skip("needs the tpu extra (libtpu) and the CPU backend")
-  config = _small_config(tokens_per_batch=2048)
-  config.eval_every_steps = 100
+  config = _small_config(tokens_per_batch=2048, eval_every_steps=100)
   return experiment.compile_experiment(config, targets.parse_target("v5e-8"),
                                        find_largest_batch=False).record()
 

@@ -1,4 +1,5 @@
-"""The experiment config: every field checked before anything compiles, errors naming the field.
+"""Config files parsed into an `Experiment`: every field checked before anything compiles, errors
+naming the field as the command line does.
 
 The references are hand-written: each field's allowed values, and the
 messages a user reads.
@@ -7,10 +8,14 @@ messages a user reads.
 import pathlib
 import re
 
+import jax
 import ml_collections
 import pytest
 
 from transformer_jax import config as config_lib
+from transformer_jax import schema
+from transformer_jax.errors import FieldError, UserError
+from transformer_jax.experiment import Experiment
 from transformer_jax.model.transformer import TransformerConfig
 
 
@@ -37,14 +42,23 @@ def _with(**changes) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(tree)
 
 
-def test_the_default_config_is_valid():
-  config_lib.validate(config_lib.default_config())
+def _problem(config: ml_collections.ConfigDict, num_devices: int = 8) -> str:
+  """What the command line says of `config` on `num_devices` devices (parsed, then checked against
+  them)."""
+  with pytest.raises(UserError) as caught:
+    config_lib.parse(config).check_devices(num_devices)
+  return config_lib.user_message(caught.value)
+
+
+def test_the_default_config_is_valid_and_parses_to_the_default_experiment():
+  experiment = config_lib.parse(config_lib.default_config())
+  experiment.check_devices(8)
+  assert experiment == Experiment()
 
 
 @pytest.mark.parametrize("field", _leaf_fields(config_lib.default_config()))
 def test_every_field_rejects_a_value_of_the_wrong_type_naming_the_field(field):
-  with pytest.raises(config_lib.ConfigError, match=re.escape(f"config.{field}")):
-    config_lib.validate(_with(**{field.replace(".", "__"): ["not", "a", "value"]}))
+  assert f"config.{field}" in _problem(_with(**{field.replace(".", "__"): ["not", "a", "value"]}))
 
 
 @pytest.mark.parametrize("changes,message", [
@@ -60,12 +74,16 @@ def test_every_field_rejects_a_value_of_the_wrong_type_naming_the_field(field):
     ({"on_bad_checkpoints": "ignore"}, "config.on_bad_checkpoints must be 'stop' or 'start_over'"),
     ({"preemption_grace_seconds": -5}, "config.preemption_grace_seconds must be a number >= 0"),
     ({"model__dropout_rate": 1.5}, r"config.model.dropout_rate must be a number in \[0, 1\)"),
-    ({"data__vocab_size": 8}, "config.data.vocab_size=8 is invalid: allowed at least 16"),
+    ({"data__vocab_size": 8}, "config.data.vocab_size must be an integer >= 16; got 8"),
+    ({"decode__early_stopping": "never"}, "config.decode.early_stopping must be 'exact' or"),
+    ({"mesh__data": -1, "mesh__fsdp": -1}, "config.mesh: at most one axis may be -1"),
     # Unknown and missing fields.
     ({"num_train_step": 5}, "config.num_train_step is not a known field"),
-    ({"model__layers": 5}, "config.model.layers is not a model field"),
+    ({"model__layers": 5}, "config.model.layers is not a known field; known fields: num_layers"),
+    ({"model__vocab_size": 100}, "config.model.vocab_size is not a known field"),
     ({"data__vocab": 5}, "config.data.vocab is not a known field"),
-    ({"mesh__pipeline": 2}, r"config.mesh has unknown axes \['pipeline'\]"),
+    ({"mesh__pipeline": 2}, r"config.mesh.pipeline is not a known field"),
+    ({"decode": 3}, r"config.decode must be a section of fields; got 3"),
     # Combinations.
     ({"mesh__data": 3}, "config.mesh=.* needs 3 devices but 8 are present"),
     ({"mesh__data": 2, "mesh__fsdp": 2}, "config.mesh=.* needs 4 devices but 8"),
@@ -73,13 +91,14 @@ def test_every_field_rejects_a_value_of_the_wrong_type_naming_the_field(field):
     ({"data__batch_multiple": 4, "data__eval_batch_size": 64},
      r"config.data.batch_multiple=4 must be a multiple of 8 = 8 batch shards"),
     ({"grad_accum_steps": 3}, r"must be a multiple of 24 = 8 batch shards .* x "
-                              r"config.grad_accum_steps=3"),
+                              r"grad_accum_steps=3"),
     ({"model__d_model": 30}, r"config.model.d_k: d_model=30 is not divisible by num_heads=8"),
+    ({"model__d_model": 31}, r"config.model.d_model must be an even positive integer; got 31"),
     ({"model__num_heads": 7}, r"d_model=512 is not divisible by num_heads=7"),
     ({"model__max_len": 64},
-     r"config.data.max_source_length=72 is longer than config.model.max_len=64, the positions"),
+     r"config.data.max_source_length=72 is longer than model.max_len=64, the positions"),
     ({"data__batch_mode": "packed", "model__max_len": 100},
-     r"config.data.max_length=128 is longer than config.model.max_len=100"),
+     r"config.data.max_length=128 is longer than model.max_len=100"),
     ({"data__batch_mode": "packed", "data__max_length": 64},
      r"config.data.max_source_length=72 is invalid: allowed at most data.max_length=64"),
     ({"data__batch_mode": "packed", "data__batch_size": 12},
@@ -90,43 +109,49 @@ def test_every_field_rejects_a_value_of_the_wrong_type_naming_the_field(field):
     ({"sharding_rules": "zero3"}, "config.sharding_rules='zero3' is not understood"),
 ])
 def test_bad_values_and_combinations_name_the_field(changes, message):
-  with pytest.raises(config_lib.ConfigError, match=message):
-    config_lib.validate(_with(**changes))
+  assert re.search(message, _problem(_with(**changes)))
 
 
+def test_a_missing_field_is_named():
+  config = config_lib.default_config()
+  del config.decode["beam_size"]
+  assert _problem(config) == "config.decode.beam_size is missing"
 
 
 def test_model_fields_follow_the_presets_and_build_the_model():
   config = config_lib.default_config()
   config.model = config_lib.model_fields("big")
-  assert config_lib.transformer_config(config, vocab_size=37000) == TransformerConfig.preset("big")
+  config.data.vocab_size = 37000
+  assert config_lib.parse(config).model == TransformerConfig.preset("big")
   config.model = config_lib.model_fields("C2", dtype="bfloat16")
-  c2 = config_lib.transformer_config(config, vocab_size=100)
-  assert (c2.num_layers, c2.dtype, c2.d_k) == (4, "bfloat16", 64)
+  config.data.vocab_size = 100
+  c2 = config_lib.parse(config).placement(vocab_size=100, devices=jax.devices()[:1]).model.config
+  assert (c2.num_layers, c2.dtype, c2.d_k, c2.vocab_size) == (4, "bfloat16", 64, 100)
   with pytest.raises(ValueError, match="unknown preset 'huge'; allowed: base"):
     config_lib.model_fields("huge")
-  with pytest.raises(config_lib.ConfigError, match="config.model.vocab_size is not a model field"):
+  with pytest.raises(FieldError, match="model.vocab_size is not a model field"):
     config_lib.model_fields("base", vocab_size=100)
-  config.model.vocab_size = 100  # The vocabulary sets it; a config that sets it is refused.
-  with pytest.raises(config_lib.ConfigError, match="config.model.vocab_size is not a model field"):
-    config_lib.validate(config)
-  with pytest.raises(config_lib.ConfigError, match="config.model.heads is not a model field"):
+  with pytest.raises(FieldError, match="model.heads is not a model field"):
     config_lib.model_fields("base", heads=4)
 
 
-def test_every_field_has_a_help_line_and_is_in_the_readme():
+def test_every_setting_has_a_help_line_allows_its_default_and_is_in_the_readme():
   readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
-  for prefix, fields in (("", config_lib.FIELDS), ("decode.", config_lib.DECODE_FIELDS)):
-    for name, field in fields.items():
-      assert field.help and field.check(field.default), name
-      assert f"`{prefix}{name}`" in readme, f"README lacks config.{prefix}{name}"
+  described = schema.describe(Experiment)
+  assert sorted(path for path, *_ in described) == sorted(
+      _leaf_fields(config_lib.default_config()))
+  for path, _, allowed, help_ in described:
+    assert help_ and allowed, path
+    if "." not in path or path.startswith("decode."):  # The README's table of fields.
+      assert f"`{path}`" in readme, f"README lacks config.{path}"
 
 
-def test_a_parameter_that_does_not_split_over_the_mesh_is_a_config_error():
+def test_a_parameter_that_does_not_split_over_the_mesh_names_the_rules():
   config = config_lib.default_config()
   config.mesh.update(data=4, tensor=2)
   config.sharding_rules = "tp"
-  with pytest.raises(config_lib.ConfigError, match=r"config.sharding_rules: "
-                     r"\['embed'\]\['embedding'\] has shape \(41, 512\): dimension 0 \(41\) "
-                     r"cannot be split over mesh axes \('tensor',\) \(2 shards\)"):
-    config_lib.placement(config, vocab_size=41)
+  with pytest.raises(FieldError) as caught:
+    config_lib.parse(config).placement(vocab_size=41)
+  assert re.fullmatch(r"config.sharding_rules: \['embed'\]\['embedding'\] has shape \(41, 512\): "
+                      r"dimension 0 \(41\) cannot be split over mesh axes \('tensor',\) "
+                      r"\(2 shards\).*", config_lib.user_message(caught.value))

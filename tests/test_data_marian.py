@@ -60,9 +60,8 @@ def test_project_order_rejects_a_vocabulary_it_cannot_map(vocab, message):
 
 def test_get_tokenizer_loads_a_marian_directory_with_source_and_target_pieces(directory):
   path, vocab = directory
-  c = data.default_config()
-  c.vocab_path, c.vocab_size = str(path), len(vocab)
-  tokenizer = data.get_tokenizer(c, "unused")
+  tokenizer = data.get_tokenizer(data.DataConfig(vocab_path=str(path), vocab_size=len(vocab)),
+                                 "unused")
   assert isinstance(tokenizer, marian.MarianTokenizer) and tokenizer.vocab_size == len(vocab)
   order = marian.project_order(vocab)
   source_pieces = spm.SentencePieceProcessor(

@@ -1,6 +1,7 @@
 """Sources: plain text files (and every way they can be bad), the embedded builder, and the WMT
 path up to the network."""
 
+import dataclasses
 import importlib
 import logging
 import os
@@ -21,13 +22,9 @@ def text_config(tmp_path, lines_en, lines_de, **overrides):
   for lang, lines in (("en", lines_en), ("de", lines_de)):
     (tmp_path / f"train.{lang}").write_text("".join(l + "\n" for l in lines),
                                             encoding="utf-8")
-  c = data.default_config()
-  c.name, c.source_lang, c.target_lang = "text", "en", "de"
-  c.text_train = str(tmp_path / "train")
-  c.data_dir = str(tmp_path / "tfds")
-  for k, v in overrides.items():
-    setattr(c, k, v)
-  return c
+  return data.DataConfig(name="text", source_lang="en", target_lang="de",
+                         text_train=str(tmp_path / "train"), data_dir=str(tmp_path / "tfds"),
+                         **overrides)
 
 
 def test_text_files_become_an_arrayrecord_source_in_file_order(tmp_path):
@@ -40,7 +37,7 @@ def test_text_files_become_an_arrayrecord_source_in_file_order(tmp_path):
   files = list((tmp_path / "tfds").rglob("*.array_record*"))
   assert files, "stored as ArrayRecord"
 
-  c.source_lang, c.target_lang = "de", "en"  # the other direction, same data
+  c = dataclasses.replace(c, source_lang="de", target_lang="en")  # The other direction.
   assert sources.open_split(c, "train").pairs([0, 3]) == [(de[0], en[0]), (de[3], en[3])]
   assert list((tmp_path / "tfds").rglob("*.array_record*")) == files, "converted once"
 
@@ -76,8 +73,7 @@ def test_unknown_split_lists_the_splits(tmp_path):
 
 
 def test_embedded_builder_holds_the_seeded_corpus_in_order(tmp_path):
-  c = data.default_config()
-  c.name, c.data_dir = "embedded_tiny", str(tmp_path)
+  c = data.DataConfig(name="embedded_tiny", data_dir=str(tmp_path))
   sizes = {"train": 2_000, "validation": 200, "test": 200}
   expected = embedded.generate_corpus(1, sizes)  # the tiny config's seed
   for split, n in sizes.items():
@@ -104,9 +100,8 @@ def offline(monkeypatch):
 ])
 def test_wmt_offline_fails_at_once_with_one_clear_message(tmp_path, offline, name,
                                                           expected_file):
-  c = data.default_config()
-  c.name, c.source_lang, c.target_lang = name, "en", name[-5:-3]
-  c.data_dir = str(tmp_path)
+  c = data.DataConfig(name=name, source_lang="en", target_lang=name[-5:-3],
+                      data_dir=str(tmp_path))
   with pytest.raises(data.DataUnavailableError) as error:
     data.make_eval_batches(c, None, "test")
   message = str(error.value)
@@ -122,9 +117,8 @@ def test_wmt_offline_fails_at_once_with_one_clear_message(tmp_path, offline, nam
 
 def test_wmt_with_every_file_in_the_manual_dir_goes_on_to_prepare(tmp_path, offline,
                                                                   monkeypatch):
-  c = data.default_config()
-  c.name, c.source_lang, c.target_lang = "wmt14_translate/fr-en", "en", "fr"
-  c.data_dir, c.manual_dir = str(tmp_path / "tfds"), str(tmp_path / "manual")
+  c = data.DataConfig(name="wmt14_translate/fr-en", source_lang="en", target_lang="fr",
+                      data_dir=str(tmp_path / "tfds"), manual_dir=str(tmp_path / "manual"))
   os.makedirs(c.manual_dir)
   importlib.import_module("tensorflow_datasets.translate.wmt14")  # registers it
   builder = tfds.builder(c.name, data_dir=c.data_dir)
@@ -155,15 +149,13 @@ def test_wmt_with_every_file_in_the_manual_dir_goes_on_to_prepare(tmp_path, offl
 def _text(tmp_path, source: bytes, target: bytes):
   (tmp_path / "corpus.en").write_bytes(source)
   (tmp_path / "corpus.de").write_bytes(target)
-  c = data.default_config()
-  c.name, c.source_lang, c.target_lang = "text", "en", "de"
-  c.text_train, c.data_dir = str(tmp_path / "corpus"), str(tmp_path / "tfds")
-  return c
+  return data.DataConfig(name="text", source_lang="en", target_lang="de",
+                         text_train=str(tmp_path / "corpus"), data_dir=str(tmp_path / "tfds"))
 
 
 def test_a_missing_file_names_the_field_and_the_path(tmp_path):
   c = _text(tmp_path, b"a\n", b"b\n")
-  c.text_validation = str(tmp_path / "nowhere")
+  c = dataclasses.replace(c, text_validation=str(tmp_path / "nowhere"))
   with pytest.raises(FieldError, match=r"data.text_validation=.* no file .*nowhere.de"):
     sources.open_split(c, "train")
 
@@ -227,7 +219,7 @@ def test_two_files_of_the_same_text_are_an_error(tmp_path):
 
 def test_a_language_without_a_file_lists_the_files_there_are(tmp_path):
   c = _text(tmp_path, b"a\n", b"b\n")
-  c.target_lang = "fr"
+  c = dataclasses.replace(c, target_lang="fr")
   with pytest.raises(FieldError, match=r"data.text_train=.*: no file .*corpus.fr \(expected "
                      r".*; found .*corpus.de, .*corpus.en\)"):
     sources.open_split(c, "train")

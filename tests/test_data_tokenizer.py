@@ -1,5 +1,6 @@
 """The shared SentencePiece BPE vocabulary on the (tiny) embedded corpus, and the pipeline with it."""
 
+import dataclasses
 import io
 import logging
 import os
@@ -24,8 +25,7 @@ TINY = {"train": 2_000, "validation": 200, "test": 200}
 def setup(tmp_path_factory):
   """(config, vocabulary directory, tokenizer) for the tiny embedded corpus, vocabulary of 400."""
   root = tmp_path_factory.mktemp("tok")
-  c = data.default_config()
-  c.name, c.data_dir, c.vocab_size = "embedded_tiny", str(root / "tfds"), 400
+  c = data.DataConfig(name="embedded_tiny", data_dir=str(root / "tfds"), vocab_size=400)
   vocab_dir = str(root / "work" / "vocab")
   return c, vocab_dir, data.get_tokenizer(c, vocab_dir)
 
@@ -100,8 +100,7 @@ def test_trains_on_a_bounded_evenly_spaced_sample(setup):
 def test_the_log_gives_the_sample_actually_trained_on(setup, tmp_path, monkeypatch, caplog,
                                                       sample_size, logged):
   c, _, tok = setup
-  c = c.copy_and_resolve_references()
-  c.tokenizer_sample_size = sample_size
+  c = dataclasses.replace(c, tokenizer_sample_size=sample_size)
   seen = []
   monkeypatch.setattr(tokenizer_lib, "train_model",
                       lambda sentences, size: seen.extend(sentences) or tok.model_proto)
@@ -160,8 +159,7 @@ def test_length_table_is_counted_once_and_cached_beside_the_vocabulary(setup, mo
 @pytest.mark.parametrize("mode", ["tokens", "packed"])
 def test_end_to_end_batches_decode_to_the_corpus(setup, mode):
   c, _, tok = setup
-  c = c.copy_and_resolve_references()
-  c.batch_mode, c.tokens_per_batch, c.batch_size, c.max_length = mode, 1024, 8, 128
+  c = dataclasses.replace(c, batch_mode=mode, tokens_per_batch=1024, batch_size=8, max_length=128)
   train = embedded.generate_corpus(1, TINY)["train"]
   it = iter(data.make_train_loader(c, tok, seed=0, shard_index=0, shard_count=1))
   batch = next(it)
@@ -181,8 +179,7 @@ def test_eval_batches_in_both_directions(setup):
   batches = data.make_eval_batches(c, tok, "test")
   assert data.split_texts(c, "test") == ([p[0] for p in test], [p[1] for p in test])
   assert tok.decode(batches[0]["inputs"][0]) == test[0][0]
-  reverse = c.copy_and_resolve_references()
-  reverse.source_lang, reverse.target_lang = "sy", "en"
+  reverse = dataclasses.replace(c, source_lang="sy", target_lang="en")
   batch = data.make_eval_batches(reverse, tok, "test")[0]
   srcs, tgts = data.split_texts(reverse, "test")
   assert (srcs[0], tgts[0]) == (test[0][1], test[0][0])

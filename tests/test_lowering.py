@@ -1,6 +1,6 @@
 """The train step and beam search, lowered on the CPU for CUDA and TPU with `jax.export`.
 
-The step is the one training jit-compiles (`train.run.make_trainer`), in
+The step is the one training jit-compiles (`experiment.make_trainer`), in
 bfloat16 on meshes of the 8 simulated devices; a change that an accelerator
 trace rejects (a host callback, a CPU-only custom call, a sharding that does
 not split) or that loses the bfloat16 matmuls, the shardings or the donation
@@ -19,10 +19,10 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from transformer_jax import config as config_lib
+from transformer_jax import data, experiment, sharding
 from transformer_jax.conventions import BATCH_KEYS
 from transformer_jax.decode import search
-from transformer_jax.train import run
+from transformer_jax.model.transformer import TransformerConfig
 
 PLATFORMS = ("cuda", "tpu")
 ROWS, LENGTH = 16, 16
@@ -32,13 +32,13 @@ BF16_MATMUL = re.compile(
 
 def _trainer(mesh: dict, rules: str, grad_accum_steps: int = 1):
   """The experiment's trainer for a 2+2-layer d_model-64 bfloat16 model on all 8 devices."""
-  config = config_lib.default_config()
-  config.model = config_lib.model_fields("base", num_layers=2, d_model=64, d_ff=128,
-                                         num_heads=4, max_len=32, dtype="bfloat16")
-  config.mesh = {**config_lib.MESH_DEFAULT, "data": 1, **mesh}
-  config.sharding_rules = rules
-  config.grad_accum_steps = grad_accum_steps
-  trainer, _ = run.make_trainer(config, vocab_size=64)
+  settings = experiment.Experiment(
+      model=TransformerConfig(num_layers=2, d_model=64, d_ff=128, num_heads=4, max_len=32,
+                              dtype="bfloat16"),
+      data=data.DataConfig(max_source_length=32, max_target_length=32),
+      mesh=sharding.MeshConfig(**{"data": 1, **mesh}), sharding_rules=rules,
+      grad_accum_steps=grad_accum_steps)
+  trainer, _ = experiment.make_trainer(settings, vocab_size=64)
   return trainer
 
 

@@ -103,7 +103,8 @@ def test_bad_flags_fail_before_compiling(shared, tmp_path):
   cases = {
       "--config.num_train_steps=0": "config.num_train_steps must be a positive integer; got 0",
       "--config.mesh.data=3": "needs 3 devices but 1 are present",
-      "--config.data.batch_mode=rows": "config.data.batch_mode='rows' is invalid",
+      "--config.data.batch_mode=rows": "config.data.batch_mode must be 'tokens' or 'packed' or "
+                                   "'padded'; got 'rows'",
   }
   runs = {flag: helpers.Run(shared, tmp_path / str(i), flag) for i, flag in enumerate(cases)}
   # A misspelled override is refused while the flags are parsed, naming it.
@@ -143,7 +144,8 @@ def test_the_command_line_shows_one_error_line_for_each_user_mistake(shared, tmp
 
 
 @pytest.mark.parametrize("error", [
-    config_lib.ConfigError("config.seed must be an integer >= 0; got -1"),
+    config_lib.ConfigError("--config=x.py: there is no file x.py"),
+    FieldError("", "seed", " must be an integer >= 0; got -1"),
     FieldError("data", "text_train", "='x': no file x.en"),
     data.DataError("x.de has 1 lines but x.en has 2"),
     data.DataUnavailableError("wmt14 is not prepared and cannot be downloaded"),
@@ -158,7 +160,8 @@ def test_main_turns_a_user_error_into_one_line_and_status_1(error):
     raise error
   with pytest.raises(SystemExit) as exit_info:
     main.reports_user_errors(fail)()
-  assert exit_info.value.code == f"error: {error}"  # Printed to stderr; the status is 1.
+  prefix = "config." if isinstance(error, FieldError) else ""  # Named as the flags name it.
+  assert exit_info.value.code == f"error: {prefix}{error}"  # Printed to stderr; status 1.
 
 
 @pytest.mark.parametrize("error", [KeyError("a bug"), ValueError("a bug inside JAX"),
@@ -173,13 +176,12 @@ def test_any_other_error_keeps_its_traceback(error):
 _FAILING_MAIN = """
 import sys
 from absl import app
-from transformer_jax import errors, main
-from transformer_jax.train import run
+from transformer_jax import errors, experiment, main
 
-def fail(config, workdir):
+def fail(settings, workdir, description):
   raise {error}
 
-run.train = fail
+experiment.train = fail
 app.run(main.main)
 """
 

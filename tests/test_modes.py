@@ -6,6 +6,7 @@ against the split read straight from the dataset, and the same lines
 translated in reverse order.
 """
 
+import dataclasses
 import json
 import os
 import shutil
@@ -99,9 +100,9 @@ def test_user_mistakes_give_one_clear_message(run, tmp_path):
   workdir = run["workdir"]
   (tmp_path / "bad.txt").write_bytes(b"a fine line\nnot \xc3\x28 fine\n")
   other_vocab = tmp_path / "vocab150.model"
-  c = helpers.tiny_data_config(run["shared"])
-  c.vocab_path, c.vocab_size = str(other_vocab), 150
-  data.get_tokenizer(c, str(tmp_path))
+  data.get_tokenizer(dataclasses.replace(helpers.tiny_data_config(run["shared"]),
+                                         vocab_path=str(other_vocab), vocab_size=150),
+                     str(tmp_path))
   cases = {
       "line 2: not valid UTF-8 (byte 0xc3": (workdir, f"--input={tmp_path / 'bad.txt'}"),
       "no checkpoint in": (tmp_path / "empty", "--input=-"),

@@ -28,7 +28,9 @@ from transformer_jax import config as config_lib
 from transformer_jax import data
 from transformer_jax.conventions import EOS_ID
 from transformer_jax.data import marian as marian_vocab
-from transformer_jax.decode import modes, search
+from transformer_jax.decode import search
+from transformer_jax.experiment import load
+from transformer_jax.workdir import Workdir
 from transformer_jax.errors import UserError
 from transformer_jax.pretrained import convert, generation, marian
 
@@ -112,15 +114,15 @@ def imported(tmp_path_factory, corpus):
   """(Hugging Face model, its tokenizer, our work directory, our config) of a swish model."""
   root = tmp_path_factory.mktemp("marian")
   model = marian_directory(root / "marian", corpus)
-  result = convert.import_marian(str(root / "marian"), str(root / "work"))
-  config = config_lib.load_file(result["config"])
+  result = convert.import_marian(str(root / "marian"), Workdir(str(root / "work")))
+  config = config_lib.parse(config_lib.load_file(result["config"]))
   tokenizer = transformers.MarianTokenizer.from_pretrained(str(root / "marian"))
   return model, tokenizer, root / "work", config
 
 
 def ours(workdir, config):
   """Our model, parameters and tokenizer loaded from the work directory."""
-  loaded = modes.load(config, str(workdir))
+  loaded = load(config, Workdir(str(workdir)))
   return loaded.placement.model, loaded.params, loaded.tokenizer
 
 
@@ -157,8 +159,8 @@ def test_logits_equal_hugging_face_on_padded_batches(imported, corpus):
 
 def test_a_relu_model_imports_with_equal_logits(tmp_path, corpus):
   hf = marian_directory(tmp_path / "marian", corpus, activation="relu", seed=1)
-  result = convert.import_marian(str(tmp_path / "marian"), str(tmp_path / "work"))
-  config = config_lib.load_file(result["config"])
+  result = convert.import_marian(str(tmp_path / "marian"), Workdir(str(tmp_path / "work")))
+  config = config_lib.parse(config_lib.load_file(result["config"]))
   assert config.model.activation == "relu"
   hf_tokenizer = transformers.MarianTokenizer.from_pretrained(str(tmp_path / "marian"))
   assert logits_difference(hf, hf_tokenizer, tmp_path / "work", config, corpus[0][6:10],
@@ -303,7 +305,8 @@ def test_export_loads_in_hugging_face_with_equal_logits_and_imports_back_bit_ide
   reimported = tmp_path / "reimported"
   cli(shared, "transformer_jax.pretrained", "import", f"--marian={exported}",
       f"--workdir={reimported}")
-  again = host_params(reimported, config_lib.load_file(str(reimported / "config.py")))
+  again = host_params(reimported, config_lib.parse(
+      config_lib.load_file(str(reimported / "config.py"))))
   for want, got in zip(helpers.leaves(jax.device_get(params)), helpers.leaves(again), strict=True):
     np.testing.assert_array_equal(got, want)
 
@@ -319,7 +322,7 @@ def config_of_flags(shared, overrides):
   argv, values = ["test", *helpers.flags(shared, **overrides)], absl_flags.FlagValues()
   config_flags.DEFINE_config_file("config", None, "", flag_values=values, sys_argv=argv)
   values(argv)
-  return values.config
+  return config_lib.parse(values.config)
 
 
 @pytest.mark.parametrize("overrides, field", [
@@ -328,7 +331,7 @@ def config_of_flags(shared, overrides):
     (dict(scan_layers=True), "scan_layers")])
 def test_export_refuses_a_model_marian_cannot_represent(overrides, field):
   model = helpers.tiny_model_config(**{"norm_epsilon": 1e-5, **overrides})
-  with pytest.raises(UserError, match=f"TransformerConfig.{field}=.*: a Marian model needs"):
+  with pytest.raises(UserError, match=f"^model.{field}=.*: a Marian model needs"):
     marian.marian_config(model, vocab_size=model.vocab_size, pad_id=9, eos_id=0)
 
 
@@ -353,7 +356,7 @@ def test_import_refuses_what_it_cannot_represent_naming_the_field(imported, tmp_
                                                                  message):
   source = edited_copy(imported[2].parent / "marian", tmp_path / "marian", **changes)
   with pytest.raises(UserError, match=re.escape(message)):
-    convert.import_marian(str(source), str(tmp_path / "work"))
+    convert.import_marian(str(source), Workdir(str(tmp_path / "work")))
 
 
 def edited_generation(source, target, remove=(), **changes):
@@ -378,7 +381,7 @@ def test_import_refuses_generation_settings_the_decoder_does_not_reproduce(impor
                                                                           changes, field):
   source = edited_generation(imported[2].parent / "marian", tmp_path / "marian", **changes)
   with pytest.raises(UserError, match=re.escape(f"generation_config.json.{field}=")):
-    convert.import_marian(str(source), str(tmp_path / "work"))
+    convert.import_marian(str(source), Workdir(str(tmp_path / "work")))
 
 
 @pytest.mark.parametrize("changes, decode", [
@@ -395,7 +398,8 @@ def test_import_refuses_generation_settings_the_decoder_does_not_reproduce(impor
 ])
 def test_import_maps_the_generation_settings(imported, tmp_path, changes, decode):
   source = edited_generation(imported[2].parent / "marian", tmp_path / "marian", **changes)
-  config = config_lib.load_file(convert.import_marian(str(source), str(tmp_path / "work"))["config"])
+  result = convert.import_marian(str(source), Workdir(str(tmp_path / "work")))
+  config = config_lib.load_file(result["config"])
   assert {name: config.decode[name] for name in decode} == decode
   assert config.decode.max_extra == config.model.max_len  # No source-relative limit.
 
@@ -406,7 +410,8 @@ def test_import_reads_the_generation_settings_of_config_json_without_generation_
   source = edited_copy(imported[2].parent / "marian", tmp_path / "marian", num_beams=6,
                        max_length=30, bad_words_ids=[[imported[0].config.pad_token_id]])
   (source / "generation_config.json").unlink()
-  config = config_lib.load_file(convert.import_marian(str(source), str(tmp_path / "work"))["config"])
+  result = convert.import_marian(str(source), Workdir(str(tmp_path / "work")))
+  config = config_lib.load_file(result["config"])
   assert (config.decode.beam_size, config.decode.max_length, config.decode.force_eos) == (
       6, 30, True)
 
@@ -431,16 +436,16 @@ def test_pytorch_bin_imports_like_safetensors_and_needs_torch(imported, tmp_path
   shutil.copytree(workdir.parent / "marian", source)
   (source / "model.safetensors").unlink()
   torch.save(hf.state_dict(), source / "pytorch_model.bin")
-  convert.import_marian(str(source), str(tmp_path / "work"))
-  got = host_params(tmp_path / "work", config_lib.load_file(
-      str(tmp_path / "work" / "config.py")))
+  convert.import_marian(str(source), Workdir(str(tmp_path / "work")))
+  got = host_params(tmp_path / "work", config_lib.parse(config_lib.load_file(
+      str(tmp_path / "work" / "config.py"))))
   for want, leaf in zip(helpers.leaves(host_params(workdir, config)), helpers.leaves(got),
                         strict=True):
     np.testing.assert_array_equal(leaf, want)
   monkeypatch.setitem(sys.modules, "torch", None)  # As if PyTorch were not installed.
   with pytest.raises(UserError, match="is a PyTorch file and PyTorch is not installed: pip "
                      "install torch, or get the model.safetensors"):
-    convert.import_marian(str(source), str(tmp_path / "other"))
+    convert.import_marian(str(source), Workdir(str(tmp_path / "other")))
 
 
 def test_fine_tuning_an_imported_model_through_the_command_line_lowers_the_loss_and_resumes(

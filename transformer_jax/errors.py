@@ -6,22 +6,22 @@ class UserError(Exception):
 
 
 class FieldError(UserError, ValueError):
-  """An invalid value of one named setting: `owner.field` followed by `detail`.
+  """An invalid value of one named setting of an experiment: its `path`, then `detail`.
 
-  `owner` is whatever holds the setting in the raiser's own terms
-  (`TransformerConfig`, `data`, `mesh`); `field` may be empty when the whole
-  setting is at fault. The experiment config (`transformer_jax.config`) reads
-  `field` and `detail` to name the setting as `config.<section>.<field>`.
+  `owner` is the section holding the setting (`model`, `data`, `mesh`, or ''
+  for the experiment's top-level fields), `field` its name (empty when the
+  whole section is at fault): `data.vocab_size=3 ...`. The command line names
+  it as `config.<path>`.
   """
 
   def __init__(self, owner: str, field: str, detail: str):
     self.owner, self.field, self.detail = owner, field, detail
-    super().__init__(f"{owner}{self.suffix}")
+    super().__init__(self.path + detail)
 
   @property
-  def suffix(self) -> str:
-    """The message after the owner's name: `.field` (if any) and `detail`."""
-    return (f".{self.field}" if self.field else "") + self.detail
+  def path(self) -> str:
+    """`owner.field`, without the parts that are empty."""
+    return ".".join(part for part in (self.owner, self.field) if part)
 
 
 def first_line(error: BaseException) -> str:

@@ -53,13 +53,13 @@ import numpy as np
 from ml_collections import config_flags
 
 from transformer_jax import config as config_lib
+from transformer_jax import experiment as experiment_lib
 from transformer_jax import compilation_cache, hosts, supervisor
 from transformer_jax.compile import experiment as compile_experiment
 from transformer_jax.compile import table as compile_table
 from transformer_jax.compile import targets as compile_targets
-from transformer_jax.decode import files, modes
+from transformer_jax.decode import files
 from transformer_jax.errors import UserError
-from transformer_jax.train import run as train_run
 from transformer_jax.workdir import Workdir
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -246,16 +246,16 @@ def parse_flags(argv: list[str]) -> list[str]:
   return remaining
 
 
-def compile_for_target(config, workdir: str, target_name: str | None,
-                       find_largest_batch: bool) -> None:
+def compile_for_target(experiment: experiment_lib.Experiment, workdir: Workdir,
+                       target_name: str | None, find_largest_batch: bool) -> None:
   """--mode=compile: the report of every program compiled for the target named on stdout and in
   <workdir>/compile/<target>.json; DoesNotFitError (exit 1) naming what does not fit."""
   if not target_name:
     raise UserError("--mode=compile needs --target (e.g. --target=v5e-8 or --target=8xh100)")
   target = compile_targets.parse_target(target_name)
   report = compile_experiment.compile_experiment(
-      config, target, find_largest_batch=find_largest_batch).record()
-  path = Workdir(workdir).compile_report(target.name)
+      experiment, target, find_largest_batch=find_largest_batch).record()
+  path = workdir.compile_report(target.name)
   files.write_json(path, report)
   print(compile_table.format_report(report))
   print(f"report: {path}")
@@ -264,34 +264,37 @@ def compile_for_target(config, workdir: str, target_name: str | None,
     raise compile_experiment.DoesNotFitError(problem)
 
 
-def run(selected: list[str], config, workdir: str) -> None:
+def run(selected: list[str], experiment: experiment_lib.Experiment, workdir: Workdir,
+        description: str) -> None:
   """Run the selected modes in order, with the compilation cache on
-  (`config.compilation_cache_dir`), and log what the cache did; results meant for the user go to
-  stdout (translations, or one summary line per mode). Training stopped before its last step (a
-  preemption) ends the list there. A mode that fails ends the run without the cache's line."""
-  cache = compilation_cache.enable(config_lib.checked_field(config, "compilation_cache_dir"))
+  (`compilation_cache_dir`), and log what the cache did; results meant for the user go to stdout
+  (translations, or one summary line per mode). Training (whose config.txt is `description`)
+  stopped before its last step (a preemption) ends the list there. A mode that fails ends the run
+  without the cache's line."""
+  cache = compilation_cache.enable(experiment.compilation_cache_dir)
   for index, mode in enumerate(selected):
     start = time.perf_counter()
-    finished = run_mode(mode, config, workdir)
+    finished = run_mode(mode, experiment, workdir, description)
     logging.info("--mode=%s took %.1f s", mode, time.perf_counter() - start)
     if not finished and index + 1 < len(selected):
       logging.warning("training stopped before step %d: not running --mode=%s",
-                      config.num_train_steps, ",".join(selected[index + 1:]))
+                      experiment.fit.num_train_steps, ",".join(selected[index + 1:]))
       break
   if cache is not None:  # An error ends the run with its own line, the last.
     logging.info("%s", cache.summary())
 
 
-def run_mode(mode: str, config, workdir: str) -> bool:
+def run_mode(mode: str, experiment: experiment_lib.Experiment, workdir: Workdir,
+             description: str) -> bool:
   """Run one mode (`--mode`); False when training stopped before its last step."""
   if mode == "train":
-    state = train_run.train(config, workdir)
-    return int(jax.device_get(state.step)) >= config.num_train_steps
+    state = experiment_lib.train(experiment, workdir, description=description)
+    return int(jax.device_get(state.step)) >= experiment.fit.num_train_steps
   if mode == "average":
-    result = modes.average(config, workdir)
+    result = experiment_lib.average(experiment, workdir)
     print(f"averaged steps {', '.join(map(str, result['steps']))} into {result['directory']}")
   elif mode == "eval":
-    record = modes.evaluate_split(config, workdir, _CHECKPOINT.value)
+    record = experiment_lib.evaluate_split(experiment, workdir, _CHECKPOINT.value)
     print(f"{record['split']} BLEU {record['bleu']:.2f}" + (
         f" (tokenized {record['bleu_tokenized']:.2f})" if "bleu_tokenized" in record else "")
         + f" | perplexity {record['perplexity']:.3f} | {record['checkpoint']} | "
@@ -299,8 +302,8 @@ def run_mode(mode: str, config, workdir: str) -> bool:
         f"{record['hypotheses']}")
     logging.info("eval record: %s", json.dumps(record))
   elif mode == "translate":
-    result = modes.translate_file(config, workdir, _CHECKPOINT.value, _INPUT.value,
-                                  _OUTPUT.value)
+    result = experiment_lib.translate_file(experiment, workdir, _CHECKPOINT.value, _INPUT.value,
+                                           _OUTPUT.value)
     logging.info("translated %d lines in %.1f s", result["lines"], result["seconds"])
   return True
 
@@ -318,14 +321,16 @@ def reports_user_errors(fn):
     except UserError as error:
       logging.debug("traceback of the error below", exc_info=True)
       logging.flush()
-      sys.exit(f"error: {error}")  # One line on stderr, exit status 1.
+      sys.exit(f"error: {config_lib.user_message(error)}")  # One line on stderr, status 1.
   return wrapped
 
 
-def run_connected(config, workdir: Workdir, timeout_seconds: int) -> None:
+def run_connected(experiment: experiment_lib.Experiment, workdir: Workdir,
+                  description: str) -> None:
   """`run` in a process of a multi-process run: it beats (`hosts.Heartbeat`), and a failed
   computation or collective ends it with `supervisor.LOST_CONTACT_STATUS` for its supervisor to
   explain."""
+  timeout_seconds = experiment.host_timeout_seconds
   initialize_distributed(timeout_seconds)  # Before anything touches the devices.
   workdir.create()
   run_id = int(multihost_utils.broadcast_one_to_all(np.int32(random.getrandbits(31))))
@@ -334,7 +339,7 @@ def run_connected(config, workdir: Workdir, timeout_seconds: int) -> None:
   with hosts.Heartbeat([workdir.heartbeat_file(jax.process_index())], record,
                        hosts.beat_interval(timeout_seconds)):
     try:
-      run(_MODE.value, config, workdir.root)
+      run(_MODE.value, experiment, workdir, description)
     except jax.errors.JaxRuntimeError as error:
       logging.debug("traceback of the failure below", exc_info=True)
       logging.warning("a computation or collective failed: %s", str(error).splitlines()[0])
@@ -350,21 +355,20 @@ def main(argv):
   sys.unraisablehook = _unraisable_at_verbosity_1
   config = _CONFIG.value
   logging.debug("config %s:\n%s", config_flags.get_config_filename(flags.FLAGS["config"]), config)
+  experiment = config_lib.parse(config)
+  workdir = Workdir(_WORKDIR.value)
   if _MODE.value == ["compile"]:
     # The target's compiler runs beside the CPU backend, in one process for all its hosts; no
     # compilation cache (compile-only programs cannot be stored).
     jax.config.update("jax_platforms", "cpu")
-    compile_for_target(config, _WORKDIR.value, _TARGET.value, _FIND_LARGEST_BATCH.value)
+    compile_for_target(experiment, workdir, _TARGET.value, _FIND_LARGEST_BATCH.value)
     return
   if not distributed(_DISTRIBUTED.value):
-    run(_MODE.value, config, _WORKDIR.value)  # Each mode validates the config first.
-    return
-  workdir = Workdir(_WORKDIR.value)
-  timeout = config_lib.checked_field(config, "host_timeout_seconds")
-  if supervisor.SUPERVISED_ENV in os.environ:
-    run_connected(config, workdir, timeout)
+    run(_MODE.value, experiment, workdir, str(config))
+  elif supervisor.SUPERVISED_ENV in os.environ:
+    run_connected(experiment, workdir, str(config))
   else:
-    sys.exit(supervisor.supervise(sys.argv, workdir, timeout))
+    sys.exit(supervisor.supervise(sys.argv, workdir, experiment.host_timeout_seconds))
 
 
 if __name__ == "__main__":

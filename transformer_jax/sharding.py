@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 import numpy as np
 
+from transformer_jax import schema
 from transformer_jax.conventions import BATCH_KEYS
 from transformer_jax.errors import FieldError
 from transformer_jax.model.attention import cudnn_supports, resolve_implementation
@@ -56,6 +57,30 @@ RULE_PRESETS: dict[str, Rules] = {
 def _axes(entry) -> tuple[str, ...]:
   """Mesh axes of one PartitionSpec entry."""
   return () if entry is None else ((entry,) if isinstance(entry, str) else tuple(entry))
+
+
+def _axis_size(default: int, help_: str):
+  return schema.setting(default, "a positive integer or -1 (the rest of the devices)",
+                        lambda v: schema.is_int(v) and (v >= 1 or v == -1), help_)
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+  """Sizes of the mesh axes (`config.mesh`), at most one of them -1: the devices left."""
+
+  data: int = _axis_size(-1, "data-parallel axis: the batch is split over it")
+  fsdp: int = _axis_size(1, "the batch and, with rules fsdp or tp, the parameters along embed")
+  tensor: int = _axis_size(1, "tensor-parallel axis: heads, feed-forward and vocabulary (tp)")
+
+  def __post_init__(self):
+    schema.check(self, "mesh")
+    if list(self.shape.values()).count(-1) > 1:
+      raise FieldError("mesh", "", ": at most one axis may be -1 (the rest of the devices)")
+
+  @property
+  def shape(self) -> dict[str, int]:
+    """`{axis: size}`, as `make_mesh` takes it."""
+    return dataclasses.asdict(self)
 
 
 def resolve_mesh_shape(shape: Mapping[str, int], num_devices: int) -> tuple[int, int, int]:

@@ -1,7 +1,7 @@
 """Every program a run of an experiment compiles, compiled for a target by that target's compiler.
 
 The programs: the train step at each batch shape the data pipeline can
-produce for the config (a function of the batch settings: no data is read),
+produce for the experiment (a function of the batch settings: no data is read),
 the evaluation step, the `decode.*` search at the decode shape, and the
 validation-BLEU search when training evaluates.
 The mesh, sharding rules, dtype, scanned layers and remat apply as on the
@@ -20,9 +20,7 @@ import time
 from absl import logging
 import jax
 import jax.numpy as jnp
-import ml_collections
 
-from transformer_jax import config as config_lib
 from transformer_jax import data
 from transformer_jax.compile import analysis, targets
 from transformer_jax.conventions import BATCH_KEYS
@@ -32,7 +30,7 @@ from transformer_jax.decode.translator import DecodeSettings, Translator
 from transformer_jax.errors import UserError
 from transformer_jax.model.transformer import count_params
 from transformer_jax.train import objective
-from transformer_jax.train.run import make_trainer
+from transformer_jax.experiment import Experiment, make_trainer
 
 _TRITON_TILING = "Couldn't find output tile sizes"
 _MOST_TOKENS = 2**24  # The largest batch the fit search tries.
@@ -151,18 +149,18 @@ class Compiler:
   """An experiment placed on a target's compile-only devices; `train`, `evaluate` and `search`
   compile one program each at a given shape."""
 
-  def __init__(self, config: ml_collections.ConfigDict, target: targets.Target):
-    self.config, self.target = config, target
+  def __init__(self, experiment: Experiment, target: targets.Target):
+    self.experiment, self.target = experiment, target
     self.devices = targets.compile_devices(target)
-    config_lib.validate(config, num_devices=len(self.devices))
-    # The vocabulary size the config asks for (a run takes its tokenizer's, the same for a
+    experiment.check_devices(len(self.devices))
+    # The vocabulary size the experiment asks for (a run takes its tokenizer's, the same for a
     # trained vocabulary; a Marian vocabulary file may differ).
-    self.vocab_size = config.data.vocab_size
-    self.trainer, _ = make_trainer(config, vocab_size=self.vocab_size, devices=self.devices)
+    self.vocab_size = experiment.data.vocab_size
+    self.trainer, _ = make_trainer(experiment, vocab_size=self.vocab_size, devices=self.devices)
     self.placement = self.trainer.placement
     self.model_config = self.placement.model.config
     layers = "the layers (model.scan_layers)" if self.model_config.scan_layers else ""
-    accumulation = ("the micro-batches (grad_accum_steps)" if config.grad_accum_steps > 1
+    accumulation = ("the micro-batches (grad_accum_steps)" if experiment.grad_accum_steps > 1
                     else "")
     self.train_loop = " and ".join(x for x in (layers, accumulation) if x)
     self.eval_loop = layers
@@ -184,7 +182,7 @@ class Compiler:
 
   def evaluate(self, rows: int, length: int) -> Program:
     placement = self.placement
-    step = TeacherForcedLoss(placement, label_smoothing=self.config.label_smoothing).jitted_sums
+    step = TeacherForcedLoss(placement, label_smoothing=self.experiment.label_smoothing).jitted_sums
     batch = abstract_batch(placement, rows, length)
     cost, note = _compile(self.target, lambda: placement.run(
         lambda: step.lower(placement.abstract_params, batch)))
@@ -209,36 +207,35 @@ def _log_progress(index: int, total: int, name: str, started: float) -> None:
   logging.info("compiling %s (%d of %d; %.0f s so far%s)", name, index + 1, total, done, eta)
 
 
-def compile_experiment(config: ml_collections.ConfigDict, target: targets.Target, *,
+def compile_experiment(experiment: Experiment, target: targets.Target, *,
                        find_largest_batch: bool = False) -> Report:
-  """The report of every program of experiment `config` compiled for `target`.
+  """The report of every program of `experiment` compiled for `target`.
 
   With `find_largest_batch`, or when a train step does not fit, also the
   largest batch (`data.batch_size` packed, else `data.tokens_per_batch`) whose train step fits
   (`largest_batch`).
-  Raises ConfigError for a config the target cannot run (a mesh that does not
+  Raises FieldError for an experiment the target cannot run (a mesh that does not
   divide its chips, a parameter that does not split), TargetError when its
   compiler is missing. Never raises for a program that does not fit: see
   `Report.too_big`.
   """
-  compiler = Compiler(config, target)
+  compiler = Compiler(experiment, target)
   placement = compiler.placement
-  with config_lib.section("data"):
-    shapes = data.train_batch_shapes(config.data, placement.data_shard[1])
+  shapes = data.train_batch_shapes(experiment.data, placement.data_shard[1])
   max_len = compiler.model_config.max_len
   # Evaluation reads whole pairs (none cut) in lengths of the padded series, at most max_len.
-  eval_length = min(padded_length(max(config.data.max_source_length,
-                                      config.data.max_target_length)), max_len)
-  decode_length = min(padded_length(config.data.max_source_length), max_len)
-  settings = DecodeSettings.from_config(config)
+  eval_length = min(padded_length(max(experiment.data.max_source_length,
+                                      experiment.data.max_target_length)), max_len)
+  decode_length = min(padded_length(experiment.data.max_source_length), max_len)
+  settings = experiment.decode
   decode_rows = Translator(placement, None, settings).batch_size
   jobs = [(f"train {r}x{n}", lambda r=r, n=n: compiler.train(r, n)) for r, n in shapes]
-  jobs.append((f"eval {config.data.eval_batch_size}x{eval_length}",
-               lambda: compiler.evaluate(config.data.eval_batch_size, eval_length)))
+  jobs.append((f"eval {experiment.data.eval_batch_size}x{eval_length}",
+               lambda: compiler.evaluate(experiment.data.eval_batch_size, eval_length)))
   searches = {settings.beam_size: settings}  # --mode=eval and translate
-  if config.eval_every_steps and config.eval_bleu_sentences:  # Validation BLEU in training.
-    searches.setdefault(config.eval_bleu_beam_size, DecodeSettings.from_config(
-        config, beam_size=config.eval_bleu_beam_size))
+  if experiment.fit.eval_every_steps and experiment.eval_bleu_sentences:  # Validation BLEU.
+    searches.setdefault(experiment.eval_bleu_beam_size, dataclasses.replace(
+        settings, beam_size=experiment.eval_bleu_beam_size))
   for s in searches.values():
     jobs.append((f"{s.search} {decode_rows}x{decode_length}",
                  lambda s=s: compiler.search(s, decode_rows, decode_length)))
@@ -249,7 +246,7 @@ def compile_experiment(config: ml_collections.ConfigDict, target: targets.Target
     programs.append(job())
   report = Report(
       target=target, hosts=targets.hosts(compiler.devices), mesh=dict(placement.mesh.shape),
-      rules=config.sharding_rules, attention=compiler.model_config.attention_impl,
+      rules=experiment.sharding_rules, attention=compiler.model_config.attention_impl,
       parameters=count_params(compiler.model_config),
       state_bytes_per_device=_state_bytes_per_device(compiler.trainer.abstract_state),
       data_shards=placement.data_shard[1], programs=programs)
@@ -268,7 +265,7 @@ def largest_batch(compiler: Compiler, most_memory: Program) -> dict:
   configured batch) with other row counts: doubling while it fits, then a bisection. `capped`:
   the search stopped at its largest batch, 2**24 tokens, which fits."""
   target, length = compiler.target, most_memory.length
-  multiple = rows_multiple(compiler.config.data, 0, compiler.placement.data_shard[1])
+  multiple = rows_multiple(compiler.experiment.data, 0, compiler.placement.data_shard[1])
   start = most_memory.rows // multiple
   tried: dict[int, Program] = {start: most_memory}
 
@@ -294,7 +291,7 @@ def largest_batch(compiler: Compiler, most_memory: Program) -> dict:
       low = middle
     else:
       high = middle
-  packed = compiler.config.data.batch_mode == "packed"
+  packed = compiler.experiment.data.batch_mode == "packed"
   record = {"field": "data.batch_size" if packed else "data.tokens_per_batch",
             "value": low * multiple if packed else low * multiple * length,
             "tokens_per_batch": low * multiple * length, "rows": low * multiple,

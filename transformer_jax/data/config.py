@@ -1,7 +1,8 @@
-"""The data config (`config.data`): defaults for the embedded dataset, and its validation."""
+"""The data settings (`DataConfig`, an experiment's `config.data`): defaults for the embedded dataset."""
 
-import ml_collections
+import dataclasses
 
+from transformer_jax import schema
 from transformer_jax.errors import FieldError
 
 DATASETS = {
@@ -17,98 +18,81 @@ BATCH_MODES = ("tokens", "packed", "padded")
 OVERLONG = ("drop", "truncate")
 
 
-def default_config():
-  """The `config.data` ConfigDict with every field (defaults: the embedded dataset)."""
-  c = ml_collections.ConfigDict()
-  c.name = "embedded"  # dataset: one of DATASETS (wmt14_translate/de-en, text, ...)
-  c.source_lang = "en"  # translate from this language of the pair
-  c.target_lang = "sy"  # into this one (swap the two to reverse the direction)
-  c.data_dir = ""  # TFDS data dir ('' = $TFDS_DATA_DIR or ~/tensorflow_datasets)
-  c.manual_dir = ""  # WMT files downloaded by hand ('' = <data_dir>/downloads/manual)
-  c.text_train = ""  # 'text': path prefix of the training files <prefix>.<lang>
-  c.text_validation = ""  # 'text': path prefix of the validation files
-  c.text_test = ""  # 'text': path prefix of the test files ('' = no test split)
-  c.train_split = "train"  # split to train on
-  c.eval_split = "validation"  # split evaluated during training
-  c.vocab_size = 1000  # shared SentencePiece BPE vocabulary (paper: 37000 EN-DE, 32000 EN-FR); a size the training text cannot fill (or its characters do not fit) stops the run, naming the largest (smallest) size that works
-  c.vocab_path = ""  # SentencePiece model, or a directory of Marian files source.spm, target.spm, vocab.json ('' = <workdir>/vocab/<dataset>-<langs>-<size>.model)
-  c.tokenizer_sample_size = 200_000  # at most this many training pairs (evenly spaced) train the vocabulary
-  c.batch_mode = "tokens"  # 'tokens': length-bucketed batches (paper); 'packed': packed rows; 'padded': one pair per row, every row max(max_source_length, max_target_length) long (one shape)
-  c.bucket_growth = 1.25  # 'tokens': each bucket length is about this times the one before (8, 16, 24, 32, 40, 56, ... at 1.25; 8, 16, 32, 64, ... at 2); fewer buckets compile fewer train steps but pad more
-  c.tokens_per_batch = 4096  # 'tokens', 'padded': max source and max target tokens (padding included) per global batch
-  c.batch_size = 32  # 'packed': rows per global batch
-  c.max_length = 128  # 'packed': tokens per row
-  c.max_source_length = 72  # training pairs with more source tokens (EOS included) are over-long
-  c.max_target_length = 72  # training pairs with more target tokens (EOS included) are over-long
-  c.overlong = "drop"  # over-long training pairs: 'drop' or 'truncate' (evaluation keeps all)
-  c.batch_multiple = 8  # global batch rows are a multiple of this (the data-parallel device count)
-  c.window = 16384  # training pairs grouped by length / packed together (more: less padding)
-  c.num_workers = 0  # Grain worker processes (0 = one background thread in this process)
-  c.eval_batch_size = 64  # rows per global evaluation batch
-  return c
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+  """Which data, its vocabulary and its batches; validated on construction (FieldError naming
+  `data.<field>`). Sizes are global (all processes together)."""
+
+  name: str = schema.choice("embedded", "the dataset", *DATASETS)
+  source_lang: str = schema.text("en", "translate from this language of the pair")
+  target_lang: str = schema.text("sy", "into this one (swap the two to reverse the direction)")
+  data_dir: str = schema.text("", "TFDS data dir ('' = $TFDS_DATA_DIR or ~/tensorflow_datasets)")
+  manual_dir: str = schema.text("", "WMT files downloaded by hand ('' = "
+                                "<data_dir>/downloads/manual)")
+  text_train: str = schema.text("", "'text': path prefix of the training files <prefix>.<lang>")
+  text_validation: str = schema.text("", "'text': path prefix of the validation files")
+  text_test: str = schema.text("", "'text': path prefix of the test files ('' = no test split)")
+  train_split: str = schema.text("train", "split to train on")
+  eval_split: str = schema.text("validation", "split evaluated during training")
+  vocab_size: int = schema.count(
+      1000, "shared SentencePiece BPE vocabulary (paper: 37000 EN-DE, 32000 EN-FR); a size the "
+      "training text cannot fill (or its characters do not fit) stops the run, naming the "
+      "largest (smallest) size that works", minimum=16)
+  vocab_path: str = schema.text(
+      "", "SentencePiece model, or a directory of Marian files source.spm, target.spm, "
+      "vocab.json ('' = <workdir>/vocab/<dataset>-<langs>-<size>.model)")
+  tokenizer_sample_size: int = schema.count(200_000, "at most this many training pairs (evenly "
+                                            "spaced) train the vocabulary")
+  batch_mode: str = schema.choice(
+      "tokens", "'tokens': length-bucketed batches (paper); 'packed': packed rows; 'padded': one "
+      "pair per row, every row max(max_source_length, max_target_length) long (one shape)",
+      *BATCH_MODES)
+  bucket_growth: float = schema.number(
+      1.25, "'tokens': each bucket length is about this times the one before (8, 16, 24, 32, "
+      "40, 56, ... at 1.25; 8, 16, 32, 64, ... at 2); fewer buckets compile fewer train steps "
+      "but pad more", "a number in (1, 4]", lambda v: 1 < v <= 4)
+  tokens_per_batch: int = schema.count(4096, "'tokens', 'padded': max source and max target "
+                                       "tokens (padding included) per global batch")
+  batch_size: int = schema.count(32, "'packed': rows per global batch")
+  max_length: int = schema.count(128, "'packed': tokens per row")
+  max_source_length: int = schema.count(72, "training pairs with more source tokens (EOS "
+                                         "included) are over-long")
+  max_target_length: int = schema.count(72, "training pairs with more target tokens (EOS "
+                                         "included) are over-long")
+  overlong: str = schema.choice("drop", "over-long training pairs are dropped or truncated "
+                                "(evaluation keeps all)", *OVERLONG)
+  batch_multiple: int = schema.count(8, "global batch rows are a multiple of this (the "
+                                     "data-parallel device count)")
+  window: int = schema.count(16384, "training pairs grouped by length / packed together (more: "
+                             "less padding)")
+  num_workers: int = schema.count(0, "Grain worker processes", minimum=0,
+                                  zero="one background thread in this process")
+  eval_batch_size: int = schema.count(64, "rows per global evaluation batch")
+
+  def __post_init__(self):
+    schema.check(self, "data")
+    pair = DATASETS[self.name]
+    for field in ("source_lang", "target_lang"):
+      value = getattr(self, field)
+      if pair is not None and value not in pair:
+        _fail(field, value, f"a language of {self.name}: {' | '.join(pair)}")
+      if pair is None and not value.isidentifier():
+        _fail(field, value, "a language code such as 'en' (the file suffix)")
+    if self.source_lang == self.target_lang:
+      _fail("target_lang", self.target_lang, "a language other than data.source_lang")
+    if self.name == "text" and not self.text_train:
+      _fail("text_train", self.text_train,
+            "a path prefix (files <prefix>.<lang>) when data.name='text'")
+    if self.batch_mode == "packed":
+      for field in ("max_source_length", "max_target_length"):
+        if getattr(self, field) > self.max_length:
+          _fail(field, getattr(self, field),
+                f"at most data.max_length={self.max_length} in 'packed' mode")
+    for field in ("batch_size",) * (self.batch_mode == "packed") + ("eval_batch_size",):
+      if getattr(self, field) % self.batch_multiple:
+        _fail(field, getattr(self, field),
+              f"a multiple of data.batch_multiple={self.batch_multiple}")
 
 
 def _fail(field, value, allowed):
   raise FieldError("data", field, f"={value!r} is invalid: allowed {allowed}.")
-
-
-_STRINGS = ("name", "source_lang", "target_lang", "data_dir", "manual_dir", "text_train",
-            "text_validation", "text_test", "train_split", "eval_split", "vocab_path",
-            "batch_mode", "overlong")
-
-
-def validate_config(c):
-  """Raises FieldError naming the field `data.xxx` and what it allows; returns `c`."""
-  known = default_config()
-  unknown = sorted(set(c) - set(known))
-  if unknown:
-    raise FieldError("data", unknown[0], f" is not a known field; known fields: "
-                     f"{', '.join(known)}.")
-  missing = [field for field in known if field not in c]
-  if missing:
-    raise FieldError("data", missing[0], " is missing.")
-  for field in _STRINGS:
-    if not isinstance(getattr(c, field), str):
-      _fail(field, getattr(c, field), "a string")
-  if c.name not in DATASETS:
-    _fail("name", c.name, " | ".join(DATASETS))
-  pair = DATASETS[c.name]
-  for field in ("source_lang", "target_lang"):
-    value = getattr(c, field)
-    if pair is not None and value not in pair:
-      _fail(field, value, f"a language of {c.name}: {' | '.join(pair)}")
-    if pair is None and not (isinstance(value, str) and value.isidentifier()):
-      _fail(field, value, "a language code such as 'en' (the file suffix)")
-  if c.source_lang == c.target_lang:
-    _fail("target_lang", c.target_lang, "a language other than data.source_lang")
-  if c.name == "text" and not c.text_train:
-    _fail("text_train", c.text_train,
-          "a path prefix (files <prefix>.<lang>) when data.name='text'")
-  if c.batch_mode not in BATCH_MODES:
-    _fail("batch_mode", c.batch_mode, " | ".join(BATCH_MODES))
-  if c.overlong not in OVERLONG:
-    _fail("overlong", c.overlong, " | ".join(OVERLONG))
-  for field in ("vocab_size", "tokenizer_sample_size", "tokens_per_batch",
-                "batch_size", "max_length", "max_source_length",
-                "max_target_length", "batch_multiple", "window",
-                "eval_batch_size"):
-    value = getattr(c, field)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-      _fail(field, value, "a positive integer")
-  if c.vocab_size < 16:
-    _fail("vocab_size", c.vocab_size, "at least 16")
-  if (isinstance(c.bucket_growth, bool) or not isinstance(c.bucket_growth, (int, float))
-      or not 1 < c.bucket_growth <= 4):
-    _fail("bucket_growth", c.bucket_growth, "a number in (1, 4]")
-  if not isinstance(c.num_workers, int) or isinstance(c.num_workers, bool) or c.num_workers < 0:
-    _fail("num_workers", c.num_workers, "an integer >= 0")
-  if c.batch_mode == "packed":
-    for field in ("max_source_length", "max_target_length"):
-      if getattr(c, field) > c.max_length:
-        _fail(field, getattr(c, field),
-              f"at most data.max_length={c.max_length} in 'packed' mode")
-  for field in ("batch_size",) * (c.batch_mode == "packed") + ("eval_batch_size",):
-    if getattr(c, field) % c.batch_multiple:
-      _fail(field, getattr(c, field),
-            f"a multiple of data.batch_multiple={c.batch_multiple}")
-  return c

@@ -34,7 +34,7 @@ import grain
 import numpy as np
 
 from transformer_jax.conventions import BATCH_KEYS, EOS_ID
-from transformer_jax.data import config as config_lib
+from transformer_jax.data.config import DataConfig
 from transformer_jax.data import sources
 from transformer_jax.errors import FieldError
 
@@ -57,12 +57,11 @@ def bucket_lengths(max_length, growth=1.25):
   return tuple(out) + (max_length,)
 
 
-def train_batch_shapes(data_config, shard_count=1):
-  """The `(global rows, length)` of every batch shape that training on `data_config` can produce
+def train_batch_shapes(c: DataConfig, shard_count=1):
+  """The `(global rows, length)` of every batch shape that training on `c` can produce
   over `shard_count` data-loading processes, shortest first: a function of the batch settings
   alone (no data is read). FieldError when the longest bucket gets no rows or packed rows do not
   split over the shards; `make_train_loader` checks this before it reads any data."""
-  c = config_lib.validate_config(data_config)
   multiple = rows_multiple(c, 0, shard_count)
   if c.batch_mode == "packed":
     if c.batch_size % multiple:
@@ -302,7 +301,7 @@ def rows_multiple(c, shard_index, shard_count):
   return math.lcm(c.batch_multiple, shard_count)
 
 
-def make_train_loader(data_config, tokenizer, *, seed, shard_index, shard_count):
+def make_train_loader(c: DataConfig, tokenizer, *, seed, shard_index, shard_count):
   """The endless training stream of this host's batches, as a Grain IterDataset.
 
   `iter(loader)` is a `grain.DatasetIterator`; checkpoint it with Orbax:
@@ -316,7 +315,6 @@ def make_train_loader(data_config, tokenizer, *, seed, shard_index, shard_count)
   `data.num_workers`: it changes the order of batches. Workers are spawned
   processes, so the main program must be an importable file, not stdin.
   """
-  c = config_lib.validate_config(data_config)
   rows_multiple(c, shard_index, shard_count)  # A bad shard stops here.
   shapes = train_batch_shapes(c, shard_count)
   if not (isinstance(seed, (int, np.integer)) and 0 <= seed < 2**32):
@@ -351,7 +349,7 @@ def make_train_loader(data_config, tokenizer, *, seed, shard_index, shard_count)
   return grain.experimental.ThreadPrefetchIterDataset(batches, prefetch_buffer_size=4)
 
 
-def make_eval_batches(data_config, tokenizer, split, *, shard_index=0, shard_count=1):
+def make_eval_batches(c: DataConfig, tokenizer, split, *, shard_index=0, shard_count=1):
   """Every pair of `split` exactly once, in order, as a list of batches.
 
   Nothing is dropped or cut. Batches have `data.eval_batch_size` global rows
@@ -360,7 +358,6 @@ def make_eval_batches(data_config, tokenizer, split, *, shard_index=0, shard_cou
   Rows past the end of the split (in the last batch) are all padding
   (segmentation 0). The texts of the split are `sources.split_texts`.
   """
-  c = config_lib.validate_config(data_config)
   multiple = rows_multiple(c, shard_index, shard_count)
   if c.eval_batch_size % multiple:
     raise FieldError("data", "eval_batch_size", f"={c.eval_batch_size} must be a multiple "

@@ -30,6 +30,7 @@ from absl import logging
 import tensorflow_datasets as tfds
 
 from transformer_jax.data import embedded
+from transformer_jax.data.config import DataConfig
 from transformer_jax.errors import FieldError, UserError
 
 MAX_LINE_BYTES = 16_384  # Far beyond any sentence; longer lines are not sentences.
@@ -173,7 +174,7 @@ class TransformerJaxParallelText(tfds.core.GeneratorBasedBuilder):
       raise DataError(f"{paths[0]}, {paths[1]}: no usable line pairs (see the warnings above).")
 
 
-def _text_builder(c):
+def _text_builder(c: DataConfig):
   languages = tuple(sorted((c.source_lang, c.target_lang)))
   files = {}
   for split, prefix in (("train", c.text_train), ("validation", c.text_validation),
@@ -292,7 +293,7 @@ def _prepare(builder, **kwargs) -> bool:
   return True
 
 
-def get_builder(c):
+def get_builder(c: DataConfig):
   """The TFDS builder of `data.name`, with its data prepared (first use only)."""
   data_dir = c.data_dir or None
   if c.name.startswith("embedded"):
@@ -320,13 +321,13 @@ def get_builder(c):
   return builder
 
 
-def split_texts(c, split) -> tuple[list[str], list[str]]:
+def split_texts(c: DataConfig, split) -> tuple[list[str], list[str]]:
   """`(sources, targets)`: the texts of every pair of `split`, in order."""
   pairs = open_split(c, split).all_pairs()
   return [source for source, _ in pairs], [target for _, target in pairs]
 
 
-def open_split(c, split):
+def open_split(c: DataConfig, split):
   """The `split` of dataset `data.name` as a ParallelSource in the configured direction."""
   builder = get_builder(c)
   if split not in builder.info.splits:

@@ -19,7 +19,7 @@ import numpy as np
 import sentencepiece as spm
 
 from transformer_jax.conventions import EOS_ID, PAD_ID, UNK_ID
-from transformer_jax.data import config as config_lib
+from transformer_jax.data.config import DataConfig
 from transformer_jax.data import marian, sources
 from transformer_jax.errors import FieldError
 
@@ -107,9 +107,8 @@ def train_model(sentences, vocab_size):
   return buffer.getvalue()
 
 
-def default_vocab_path(data_config, vocab_dir):
+def default_vocab_path(c: DataConfig, vocab_dir):
   """<vocab_dir>/<dataset>-<languages>-<vocab size>.model (same for both directions)."""
-  c = data_config
   name = re.sub(r"[^A-Za-z0-9_.]+", "_", c.name)
   if c.name == "text":
     prefix = os.path.abspath(c.text_train)
@@ -140,10 +139,9 @@ def _save(proto: bytes, path: str) -> None:
         from None
 
 
-def get_tokenizer(data_config, vocab_dir):
+def get_tokenizer(c: DataConfig, vocab_dir):
   """Loads the vocabulary at `data.vocab_path` (default: `default_vocab_path` in `vocab_dir`),
   training and saving it first if absent; a directory of Marian files gives a MarianTokenizer."""
-  c = config_lib.validate_config(data_config)
   path = c.vocab_path or default_vocab_path(c, vocab_dir)
   if marian.is_marian_directory(path):
     return _checked_size(marian.MarianTokenizer.load(path), c)

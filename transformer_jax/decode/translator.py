@@ -14,6 +14,7 @@ import jax
 from jax.experimental import multihost_utils
 import numpy as np
 
+from transformer_jax import schema
 from transformer_jax.conventions import EOS_ID
 from transformer_jax.data.pipeline import padded_length
 from transformer_jax.decode import search
@@ -22,28 +23,42 @@ from transformer_jax.sharding import Placement
 
 @dataclasses.dataclass(frozen=True)
 class DecodeSettings:
-  """How to decode (the paper: beam 4, alpha 0.6, input length + 50); `from_config` reads them
-  from an experiment config, whose `config.decode` declares the defaults."""
+  """How to decode (`config.decode`; the paper: beam 4, alpha 0.6, input length + 50) and, for
+  `--mode=eval`, what; validated on construction (FieldError naming `decode.<field>`)."""
 
-  beam_size: int  # 1 = greedy decoding.
-  alpha: float  # Exponent of the length penalty: ((5 + len) / 6) ** alpha, or len ** alpha.
-  max_extra: int  # A sentence's output has at most its source tokens + this many.
-  batch_size: int  # Sentences per decoding batch (rounded up to the batch shards).
-  length_normalization: str = "gnmt"  # "gnmt" (the paper's) or "length" (Hugging Face's).
-  max_length: int = 0  # Outputs have at most max_length - 1 tokens (Hugging Face's); 0: no cap.
-  force_eos: bool = False  # An output that reaches its limit ends with EOS.
-  renormalize: bool = False  # Log-softmax over the tokens other than pad.
-  early_stopping: str = "exact"  # When a beam search stops: search.EARLY_STOPPING.
+  beam_size: int = schema.setting(4, "a positive integer (1 = greedy)",
+                                  lambda v: schema.is_int(v) and v > 0,
+                                  "beam size of eval and translate")
+  alpha: float = schema.number(0.6, "exponent of the length penalty: ((5 + len) / 6) ** alpha "
+                               "(gnmt) or len ** alpha (length)", "a number >= 0",
+                               lambda v: v >= 0)
+  length_normalization: str = schema.choice(
+      "gnmt", "beam scores are summed log-probabilities over the paper's GNMT penalty, or over "
+      "len ** alpha as Hugging Face's beam search divides them", "gnmt", "length")
+  max_extra: int = schema.count(50, "output tokens <= source tokens + max_extra (and <= "
+                                "model.max_len)", minimum=0)
+  max_length: int = schema.setting(
+      0, "0 (no cap) or an integer >= 2", lambda v: schema.is_int(v) and (v == 0 or v >= 2),
+      "output tokens <= max_length - 1, EOS included, whatever the source (Hugging Face's "
+      "max_length, which counts the decoder's start token)")
+  force_eos: bool = schema.flag(False, "an output that reaches its limit ends with EOS, scored "
+                                "log-probability 0 (Hugging Face's forced_eos_token_id)")
+  early_stopping: str = schema.choice(
+      "exact", "when a sentence's beam search stops: exact (no beam can improve; Hugging Face's "
+      "early_stopping='never'), heuristic (its default, False) or first_k (True)",
+      *search.EARLY_STOPPING)
+  renormalize: bool = schema.flag(False, "log-probabilities are renormalized over the tokens "
+                                  "other than pad (Hugging Face's renormalize_logits); off: "
+                                  "pad's share is dropped")
+  batch_size: int = schema.count(128, "sentences per decoding batch (rounded up to the batch "
+                                 "shards)")
+  split: str = schema.setting("test", "a split name such as test",
+                              lambda v: isinstance(v, str) and v != "",
+                              "the split --mode=eval decodes")
+  tokenized_bleu: bool = schema.flag(False, "--mode=eval also reports the paper's tokenized BLEU")
 
-  @classmethod
-  def from_config(cls, config, *, beam_size: int | None = None) -> "DecodeSettings":
-    """The settings of experiment `config` (`config.decode`), with another `beam_size` if given."""
-    decode = config.decode
-    return cls(beam_size=decode.beam_size if beam_size is None else beam_size,
-               alpha=decode.alpha, max_extra=decode.max_extra, batch_size=decode.batch_size,
-               length_normalization=decode.length_normalization,
-               max_length=decode.max_length, force_eos=decode.force_eos,
-               renormalize=decode.renormalize, early_stopping=decode.early_stopping)
+  def __post_init__(self):
+    schema.check(self, "decode")
 
   @property
   def search(self) -> str:

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer_jax.conventions import PAD_ID
+from transformer_jax import schema
 from transformer_jax.errors import FieldError
 from transformer_jax.model import attention
 from transformer_jax.model.dropout import Dropout
@@ -28,81 +29,72 @@ REMAT_POLICIES = {
 }
 
 
+def _positive_or_none(help_: str):
+  return schema.setting(None, "a positive integer or None (d_model / num_heads)",
+                        lambda v: v is None or (schema.is_int(v) and v > 0), help_)
+
+
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
-  """Architecture of the model; validated on construction (FieldError naming the field).
+  """Architecture of the model; validated on construction (FieldError naming `model.<field>`).
 
-  d_k and d_v default to d_model / num_heads. `norm="post"` is the paper's
-  `LayerNorm(x + Dropout(Sublayer(x)))`; "pre" adds a final LayerNorm to each
-  stack. `dtype` is the computation dtype; parameters are always float32.
-  `max_len` bounds positions (the size of the positional table).
-  `scan_layers` runs the layers through `nn.scan` (one compiled layer, params
-  stacked on a leading "layers" axis); `remat` picks what the backward pass
-  recomputes (see REMAT_POLICIES).
-
-  Options for models trained elsewhere (the paper's values are the defaults):
-  `attention_bias` adds biases to the Q, K, V and output projections,
-  `logits_bias` a `[vocab]` bias to the logits, `activation` picks the
-  feed-forward nonlinearity (see ACTIVATIONS) and `norm_epsilon` the
-  LayerNorm epsilon.
+  The defaults are the paper's base model. `vocab_size` is not a setting of
+  an experiment: its vocabulary sets it. d_k and d_v default to d_model /
+  num_heads. `scan_layers` runs the layers through `nn.scan` (one compiled
+  layer, params stacked on a leading "layers" axis). `attention_bias`,
+  `logits_bias`, `activation` and `norm_epsilon` serve models trained
+  elsewhere.
   """
 
-  vocab_size: int
-  num_layers: int = 6
-  d_model: int = 512
-  d_ff: int = 2048
-  num_heads: int = 8
-  d_k: int | None = None
-  d_v: int | None = None
-  dropout_rate: float = 0.1
-  max_len: int = 512
-  positional: str = "sinusoidal"
-  norm: str = "post"
-  dtype: str = "float32"
-  attention_impl: str = "auto"
-  scan_layers: bool = False
-  remat: str = "none"
-  attention_bias: bool = False
-  logits_bias: bool = False
-  activation: str = "relu"
-  norm_epsilon: float = 1e-6
+  vocab_size: int = 37000
+  num_layers: int = schema.count(6, "layers of the encoder and of the decoder")
+  d_model: int = schema.setting(512, "an even positive integer",
+                                lambda v: schema.is_int(v) and v > 0 and v % 2 == 0,
+                                "width of the residual stream (sin/cos pairs: even)")
+  d_ff: int = schema.count(2048, "inner width of the feed-forward sublayers")
+  num_heads: int = schema.count(8, "attention heads")
+  d_k: int | None = _positive_or_none("width of each head's queries and keys")
+  d_v: int | None = _positive_or_none("width of each head's values")
+  dropout_rate: float = schema.number(0.1, "dropout on sublayer outputs and embedding sums",
+                                      "a number in [0, 1)", lambda v: 0 <= v < 1)
+  max_len: int = schema.count(512, "positions: the size of the positional table, the longest "
+                              "sequence")
+  positional: str = schema.choice("sinusoidal", "positional encoding (paper: sinusoidal; "
+                                  "Table 3 row E: learned)", *POSITIONAL_KINDS)
+  norm: str = schema.choice("post", "post: LayerNorm(x + Dropout(Sublayer(x))) (paper); pre: "
+                            "x + Sublayer(LayerNorm(x)), with a final LayerNorm per stack",
+                            *NORM_KINDS)
+  dtype: str = schema.choice("float32", "computation dtype (parameters are float32)", *DTYPES)
+  attention_impl: str = schema.choice(
+      "auto", "attention kernel: auto picks by platform (see model.attention)",
+      *attention.IMPLEMENTATIONS)
+  scan_layers: bool = schema.flag(False, "one compiled layer run through nn.scan")
+  remat: str = schema.choice("none", "what the backward pass recomputes: none, dots (keeps "
+                             "matmul outputs) or full (keeps each layer's input)",
+                             *REMAT_POLICIES)
+  attention_bias: bool = schema.flag(False, "biases on the Q, K, V and output projections")
+  logits_bias: bool = schema.flag(False, "a [vocab] bias on the logits")
+  activation: str = schema.choice("relu", "feed-forward nonlinearity", *ACTIVATIONS)
+  norm_epsilon: float = schema.number(1e-6, "LayerNorm epsilon", "a number in (0, 1)",
+                                      lambda v: 0 < v < 1)
 
   def __post_init__(self):
-    for name in ("vocab_size", "num_layers", "d_model", "d_ff", "num_heads", "max_len"):
-      _require_positive_int(name, getattr(self, name))
+    if not schema.is_int(self.vocab_size) or self.vocab_size <= 0:
+      raise _error("vocab_size", f" must be a positive integer; got {self.vocab_size!r}")
+    schema.check(self, "model")
     for name in ("d_k", "d_v"):
-      value = getattr(self, name)
-      if value is None:
+      if getattr(self, name) is None:
         if self.d_model % self.num_heads:
           raise _error(name, f": d_model={self.d_model} is not divisible by num_heads="
                        f"{self.num_heads}; set d_k and d_v explicitly or pick num_heads "
                        "dividing d_model")
         object.__setattr__(self, name, self.d_model // self.num_heads)
-      else:
-        _require_positive_int(name, value)
-    if self.d_model % 2:
-      raise _error("d_model", f" must be even (sin/cos pairs); got {self.d_model}")
-    if isinstance(self.dropout_rate, bool) or not isinstance(self.dropout_rate, (int, float)) \
-        or not 0.0 <= self.dropout_rate < 1.0:
-      raise _error("dropout_rate", f" must be a number in [0, 1); got {self.dropout_rate!r}")
-    _require_choice("positional", self.positional, POSITIONAL_KINDS)
-    _require_choice("norm", self.norm, NORM_KINDS)
-    _require_choice("dtype", self.dtype, tuple(DTYPES))
     if self.dtype == "float64" and not jax.config.jax_enable_x64:
       raise _error("dtype", "='float64' needs 64-bit JAX: call "
                    "jax.config.update('jax_enable_x64', True) first")
-    _require_choice("attention_impl", self.attention_impl, attention.IMPLEMENTATIONS)
     if self.attention_impl in ("fused", "xla", "cudnn") and self.d_k != self.d_v:
       raise _error("attention_impl", f"={self.attention_impl!r} needs d_k == d_v; got d_k="
                    f"{self.d_k}, d_v={self.d_v} (use 'auto' or 'reference')")
-    _require_choice("remat", self.remat, tuple(REMAT_POLICIES))
-    for name in ("scan_layers", "attention_bias", "logits_bias"):
-      if not isinstance(getattr(self, name), bool):
-        raise _error(name, f" must be True or False; got {getattr(self, name)!r}")
-    _require_choice("activation", self.activation, tuple(ACTIVATIONS))
-    if isinstance(self.norm_epsilon, bool) or not isinstance(self.norm_epsilon, (int, float)) \
-        or not 0.0 < self.norm_epsilon < 1.0:
-      raise _error("norm_epsilon", f" must be a number in (0, 1); got {self.norm_epsilon!r}")
 
   @property
   def compute_dtype(self):
@@ -138,17 +130,7 @@ def preset_fields(name: str, **overrides: Any) -> dict[str, Any]:
 
 
 def _error(field: str, detail: str) -> FieldError:
-  return FieldError("TransformerConfig", field, detail)
-
-
-def _require_positive_int(name, value):
-  if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-    raise _error(name, f" must be a positive integer; got {value!r}")
-
-
-def _require_choice(name, value, allowed):
-  if value not in allowed:
-    raise _error(name, f"={value!r} is not one of: {', '.join(allowed)}")
+  return FieldError("model", field, detail)
 
 
 # Table 3 of the paper; unlisted fields are base's.

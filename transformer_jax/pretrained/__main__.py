@@ -16,8 +16,10 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from transformer_jax import config as config_lib
 from transformer_jax.errors import UserError
 from transformer_jax.pretrained import convert
+from transformer_jax.workdir import Workdir
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "export: the experiment of the work directory (WORKDIR/config.py after "
@@ -37,14 +39,14 @@ def run(command: str) -> None:
   if command == "import":
     if _MARIAN.value is None:
       raise UserError("import needs --marian=DIR, the Marian model's directory")
-    result = convert.import_marian(_MARIAN.value, _WORKDIR.value)
+    result = convert.import_marian(_MARIAN.value, Workdir(_WORKDIR.value))
     print(f"imported {result['parameters']:,} parameters; use --config={result['config']} "
           f"--workdir={_WORKDIR.value}")
   else:
     if _CONFIG.value is None or _OUTPUT.value is None:
       raise UserError("export needs --config=FILE and --output=DIR")
-    result = convert.export_marian(_CONFIG.value, _WORKDIR.value, _OUTPUT.value,
-                                   _CHECKPOINT.value)
+    result = convert.export_marian(config_lib.parse(_CONFIG.value), Workdir(_WORKDIR.value),
+                                   _OUTPUT.value, _CHECKPOINT.value)
     print(f"exported {result['checkpoint']} to {result['directory']}")
 
 
@@ -55,7 +57,7 @@ def main(argv):
     run(argv[1])
   except UserError as error:
     logging.debug("traceback of the error below", exc_info=True)
-    sys.exit(f"error: {error}")
+    sys.exit(f"error: {config_lib.user_message(error)}")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ Every mode of `transformer_jax.main` then uses the work directory as is:
 translate and eval read step 0 as `--checkpoint=latest`, and train starts
 from it (a fresh optimizer, step 0) and writes its checkpoints beside it.
 
-`export_marian(config, workdir, output)` writes a Marian directory that
+`export_marian(experiment, workdir, output)` writes a Marian directory that
 `MarianMTModel.from_pretrained` and `MarianTokenizer.from_pretrained` load.
 """
 
@@ -23,11 +23,11 @@ import numpy as np
 from safetensors.numpy import save_file
 import sentencepiece as spm
 
-from transformer_jax import config as config_lib
+from transformer_jax import sharding
 from transformer_jax.checkpoints import store
 from transformer_jax.data import marian as marian_vocab
-from transformer_jax.decode import modes
-from transformer_jax.decode.translator import DecodeSettings
+from transformer_jax.experiment import Experiment, load
+from transformer_jax.model.transformer import TransformerConfig, preset_fields
 from transformer_jax.pretrained import generation, marian, weights
 from transformer_jax.workdir import Workdir
 
@@ -60,7 +60,7 @@ def get_config():
 '''
 
 
-def import_marian(source: str, workdir: str) -> dict:
+def import_marian(source: str, work: Workdir) -> dict:
   """Convert the Marian directory `source` into work directory `workdir` (see the module doc).
 
   Returns `{"config": path of the experiment file, "parameters": count}`.
@@ -71,7 +71,6 @@ def import_marian(source: str, workdir: str) -> dict:
   a generation setting this project cannot represent, files that are missing
   or unreadable, or a work directory that already has checkpoints.
   """
-  work = Workdir(workdir)
   if epath.Path(work.checkpoints).exists():
     raise marian.MarianError(f"{work.checkpoints} exists: import into a new --workdir")
   vocab = marian.read_tokenizer(source)
@@ -100,8 +99,9 @@ def import_marian(source: str, workdir: str) -> dict:
         source=os.path.abspath(source), config_file=config_file, workdir=work.root,
         model=fields, decode=decode,
         vocab_dir=", ".join(repr(part) for part in VOCAB_DIR), vocab_size=len(vocab)))
-  config = config_lib.load_file(config_file)
-  placement = config_lib.placement(config, vocab_size=len(vocab))
+  model = TransformerConfig(vocab_size=len(vocab), **preset_fields("base", **fields))
+  placement = sharding.Placement(model, sharding.make_mesh({"data": -1}),
+                                 sharding.logical_rules("dp"))
   placed = jax.device_put(params, placement.param_shardings)
   manager = store.make_params_manager(work.checkpoints)
   store.save_params(manager, 0, placed, imported_from=os.path.abspath(source))
@@ -110,7 +110,8 @@ def import_marian(source: str, workdir: str) -> dict:
           "parameters": sum(int(x.size) for x in jax.tree_util.tree_leaves(params))}
 
 
-def export_marian(config, workdir: str, output: str, checkpoint: str = "latest") -> dict:
+def export_marian(experiment: Experiment, workdir: Workdir, output: str,
+                  checkpoint: str = "latest") -> dict:
   """Write the model of `workdir` (the parameters `checkpoint` names) as a Marian directory.
 
   A work directory trained with the project's own SentencePiece vocabulary
@@ -118,15 +119,14 @@ def export_marian(config, workdir: str, output: str, checkpoint: str = "latest")
   Marian's order. Raises FieldError naming a model field Marian cannot
   represent. Single-process only (it gathers the parameters on this host).
   """
-  loaded = modes.load(config, workdir, checkpoint)
+  loaded = load(experiment, workdir, checkpoint)
   model = loaded.placement.model.config
   tokenizer = loaded.tokenizer
   files = tokenizer_files(tokenizer)
   vocab = json.loads(files["vocab.json"])
   order = marian_vocab.project_order(vocab)
-  with config_lib.section("model"):
-    hf_config = marian.marian_config(model, vocab_size=len(vocab), pad_id=vocab["<pad>"],
-                                     eos_id=vocab["</s>"])
+  hf_config = marian.marian_config(model, vocab_size=len(vocab), pad_id=vocab["<pad>"],
+                                   eos_id=vocab["</s>"])
   params = jax.device_get(loaded.params)
   state = weights.to_state(params, num_layers=model.num_layers, num_heads=model.num_heads,
                            token_order=order, attention_bias=model.attention_bias,
@@ -135,7 +135,7 @@ def export_marian(config, workdir: str, output: str, checkpoint: str = "latest")
   save_file(state, os.path.join(output, marian.SAFETENSORS), metadata={"format": "pt"})
   marian.write_json(os.path.join(output, "config.json"), hf_config)
   marian.write_json(os.path.join(output, generation.FILE), generation.generation_config(
-      DecodeSettings.from_config(config), pad_id=hf_config["pad_token_id"],
+      experiment.decode, pad_id=hf_config["pad_token_id"],
       eos_id=hf_config["eos_token_id"], positions=model.max_len))
   for name, content in files.items():
     with open(os.path.join(output, name), "wb") as f:

@@ -7,10 +7,10 @@ over it; neither means 20 new tokens), the forced EOS at that cap,
 renormalized log-probabilities and the `len ** length_penalty`
 normalization and the beam search's stopping rule. A setting that would
 change the output and that the decoder does not reproduce is refused with a
-FieldError naming it.
+MarianError naming it.
 """
 
-from transformer_jax.errors import FieldError
+from transformer_jax.pretrained.marian import MarianError
 
 FILE = "generation_config.json"
 DEFAULT_NEW_TOKENS = 20  # Hugging Face's output length when no maximum is set.
@@ -47,8 +47,8 @@ _REFUSED = {
 }
 
 
-def _refuse(field: str, detail: str) -> FieldError:
-  return FieldError(FILE, field, detail)
+def _refuse(field: str, detail: str) -> MarianError:
+  return MarianError(f"{FILE}.{field}{detail}")
 
 
 def decode_fields(generation: dict, *, pad_id: int, eos_id: int, positions: int) -> dict:
@@ -57,7 +57,7 @@ def decode_fields(generation: dict, *, pad_id: int, eos_id: int, positions: int)
 
   The output cap is `max_length` counted as Hugging Face counts it (and no
   source-relative limit: `max_extra` is set to `positions`). Raises
-  FieldError (owner generation_config.json) for a setting the decoder does
+  MarianError (naming the field of generation_config.json) for a setting the decoder does
   not reproduce.
   """
   generation = {name: value for name, value in generation.items() if value is not None}

@@ -27,8 +27,8 @@ class MarianError(UserError):
   """A Marian directory that cannot be read, or a model that cannot be written as one."""
 
 
-def _error(field: str, detail: str) -> FieldError:
-  return FieldError("config.json", field, detail)
+def _error(field: str, detail: str) -> MarianError:
+  return MarianError(f"config.json.{field}{detail}")
 
 
 def read_json(path: str, default=None):
@@ -49,7 +49,7 @@ def write_json(path: str, value) -> None:
 
 
 def model_fields(config: dict, vocab: dict) -> dict:
-  """The `TransformerConfig` fields (all but vocab_size) of a Marian `config.json`; FieldError
+  """The `TransformerConfig` fields (all but vocab_size) of a Marian `config.json`; MarianError
   naming the first field this model cannot represent."""
   for a, b in (("encoder_layers", "decoder_layers"), ("encoder_ffn_dim", "decoder_ffn_dim"),
                ("encoder_attention_heads", "decoder_attention_heads")):
@@ -82,7 +82,7 @@ def model_fields(config: dict, vocab: dict) -> dict:
 
 
 def marian_config(model, *, vocab_size: int, pad_id: int, eos_id: int) -> dict:
-  """The `config.json` of our `TransformerConfig` `model`; FieldError (owner TransformerConfig)
+  """The `config.json` of our `TransformerConfig` `model`; FieldError (owner model)
   naming the first field Marian cannot represent."""
   checks = (("norm", model.norm == "post", "post-LN"),
             ("positional", model.positional == "sinusoidal", "sinusoidal positions"),
@@ -93,7 +93,7 @@ def marian_config(model, *, vocab_size: int, pad_id: int, eos_id: int) -> dict:
             ("scan_layers", not model.scan_layers, "layers looped (scan_layers=False)"))
   for field, ok, needed in checks:
     if not ok:
-      raise FieldError("TransformerConfig", field, f"={getattr(model, field)!r}: a Marian model "
+      raise FieldError("model", field, f"={getattr(model, field)!r}: a Marian model "
                        f"needs {needed}")
   n = model.num_layers
   return {

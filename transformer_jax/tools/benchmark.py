@@ -43,10 +43,10 @@ from transformer_jax.conventions import PAD_ID, UNK_ID
 from transformer_jax.data.config import BATCH_MODES
 from transformer_jax.decode import search
 from transformer_jax.errors import UserError
+from transformer_jax.experiment import Experiment, make_trainer
 from transformer_jax.model.transformer import TransformerConfig
 from transformer_jax.train import objective
 from transformer_jax.train.reporting import measure_matmul_flops
-from transformer_jax.train.run import make_trainer
 from transformer_jax.train.step import Trainer
 from transformer_jax.tools import sweep
 from transformer_jax.workdir import Workdir
@@ -134,9 +134,7 @@ def paper_trainer(cfg: TransformerConfig) -> Trainer:
   smoothing 0.1."""
   placement = sharding.Placement(cfg, sharding.make_mesh({"data": -1, "fsdp": 1, "tensor": 1}),
                                  sharding.logical_rules("dp"))
-  optimizer = objective.make_optimizer(
-      objective.learning_rate_schedule(d_model=cfg.d_model, warmup_steps=4000),
-      b1=0.9, b2=0.98, eps=1e-9)
+  optimizer, _ = objective.OptimizerSettings().make(cfg.d_model)
   return Trainer(placement, optimizer, label_smoothing=0.1)
 
 
@@ -317,17 +315,18 @@ def measure_batch_mode(trainer, state, batches) -> tuple[dict, object]:
           "flops_per_s": flops / seconds}, state
 
 
-def run_experiment(config, workdir: str, *, steps: int, decode_runs: int) -> dict:
-  """Real tokens/s of experiment `config`'s model on `steps` batches of each batch mode.
+def run_experiment(experiment: Experiment, workdir: Workdir, *, steps: int,
+                   decode_runs: int) -> dict:
+  """Real tokens/s of `experiment`'s model on `steps` batches of each batch mode.
 
   All modes train one state on batches of the experiment's own data, sized
   by its data config: 'tokens' (`data.tokens_per_batch`, length buckets),
   'packed' (`data.batch_size` rows of `data.max_length`) and 'padded'
   (`data.tokens_per_batch`, every row as long as the longest pair allowed).
   """
-  config_lib.validate(config)
-  tokenizer = data.get_tokenizer(config.data, Workdir(workdir).vocab)
-  trainer, _ = make_trainer(config, vocab_size=tokenizer.vocab_size)
+  experiment.check_devices(jax.device_count())
+  tokenizer = data.get_tokenizer(experiment.data, workdir.vocab)
+  trainer, _ = make_trainer(experiment, vocab_size=tokenizer.vocab_size)
   model = trainer.placement.model
   matmul_rate = measure_matmul_flops(model.config.compute_dtype)
   state = trainer.init()
@@ -336,11 +335,10 @@ def run_experiment(config, workdir: str, *, steps: int, decode_runs: int) -> dic
              "matmul_flops_per_s": matmul_rate, "modes": {}}
   shard_index, shard_count = trainer.placement.data_shard
   for mode in BATCH_MODES:
-    mode_config = config.copy_and_resolve_references()
-    mode_config.data.batch_mode = mode
-    config_lib.validate(mode_config)  # e.g. rows that fit the model's positions
-    data_config = mode_config.data
-    iterator = iter(data.make_train_loader(data_config, tokenizer, seed=config.seed,
+    # Checked as a whole: e.g. rows that fit the model's positions.
+    data_config = dataclasses.replace(experiment, data=dataclasses.replace(
+        experiment.data, batch_mode=mode)).data
+    iterator = iter(data.make_train_loader(data_config, tokenizer, seed=experiment.seed,
                                            shard_index=shard_index, shard_count=shard_count))
     batches = [next(iterator) for _ in range(steps)]
     iterator.close()
@@ -433,8 +431,8 @@ def main(argv):
     sys.exit("error: --plot draws the sweep's figure: add --sweep (or --sweep_tokens, "
              "--sweep_lengths)")
   elif FLAGS.experiment:
-    results = run_experiment(FLAGS.experiment, FLAGS.workdir, steps=FLAGS.steps,
-                             decode_runs=FLAGS.decode_runs)
+    results = run_experiment(config_lib.parse(FLAGS.experiment), Workdir(FLAGS.workdir),
+                             steps=FLAGS.steps, decode_runs=FLAGS.decode_runs)
     print(format_experiment_table(results))
   else:
     results = run(WORKLOADS[FLAGS.config], steps=FLAGS.steps, warmup=FLAGS.warmup,

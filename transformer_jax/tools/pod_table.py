@@ -51,7 +51,7 @@ def _config(variant: str, rules: str, overrides: dict):
   for path, value in overrides.items():
     section, field = path.split(".")
     config[section][field] = value
-  return config
+  return config_lib.parse(config)
 
 
 def _gib(value: float) -> str:
@@ -63,14 +63,14 @@ def row(number: int, variant: str, target_name: str, rules: str, overrides: dict
   """One markdown row: the report of one compile."""
   target = targets.parse_target(target_name)
   start = time.perf_counter()
-  config = _config(variant, rules, overrides)
-  report = experiment.compile_experiment(config, target, find_largest_batch=search).record()
+  settings = _config(variant, rules, overrides)
+  report = experiment.compile_experiment(settings, target, find_largest_batch=search).record()
   seconds = time.perf_counter() - start
   train = [p for p in report["programs"] if p["kind"] == "train"]
   worst = max(report["programs"], key=lambda p: p["total_bytes"])
   estimate = train[0]["compiler_estimate"]
   if estimate:
-    hours = config.num_train_steps * estimate["step_seconds"] / 3600
+    hours = settings.fit.num_train_steps * estimate["step_seconds"] / 3600
     timing = (f"{estimate['step_seconds'] * 1e3:.1f} | {estimate['tokens_per_second']:,.0f} | "
               f"{estimate['mfu']:.0%} | {hours:.1f}")
   else:

@@ -12,6 +12,7 @@ from absl import logging
 import jax
 import jax.numpy as jnp
 
+from transformer_jax import schema
 from transformer_jax.checkpoints import recovery
 from transformer_jax.errors import UserError
 from transformer_jax.model.loss import add_sums
@@ -76,21 +77,25 @@ class NonFiniteError(UserError):
 
 @dataclasses.dataclass(frozen=True)
 class FitSettings:
-  """How `fit` runs: the experiment config's fields of the same names (`from_config`), which
-  declare the defaults."""
+  """How `fit` runs (the experiment's `config.num_train_steps` ...); validated on construction
+  (FieldError naming `fit.<field>`)."""
 
-  num_train_steps: int
-  log_every_steps: int
-  checkpoint_every_steps: int
-  keep_checkpoints: int  # The newest K are kept; 0: all.
-  eval_every_steps: int  # And after the last step; 0: never.
-  max_consecutive_nonfinite_steps: int  # Skipped updates in a row that stop the run; 0: any.
-  on_checkpoint_save_error: str  # "stop" or "continue" (`recovery.CheckpointWriter`).
+  num_train_steps: int = schema.count(100_000, "the run stops at this step")
+  checkpoint_every_steps: int = schema.count(1000, "also saved at the last step and on "
+                                             "preemption")
+  keep_checkpoints: int = schema.count(20, "the newest K checkpoints are kept, for averaging",
+                                       minimum=0, zero="keep all")
+  log_every_steps: int = schema.count(100, "a log line and TensorBoard scalars every N steps")
+  eval_every_steps: int = schema.count(0, "validation loss and BLEU every N steps and after the "
+                                       "last", minimum=0, zero="never")
+  max_consecutive_nonfinite_steps: int = schema.count(
+      10, "stop after this many skipped (non-finite) updates in a row")
+  on_checkpoint_save_error: str = schema.choice(
+      "stop", "a failed save stops the run, or training goes on and saves at the next "
+      "checkpoint step", "stop", "continue")
 
-  @classmethod
-  def from_config(cls, config) -> "FitSettings":
-    """The settings of experiment `config`."""
-    return cls(**{field.name: config[field.name] for field in dataclasses.fields(cls)})
+  def __post_init__(self):
+    schema.check(self, "fit")
 
 
 @jax.jit

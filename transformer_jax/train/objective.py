@@ -1,12 +1,16 @@
-"""The paper's training recipe: the learning-rate schedule, Adam, and the FLOPs of a step.
+"""The paper's training recipe: the learning-rate schedule, Adam (`OptimizerSettings`), and the
+FLOPs of a step.
 
 (The loss itself, label-smoothed cross entropy, is `transformer_jax.model.loss`:
 evaluation sums it too.)
 """
 
+import dataclasses
+
 import jax.numpy as jnp
 import optax
 
+from transformer_jax import schema
 from transformer_jax.model.transformer import TransformerConfig, weight_counts
 
 
@@ -34,6 +38,32 @@ def make_optimizer(schedule, *, b1: float, b2: float, eps: float, grad_clip_norm
   if grad_clip_norm > 0:
     return optax.chain(optax.clip_by_global_norm(grad_clip_norm), adam)
   return adam
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerSettings:
+  """The paper's Adam and learning-rate schedule (`config.learning_rate` ... `config.grad_clip_norm`);
+  validated on construction (FieldError naming `optimizer.<field>`)."""
+
+  learning_rate: float = schema.number(
+      1.0, "scale on d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)", "a number > 0",
+      lambda v: v > 0)
+  warmup_steps: int = schema.count(4000, "warmup of the paper's learning-rate schedule")
+  adam_b1: float = schema.number(0.9, "Adam's beta1", "a number in [0, 1)", lambda v: 0 <= v < 1)
+  adam_b2: float = schema.number(0.98, "Adam's beta2", "a number in [0, 1)", lambda v: 0 <= v < 1)
+  adam_eps: float = schema.number(1e-9, "Adam's epsilon", "a number > 0", lambda v: v > 0)
+  grad_clip_norm: float = schema.number(0.0, "global-norm gradient clipping (the paper does not "
+                                        "clip)", "a number >= 0 (0 = off)", lambda v: v >= 0)
+
+  def __post_init__(self):
+    schema.check(self, "optimizer")
+
+  def make(self, d_model: int):
+    """`(optax optimizer, learning-rate schedule)` for a model of width `d_model`."""
+    schedule = learning_rate_schedule(d_model=d_model, warmup_steps=self.warmup_steps,
+                                      scale=self.learning_rate)
+    return make_optimizer(schedule, b1=self.adam_b1, b2=self.adam_b2, eps=self.adam_eps,
+                          grad_clip_norm=self.grad_clip_norm), schedule
 
 
 def train_flops(cfg: TransformerConfig, *, source_tokens: float, target_tokens: float,

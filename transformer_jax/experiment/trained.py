@@ -1,13 +1,13 @@
-"""A trained model from a work directory, and the modes that use one: average, eval, translate.
+"""A trained model from a work directory, and what uses one: average, eval, translate.
 
 Which parameters (`--checkpoint`):
   latest    the newest step of <workdir>/checkpoints (the default)
   <step>    that step of <workdir>/checkpoints
-  averaged  <workdir>/averaged: the mean of the last `config.average_last`
+  averaged  <workdir>/averaged: the mean of the last `experiment.average_last`
             checkpoints, written by `average`
   best      <workdir>/best: the best validation BLEU seen during training
 Only the parameters are read (no optimizer state), each process its shards,
-onto the mesh and sharding rules of the config.
+onto the mesh and sharding rules of the experiment.
 """
 
 import dataclasses
@@ -15,15 +15,16 @@ import time
 
 from absl import logging
 from etils import epath
+import jax
 
-from transformer_jax import config as config_lib
 from transformer_jax import data
 from transformer_jax.checkpoints import average as average_lib
 from transformer_jax.checkpoints import store
 from transformer_jax.data import tokenizer as tokenizer_lib
 from transformer_jax.decode import files, metrics
-from transformer_jax.decode.translator import DecodeSettings, Translator
+from transformer_jax.decode.translator import Translator
 from transformer_jax.errors import UserError
+from transformer_jax.experiment.settings import Experiment
 from transformer_jax.model.loss import perplexity
 from transformer_jax.sharding import Placement
 from transformer_jax.workdir import Workdir
@@ -68,15 +69,14 @@ def _manager_and_step(workdir: Workdir, checkpoint: str):
   return manager, step
 
 
-def _model(config, workdir: Workdir) -> tuple[Placement, data.Tokenizer]:
-  """The placed model of `config` with the vocabulary of `workdir`; UserError if it has none."""
-  vocab = config.data.vocab_path or tokenizer_lib.default_vocab_path(config.data, workdir.vocab)
+def _model(experiment: Experiment, workdir: Workdir) -> tuple[Placement, data.Tokenizer]:
+  """The placed model of `experiment` with the vocabulary of `workdir`; UserError if it has none."""
+  vocab = experiment.data.vocab_path or tokenizer_lib.default_vocab_path(experiment.data, workdir.vocab)
   if not epath.Path(vocab).exists():
     raise UserError(f"no vocabulary at {vocab}: pass the --workdir of a trained run and its "
                     "config (or --config.data.vocab_path)")
-  with config_lib.section("data"):
-    tokenizer = data.get_tokenizer(config.data, workdir.vocab)
-  return config_lib.placement(config, vocab_size=tokenizer.vocab_size), tokenizer
+  tokenizer = data.get_tokenizer(experiment.data, workdir.vocab)
+  return experiment.placement(vocab_size=tokenizer.vocab_size), tokenizer
 
 
 def _check(manager, step: int, placement: Placement, tokenizer: data.Tokenizer) -> None:
@@ -97,17 +97,17 @@ def _describe(manager, checkpoint: str, step: int) -> str:
   return f"step {step}"
 
 
-def load(config, workdir: str, checkpoint: str = "latest") -> Loaded:
-  """The parameters named by `checkpoint` in `workdir`, restored onto the mesh of `config`.
+def load(experiment: Experiment, workdir: Workdir, checkpoint: str = "latest") -> Loaded:
+  """The parameters named by `checkpoint` in `workdir`, restored onto the mesh of `experiment`.
 
-  Raises UserError (ConfigError, CheckpointMismatchError, ...) when the
-  config is invalid, the checkpoint or the vocabulary is missing, or the
-  checkpoint's shapes disagree with the config and vocabulary.
+  Raises UserError (FieldError, CheckpointMismatchError, ...) when the
+  experiment does not fit the devices, the checkpoint or the vocabulary is
+  missing, or the checkpoint's shapes disagree with the experiment and
+  vocabulary.
   """
-  config_lib.validate(config)
-  workdir = Workdir(workdir)
+  experiment.check_devices(jax.device_count())
   manager, step = _manager_and_step(workdir, checkpoint)
-  placement, tokenizer = _model(config, workdir)
+  placement, tokenizer = _model(experiment, workdir)
   _check(manager, step, placement, tokenizer)
   params = store.restore_params(manager, placement.abstract_params, step=step)
   name = _describe(manager, checkpoint, step)
@@ -117,17 +117,16 @@ def load(config, workdir: str, checkpoint: str = "latest") -> Loaded:
   return Loaded(placement, params, tokenizer, workdir, step, name, label)
 
 
-def average(config, workdir: str) -> dict:
-  """Average the last `config.average_last` checkpoints of `workdir` into `<workdir>/averaged`.
+def average(experiment: Experiment, workdir: Workdir) -> dict:
+  """Average the last `experiment.average_last` checkpoints of `workdir` into `<workdir>/averaged`.
 
   Returns `{"steps": [...], "directory": ...}`. A checkpoint that does not read
   back intact is skipped with a warning and the one before it used; fewer
   checkpoints than asked for are averaged with a warning; none is a UserError.
   """
-  config_lib.validate(config)
-  workdir = Workdir(workdir)
+  experiment.check_devices(jax.device_count())
   manager, _ = _manager_and_step(workdir, "latest")
-  placement, tokenizer = _model(config, workdir)
+  placement, tokenizer = _model(experiment, workdir)
   for step in reversed(manager.all_steps()):  # The newest whose metadata reads.
     try:
       _check(manager, step, placement, tokenizer)
@@ -136,11 +135,12 @@ def average(config, workdir: str) -> dict:
       continue  # Averaging skips it, naming it.
   start = time.perf_counter()
   params, steps = average_lib.average_params(manager, manager.all_steps(),
-                                             placement.abstract_params, count=config.average_last)
+                                             placement.abstract_params,
+                                             count=experiment.average_last)
   manager.close()
-  if len(steps) < config.average_last:
-    logging.warning("averaged %d checkpoints, not config.average_last=%d: only %d in %s read back "
-                    "intact", len(steps), config.average_last, len(steps), manager.directory)
+  if len(steps) < experiment.average_last:
+    logging.warning("averaged %d checkpoints, not config.average_last=%d: only %d in %s read "
+                    "back intact", len(steps), experiment.average_last, len(steps), manager.directory)
   out = store.make_params_manager(workdir.averaged)
   store.save_params(out, steps[-1], params, steps=steps)
   out.close()
@@ -149,24 +149,24 @@ def average(config, workdir: str) -> dict:
   return {"steps": steps, "directory": str(out.directory / str(steps[-1]))}
 
 
-def evaluate_split(config, workdir: str, checkpoint: str = "latest") -> dict:
-  """Decode `config.decode.split` with the paper's search, score it, write the files.
+def evaluate_split(experiment: Experiment, workdir: Workdir, checkpoint: str = "latest") -> dict:
+  """Decode `decode.split` with the paper's search, score it, write the files.
 
   Writes `<workdir>/eval/<split>-<checkpoint>-<search>.txt` (one hypothesis
   per line; e.g. `test-averaged-beam4.txt`, `validation-step800-greedy.txt`)
   and `.json` (BLEU, perplexity, settings, speed) and returns the JSON record.
   """
-  loaded = load(config, workdir, checkpoint)
-  split, settings = config.decode.split, DecodeSettings.from_config(config)
+  loaded = load(experiment, workdir, checkpoint)
+  settings = experiment.decode
+  split = settings.split
   shard_index, shard_count = loaded.placement.data_shard
   try:
-    with config_lib.section("data"):
-      sources, references = data.split_texts(config.data, split)
-      batches = data.make_eval_batches(config.data, loaded.tokenizer, split,
-                                       shard_index=shard_index, shard_count=shard_count)
+    sources, references = data.split_texts(experiment.data, split)
+    batches = data.make_eval_batches(experiment.data, loaded.tokenizer, split,
+                                     shard_index=shard_index, shard_count=shard_count)
   except (data.DataError, data.DataUnavailableError) as error:
     raise UserError(f"config.decode.split={split!r}: {error}") from None
-  loss = metrics.TeacherForcedLoss(loaded.placement, label_smoothing=config.label_smoothing)
+  loss = metrics.TeacherForcedLoss(loaded.placement, label_smoothing=experiment.label_smoothing)
   sums = loss(loaded.params, batches)
 
   start = time.perf_counter()
@@ -186,7 +186,7 @@ def evaluate_split(config, workdir: str, checkpoint: str = "latest") -> dict:
       "decode_seconds": round(seconds, 2),
       "sentences_per_second": round(len(sources) / seconds, 2),
   }
-  if config.decode.tokenized_bleu:
+  if experiment.decode.tokenized_bleu:
     record["bleu_tokenized"] = metrics.bleu(hypotheses, references, tokenized=True)
   stem = loaded.workdir.eval_file(f"{split}-{loaded.label}-{settings.search}")
   record["hypotheses"] = stem + ".txt"
@@ -195,7 +195,7 @@ def evaluate_split(config, workdir: str, checkpoint: str = "latest") -> dict:
   return record
 
 
-def translate_file(config, workdir: str, checkpoint: str, input_path: str | None,
+def translate_file(experiment: Experiment, workdir: Workdir, checkpoint: str, input_path: str | None,
                    output_path: str | None) -> dict:
   """Translate the lines of `input_path` (stdin for None or '-') into `output_path` (stdout).
 
@@ -203,9 +203,9 @@ def translate_file(config, workdir: str, checkpoint: str, input_path: str | None
   `{"lines": n, "seconds": decoding time}`.
   """
   lines = files.read_lines(input_path)  # Fails on bad input before loading anything.
-  loaded = load(config, workdir, checkpoint)
+  loaded = load(experiment, workdir, checkpoint)
   start = time.perf_counter()
-  translator = Translator(loaded.placement, loaded.tokenizer, DecodeSettings.from_config(config))
+  translator = Translator(loaded.placement, loaded.tokenizer, experiment.decode)
   translations = translator.translate(loaded.params, lines)
   seconds = time.perf_counter() - start
   files.write_lines(output_path, translations)

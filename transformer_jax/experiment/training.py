@@ -1,66 +1,61 @@
-"""`train(config, workdir)`: the experiment's data, model, checkpoints and validation, wired to `fit`.
-
-The one module of `train/` that knows about decoding: each evaluation also
-scores validation BLEU and keeps the best parameters (`decode.best`).
+"""`train(experiment, workdir)`: the experiment's data, model, checkpoints and validation, wired
+to `fit`; each evaluation also scores validation BLEU and keeps the best parameters
+(`decode.best`).
 """
 
 import contextlib
+import dataclasses
 import time
 
 from absl import logging
 from etils import epath
 import jax
 from jax.experimental import multihost_utils
-import ml_collections
 import numpy as np
 
-from transformer_jax import config as config_lib
 from transformer_jax import data, hosts
 from transformer_jax.checkpoints import recovery, store
 from transformer_jax.decode import best, metrics
-from transformer_jax.decode.translator import DecodeSettings, Translator
+from transformer_jax.decode.translator import Translator
+from transformer_jax.experiment.settings import Experiment
 from transformer_jax.model.transformer import count_params
-from transformer_jax.train import objective
-from transformer_jax.train.loop import FitSettings, PreemptionWatch, fit
+from transformer_jax.train.loop import PreemptionWatch, fit
 from transformer_jax.train.reporting import TrainLogger, measure_matmul_flops
 from transformer_jax.train.step import Trainer, TrainState
 from transformer_jax.workdir import Workdir
 
 
-def make_trainer(config: ml_collections.ConfigDict, *, vocab_size: int, devices=None):
-  """`(trainer, learning-rate schedule)` of experiment `config` over `devices` (default: all), for
-  a vocabulary of `vocab_size` tokens."""
-  placement = config_lib.placement(config, vocab_size=vocab_size, devices=devices)
-  schedule = objective.learning_rate_schedule(
-      d_model=placement.model.config.d_model, warmup_steps=config.warmup_steps,
-      scale=config.learning_rate)
-  optimizer = objective.make_optimizer(schedule, b1=config.adam_b1, b2=config.adam_b2,
-                                       eps=config.adam_eps, grad_clip_norm=config.grad_clip_norm)
-  trainer = Trainer(placement, optimizer, label_smoothing=config.label_smoothing,
-                    grad_accum_steps=config.grad_accum_steps, seed=config.seed)
+def make_trainer(experiment: Experiment, *, vocab_size: int, devices=None):
+  """`(trainer, learning-rate schedule)` of `experiment` over `devices` (default: all), for a
+  vocabulary of `vocab_size` tokens."""
+  placement = experiment.placement(vocab_size=vocab_size, devices=devices)
+  optimizer, schedule = experiment.optimizer.make(placement.model.config.d_model)
+  trainer = Trainer(placement, optimizer, label_smoothing=experiment.label_smoothing,
+                    grad_accum_steps=experiment.grad_accum_steps, seed=experiment.seed)
   return trainer, schedule
 
 
-def train(config: ml_collections.ConfigDict, workdir: str) -> TrainState:
-  """Train the experiment `config` in `workdir`, resuming from its latest checkpoint.
+def train(experiment: Experiment, workdir: Workdir, *, description: str = "") -> TrainState:
+  """Train `experiment` in `workdir`, resuming from its latest checkpoint.
 
   Writes `checkpoints/` (Orbax), `tensorboard/`, `vocab/` and `config.txt`
-  under `workdir` (`Workdir`). Each evaluation also scores BLEU on the first
-  `config.eval_bleu_sentences` sentences and keeps the best parameters in
-  `best/` with `best.json`. Returns the final state. SIGTERM from here on
-  stops the run at the next step boundary with a checkpoint
-  (`PreemptionWatch`); broken checkpoints are skipped (`recovery.resume`).
+  (`description`, default the experiment's settings) under `workdir`
+  (`Workdir`). Each evaluation also scores BLEU on the first
+  `eval_bleu_sentences` sentences and keeps the best parameters in `best/`
+  with `best.json`. Returns the final state. SIGTERM from here on stops the
+  run at the next step boundary with a checkpoint (`PreemptionWatch`);
+  broken checkpoints are skipped (`recovery.resume`).
   """
-  config_lib.validate(config)
-  workdir = Workdir(workdir)
+  experiment.check_devices(jax.device_count())
   workdir.create()
-  with _holding(workdir, config.host_timeout_seconds):
+  with _holding(workdir, experiment.host_timeout_seconds):
     if jax.process_index() == 0:
-      epath.Path(workdir.config_file).write_text(str(config))
+      epath.Path(workdir.config_file).write_text(description or f"{experiment}\n")
     # No limit of its own: fit deletes old steps, safely (recovery.delete_steps).
     manager = store.make_manager(workdir.checkpoints)
-    with PreemptionWatch(manager, grace_seconds=config.preemption_grace_seconds) as preemption:
-      state = _train(config, workdir, manager, preemption)
+    with PreemptionWatch(manager,
+                         grace_seconds=experiment.preemption_grace_seconds) as preemption:
+      state = _train(experiment, workdir, manager, preemption)
     manager.close()
   return state
 
@@ -97,11 +92,11 @@ def _holding(workdir: Workdir, timeout_seconds: int):
       lock.release(record)
 
 
-def _resume(config, manager, trainer: Trainer, train_iter) -> TrainState | None:
+def _resume(experiment: Experiment, manager, trainer: Trainer, train_iter) -> TrainState | None:
   """`recovery.resume`, its errors saying which config fields to look at."""
   try:
     return recovery.resume(manager, trainer.abstract_state, train_iter,
-                           start_over=config.on_bad_checkpoints == "start_over")
+                           start_over=experiment.on_bad_checkpoints == "start_over")
   except store.CheckpointMismatchError as error:
     raise store.CheckpointMismatchError(
         f"{error}. Was config.model, config.data.vocab_size (or the vocabulary file) or "
@@ -124,64 +119,61 @@ def _imported_start(manager, trainer: Trainer) -> TrainState | None:
   return trainer.init().replace(params=store.restore_params(manager, abstract, step=0))
 
 
-def _train(config, workdir: Workdir, manager, preemption) -> TrainState:
+def _train(experiment: Experiment, workdir: Workdir, manager, preemption) -> TrainState:
   start = time.perf_counter()
-  with config_lib.section("data"):
-    tokenizer = data.get_tokenizer(config.data, workdir.vocab)
-    if config.eval_every_steps:  # A split that is not there stops the run now, not at step N.
-      data.open_split(config.data, config.data.eval_split)
-  trainer, schedule = make_trainer(config, vocab_size=tokenizer.vocab_size)
+  tokenizer = data.get_tokenizer(experiment.data, workdir.vocab)
+  if experiment.fit.eval_every_steps:  # A split that is not there stops the run now, not later.
+    data.open_split(experiment.data, experiment.data.eval_split)
+  trainer, schedule = make_trainer(experiment, vocab_size=tokenizer.vocab_size)
   placement = trainer.placement
   model_config = placement.model.config
   logging.info("model: %s, %s parameters; mesh %s; sharding rules %s", model_config,
                f"{count_params(model_config):,}", dict(placement.mesh.shape), placement.rules)
   shard_index, shard_count = placement.data_shard
-  with config_lib.section("data"):
-    train_iter = iter(data.make_train_loader(config.data, tokenizer, seed=config.seed,
-                                             shard_index=shard_index, shard_count=shard_count))
+  train_iter = iter(data.make_train_loader(experiment.data, tokenizer, seed=experiment.seed,
+                                           shard_index=shard_index, shard_count=shard_count))
   state = _imported_start(manager, trainer)
   if state is not None:
     logging.info("starting from the imported parameters of %s/0", manager.directory)
   else:
-    state = _resume(config, manager, trainer, train_iter)
+    state = _resume(experiment, manager, trainer, train_iter)
     if state is None:
       state = trainer.init()
     else:
       logging.info("resumed from %s at step %d", manager.directory, int(state.step))
-  peak = config.peak_flops_per_device or measure_matmul_flops(model_config.compute_dtype)
+  peak = experiment.peak_flops_per_device or measure_matmul_flops(model_config.compute_dtype)
   logging.info("peak FLOP/s per device for MFU: %.3g (%s)", peak,
-               "config.peak_flops_per_device" if config.peak_flops_per_device else
+               "config.peak_flops_per_device" if experiment.peak_flops_per_device else
                "measured on a square matmul")
-  logger = TrainLogger(workdir.tensorboard, total_steps=config.num_train_steps,
+  logger = TrainLogger(workdir.tensorboard, total_steps=experiment.fit.num_train_steps,
                        start_step=int(state.step), learning_rate_fn=schedule,
                        peak_flops=peak * jax.device_count())
   logging.info("set-up (vocabulary, data, parameters or checkpoint, peak FLOP/s) took %.1f s",
                time.perf_counter() - start)
-  return fit(trainer, state, train_iter, FitSettings.from_config(config), logger=logger,
+  return fit(trainer, state, train_iter, experiment.fit, logger=logger,
              manager=manager, stop_requested=preemption,
-             evaluate=_evaluator(config, workdir, placement, tokenizer))
+             evaluate=_evaluator(experiment, workdir, placement, tokenizer))
 
 
-def _evaluator(config, workdir: Workdir, placement, tokenizer):
-  """`evaluate(state) -> (split, sums)` for `fit`: loss sums on `config.data.eval_split` and, with
-  `config.eval_bleu_sentences`, the BLEU of that many of its sentences."""
-  split = config.data.eval_split
-  loss = metrics.TeacherForcedLoss(placement, label_smoothing=config.label_smoothing)
+def _evaluator(experiment: Experiment, workdir: Workdir, placement, tokenizer):
+  """`evaluate(state) -> (split, sums)` for `fit`: loss sums on `data.eval_split` and, with
+  `eval_bleu_sentences`, the BLEU of that many of its sentences."""
+  split = experiment.data.eval_split
+  loss = metrics.TeacherForcedLoss(placement, label_smoothing=experiment.label_smoothing)
+  settings = dataclasses.replace(experiment.decode, beam_size=experiment.eval_bleu_beam_size)
   validation_bleu = best.ValidationBleu(
-      Translator(placement, tokenizer,
-                 DecodeSettings.from_config(config, beam_size=config.eval_bleu_beam_size)),
-      config.data, workdir, split=split, sentences=config.eval_bleu_sentences)
+      Translator(placement, tokenizer, settings), experiment.data, workdir, split=split,
+      sentences=experiment.eval_bleu_sentences)
   batches = []
 
   def evaluate(state):
-    with config_lib.section("data"):  # The split is read at the first evaluation.
-      if not batches:
-        shard_index, shard_count = placement.data_shard
-        batches.extend(data.make_eval_batches(config.data, tokenizer, split,
-                                              shard_index=shard_index, shard_count=shard_count))
-      sums = loss(state.params, batches)
-      if config.eval_bleu_sentences:
-        sums = {**sums, "bleu": validation_bleu(int(state.step), state.params)}
+    if not batches:  # The split is read at the first evaluation.
+      shard_index, shard_count = placement.data_shard
+      batches.extend(data.make_eval_batches(experiment.data, tokenizer, split,
+                                            shard_index=shard_index, shard_count=shard_count))
+    sums = loss(state.params, batches)
+    if experiment.eval_bleu_sentences:
+      sums = {**sums, "bleu": validation_bleu(int(state.step), state.params)}
     return split, sums
 
   return evaluate
