@@ -92,8 +92,7 @@ def make_trainer(mesh_shape=None, rules: str = "dp", devices=None, *, seed: int 
   if mesh_shape is None:
     mesh_shape, devices = {"data": 1}, jax.devices()[:1]
   config = tiny_model_config(**model_overrides)
-  schedule = objective.learning_rate_schedule(d_model=config.d_model, warmup_steps=10)
-  optimizer = objective.make_optimizer(schedule, b1=0.9, b2=0.98, eps=1e-9)
+  optimizer, _ = objective.OptimizerSettings(warmup_steps=10).make(config.d_model)
   placement = sharding.Placement(config, sharding.make_mesh(mesh_shape, devices),
                                  sharding.logical_rules(rules))
   return Trainer(placement, optimizer, label_smoothing=0.1, seed=seed)

@@ -13,7 +13,6 @@ import subprocess
 import sys
 
 import jax
-import jax.numpy as jnp
 import pytest
 
 from helpers import REPO, environment

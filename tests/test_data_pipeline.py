@@ -180,7 +180,7 @@ def test_other_seed_other_order(corpus):
 def test_overlong_pairs_truncated_and_counted(corpus, caplog):
   src_len, _, _ = corpus
   c = config(corpus, overlong="truncate", window=N)
-  with caplog.at_level(logging.INFO, logger="absl"):
+  with caplog.at_level(logging.INFO):
     loader = data.make_train_loader(c, WordIds(), seed=6, shard_index=0, shard_count=1)
   assert "5 of 400 training pairs exceed 63 source / 63 target tokens: truncated" in (
       caplog.text)

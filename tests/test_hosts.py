@@ -1,6 +1,7 @@
 """Heartbeats, lost processes and the work directory's lock (`transformer_jax.hosts`)."""
 
 import json
+import logging
 import os
 import re
 import socket
@@ -10,6 +11,7 @@ import time
 
 import pytest
 
+from helpers import REPO
 from transformer_jax import hosts
 from transformer_jax.workdir import Workdir
 
@@ -104,3 +106,55 @@ def test_a_lock_naming_this_very_process_is_stale():
   """A restarted container: the same host name and pid as the run that held the lock."""
   lock = hosts.WorkdirLock(Workdir("/nonexistent"), stale_after=60)
   assert lock.stale(hosts.own_record()) == "its process is gone"
+
+
+_RACER = """
+import json, os, sys, time
+from transformer_jax import hosts
+from transformer_jax.workdir import Workdir
+root, start, rounds = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+outcomes = []
+for r in range(rounds):
+  lock = hosts.WorkdirLock(Workdir(os.path.join(root, str(r))), stale_after=60)
+  while time.time() < start + 0.05 * r:  # Both racers start each round at the same moment.
+    pass
+  try:
+    lock.acquire(hosts.own_record())
+    outcomes.append(os.getpid())
+  except hosts.WorkdirInUseError:
+    outcomes.append(None)
+print(json.dumps(outcomes))
+"""
+
+
+def test_of_two_runs_taking_over_a_stale_lock_at_once_exactly_one_gets_it(tmp_path):
+  rounds = 80
+  for r in range(rounds):
+    (tmp_path / str(r)).mkdir()
+    (tmp_path / str(r) / "lock.json").write_text(json.dumps(
+        {"host": "elsewhere", "pid": 1, "since": 0, "time": time.time() - 100}))
+  start = time.time() + 3  # After both have imported the package.
+  racers = [subprocess.Popen([sys.executable, "-c", _RACER, str(tmp_path), str(start),
+                              str(rounds)], stdout=subprocess.PIPE, text=True, cwd=REPO)
+            for _ in range(2)]
+  outcomes = [json.loads(racer.communicate(timeout=120)[0]) for racer in racers]
+  for r, pair in enumerate(zip(*outcomes)):
+    winners = [pid for pid in pair if pid is not None]
+    assert len(winners) == 1, (r, pair)
+    assert hosts.read_record(str(tmp_path / str(r) / "lock.json"))["pid"] == winners[0]
+    assert os.listdir(tmp_path / str(r)) == ["lock.json"]  # Nothing left aside.
+
+def test_the_refresh_stops_when_another_run_holds_the_lock(tmp_path, caplog):
+  lock = hosts.WorkdirLock(Workdir(str(tmp_path)), stale_after=60)
+  record = hosts.own_record()
+  lock.acquire(record)
+  other = {"host": "elsewhere", "pid": 7, "since": 1.0, "time": time.time()}
+  with caplog.at_level(logging.ERROR), lock.heartbeat(record, interval=0.02) as beating:
+    time.sleep(0.1)
+    assert hosts.read_record(lock.path)["time"] > record["time"]  # Refreshed while held.
+    hosts.write_record(lock.path, other)  # Another run took it over.
+    time.sleep(0.1)
+  assert hosts.read_record(lock.path) == other and beating.lost == {lock.path}
+  assert f"{lock.path} no longer names this run (host elsewhere, pid 7" in caplog.text
+  lock.release(record)
+  assert hosts.read_record(lock.path) == other  # Not this run's to remove.

@@ -1,6 +1,7 @@
 """The import direction of the package, read from every module's import statements:
 
-  conventions, errors <- schema, workdir <- model <- data, hosts, compilation_cache <- sharding
+  conventions, errors <- schema, workdir, fileio <- model <- data, hosts, compilation_cache
+  <- sharding
   <- checkpoints <- decode <- train, supervisor <- experiment <- pretrained, compile <- config
   <- main, tools; a package's `__main__.py` (a command line) ranks with main.
 
@@ -11,15 +12,17 @@ the data pipeline alone does not load Flax (Grain's worker processes import it).
 import ast
 import json
 import pathlib
+import re
 import subprocess
 import sys
 
 from helpers import REPO, environment
+from transformer_jax import data
 
-RANKS = {"conventions": 0, "errors": 0, "schema": 1, "workdir": 1, "model": 2, "data": 3,
-         "hosts": 3, "compilation_cache": 3, "sharding": 4, "checkpoints": 5, "decode": 6,
-         "train": 7, "supervisor": 7, "experiment": 8, "pretrained": 9, "compile": 9,
-         "config": 10, "main": 11, "tools": 11}
+RANKS = {"conventions": 0, "errors": 0, "schema": 1, "workdir": 1, "fileio": 1, "model": 2,
+         "data": 3, "hosts": 3, "compilation_cache": 3, "sharding": 4, "checkpoints": 5,
+         "decode": 6, "train": 7, "supervisor": 7, "experiment": 8, "pretrained": 9,
+         "compile": 9, "config": 10, "main": 11, "tools": 11}
 PACKAGE = REPO / "transformer_jax"
 
 
@@ -46,6 +49,49 @@ def test_every_module_imports_only_its_own_package_or_lower_ones():
                path.relative_to(PACKAGE).parts[0].removesuffix(".py"))
     for other in _imported(path) - {package}:
       assert RANKS[other] < RANKS[package], f"{path.relative_to(REPO)} imports {other}"
+
+
+# The application layer: command lines, config files and flags. The rest of the package is
+# libraries that take typed settings.
+APPLICATION = ("main.py", "config.py", "tools/", "pretrained/__main__.py", "checkpoints/inspect.py")
+# The one line below it that names a command-line library: Grain's settings are absl flags.
+GRAIN_FLAGS = "from absl import flags  # Grain reads its settings from these flags."
+
+
+def _application(path: pathlib.Path) -> bool:
+  return path.relative_to(PACKAGE).as_posix().startswith(APPLICATION)
+
+
+def test_below_the_application_layer_nothing_knows_flags_or_config_files():
+  libraries = [p for p in PACKAGE.rglob("*.py") if not _application(p)]
+  assert len(libraries) > 50
+  names = {"transformer_jax." + p.relative_to(PACKAGE).as_posix().removesuffix(".py")
+           .replace("/", ".") for p in PACKAGE.rglob("*.py") if _application(p)}
+  for path in libraries:
+    text = path.read_text()
+    for line in text.splitlines():
+      if re.search(r"ml_collections|ConfigDict|absl", line):
+        assert line == GRAIN_FLAGS, f"{path.relative_to(REPO)}: {line}"
+    for node in ast.walk(ast.parse(text)):
+      if isinstance(node, ast.ImportFrom) and node.module:
+        imported = {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+      elif isinstance(node, ast.Import):
+        imported = {alias.name for alias in node.names}
+      else:
+        continue
+      assert not imported & names, f"{path.relative_to(REPO)} imports the application layer"
+
+
+def test_outside_the_data_package_only_its_public_api_is_used():
+  public = set(data.__all__)
+  for path in PACKAGE.rglob("*.py"):
+    if path.relative_to(PACKAGE).parts[0] == "data":
+      continue
+    for node in ast.walk(ast.parse(path.read_text())):
+      if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("transformer_jax.data"):
+        where = path.relative_to(REPO)
+        assert node.module == "transformer_jax.data", f"{where} imports {node.module}"
+        assert {alias.name for alias in node.names} <= public, f"{where}: not in data.__all__"
 
 
 def test_the_guard_sees_an_import_that_goes_up(tmp_path):

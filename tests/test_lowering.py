@@ -50,10 +50,10 @@ def _export(placement, fn, *args, **kwargs) -> jax.export.Exported:
 def _axes(shardings) -> set[str]:
   """The mesh axes (of more than one device) that any of `shardings` splits an array over."""
   found = set()
-  for sharding in shardings:
-    for entry in sharding.spec:
+  for array_sharding in shardings:
+    for entry in array_sharding.spec:
       axes = (entry,) if isinstance(entry, str) else entry or ()
-      found |= {axis for axis in axes if sharding.mesh.shape[axis] > 1}
+      found |= {axis for axis in axes if array_sharding.mesh.shape[axis] > 1}
   return found
 
 

@@ -474,10 +474,10 @@ def test_fine_tuning_an_imported_model_through_the_command_line_lowers_the_loss_
     assert (exported / name).read_bytes() == (imported[2] / "vocab" / "marian" / name).read_bytes()
   hf = transformers.MarianMTModel.from_pretrained(str(exported)).eval()
   hf_tokenizer = transformers.MarianTokenizer.from_pretrained(str(exported))
-  config = config_lib.load_file(str(workdir / "config.py"))
+  config = config_lib.parse(config_lib.load_file(str(workdir / "config.py")))
   reimported = generation.decode_fields(
       json.loads((exported / "generation_config.json").read_text()),
       pad_id=hf.config.pad_token_id, eos_id=0, positions=config.model.max_len)
-  assert reimported == {name: config.decode[name] for name in reimported}
+  assert reimported == {name: getattr(config.decode, name) for name in reimported}
   assert logits_difference(hf, hf_tokenizer, workdir, config, corpus[0][:4],
                            corpus[1][:4]) <= 1e-5

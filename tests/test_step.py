@@ -44,8 +44,8 @@ def test_bfloat16_computation_keeps_float32_parameters_and_adam_state():
   model = Transformer(config)
   batch = synthetic_batch(2)
   params = jax.jit(model.init)(jax.random.key(0), batch["inputs"], batch["targets"])["params"]
-  schedule = objective.learning_rate_schedule(d_model=config.d_model, warmup_steps=10)
-  optimizer = objective.make_optimizer(schedule, b1=0.9, b2=0.98, eps=1e-9, grad_clip_norm=1.0)
+  optimizer, _ = objective.OptimizerSettings(warmup_steps=10, grad_clip_norm=1.0).make(
+      config.d_model)
   state = step_lib.TrainState(step=jnp.zeros((), jnp.int32), params=params,
                               opt_state=optimizer.init(params))
   step = jax.jit(step_lib.make_train_step(model, optimizer, label_smoothing=0.1))

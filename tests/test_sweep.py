@@ -10,15 +10,15 @@ import pytest
 
 import helpers
 from transformer_jax.errors import UserError
-from transformer_jax.tools import benchmark, sweep
+from transformer_jax.tools import step_benchmark, sweep
 
-TINY = benchmark.Workload(dict(vocab_size=64, num_layers=1, d_model=32, d_ff=64, num_heads=2),
-                          batch=8, source_length=8, target_length=8)
+TINY = step_benchmark.Workload(dict(vocab_size=64, num_layers=1, d_model=32, d_ff=64,
+                                    num_heads=2), batch=8, source_length=8, target_length=8)
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def records(step_s=lambda tokens, length: tokens / 1000 * (1 + length / 256)):
-  """One record per point of a 2 x 3 grid, shaped as `benchmark.run_sweep` makes them."""
+  """One record per point of a 2 x 3 grid, shaped as `sweep.run_sweep` makes them."""
   return [{"tokens": p.tokens, "length": p.length, "rows": p.rows,
            "step_s": {"median": step_s(p.tokens, p.length)},
            "tokens_per_s": 1.5 * p.tokens / step_s(p.tokens, p.length)}
@@ -75,9 +75,9 @@ def test_plot_writes_one_small_png(tmp_path):
 
 
 def test_run_sweep_times_every_point_on_one_state():
-  points = sweep.grid([64], [4, 8], max_len=benchmark.SWEEP_MAX_LEN, row_multiple=8)
-  results = benchmark.run_sweep(TINY, points, steps=2, warmup=0, dtype="float32", block=1)
-  assert results["config"]["max_len"] == benchmark.SWEEP_MAX_LEN
+  points = sweep.grid([64], [4, 8], max_len=sweep.SWEEP_MAX_LEN, row_multiple=8)
+  results = sweep.run_sweep(TINY, points, steps=2, warmup=0, dtype="float32", block=1)
+  assert results["config"]["max_len"] == sweep.SWEEP_MAX_LEN
   assert [(r["length"], r["rows"], r["real_tokens_per_step"]) for r in results["points"]] == [
       (4, 16, 16 * 2 * 3), (8, 8, 8 * 2 * 6)]
   for r in results["points"]:

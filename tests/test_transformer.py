@@ -125,7 +125,7 @@ def test_every_table3_row_has_a_preset_with_its_values():
     ],
 )
 def test_bad_config_values_raise_naming_the_field(overrides, field):
-  with pytest.raises(ValueError, match=f"TransformerConfig.{field}"):
+  with pytest.raises(ValueError, match=f"^model.{field}"):
     TransformerConfig(**{**TINY, **overrides})
 
 
@@ -158,7 +158,7 @@ def test_float64_logits_with_biases_activation_and_epsilon_equal_the_numpy_formu
 
 
 def test_float64_needs_64_bit_jax():
-  with pytest.raises(ValueError, match="TransformerConfig.dtype='float64' needs 64-bit JAX"):
+  with pytest.raises(ValueError, match="^model.dtype='float64' needs 64-bit JAX"):
     TransformerConfig(**TINY, dtype="float64")
 
 

@@ -76,7 +76,7 @@ def test_lines_without_tokens_give_empty_lines_and_long_lines_are_cut_with_a_war
   translator = _translator(placement, beam_size=1)
   long_line = " ".join(f"w{3 + i % 20}" for i in range(40))
   lines = ["w5 w6 w7", "", "   ", long_line, "w9"]
-  with caplog.at_level(logging.WARNING, logger="absl"):
+  with caplog.at_level(logging.WARNING):
     sources = translator.encode(lines)
     out = translator.translate(params, lines)
   assert sources[1] == sources[2] == []

@@ -10,12 +10,14 @@ On several processes JAX writes entries from process 0 only; the others read.
 """
 
 import dataclasses
+import logging
 import os
 import stat
 import threading
 
-from absl import logging
 import jax
+
+log = logging.getLogger(__name__)
 
 AUTO = "auto"
 # Every program is written (JAX's default skips those compiled in under 1 s): on a local disk
@@ -102,7 +104,7 @@ def enable(value: str) -> CacheUse | None:
   path = directory(value)
   problem = None
   if path is None:
-    logging.info("compilation cache off (config.compilation_cache_dir is empty)")
+    log.info("compilation cache off (config.compilation_cache_dir is empty)")
   else:
     try:
       os.makedirs(path, mode=0o700, exist_ok=True)
@@ -110,8 +112,8 @@ def enable(value: str) -> CacheUse | None:
     except OSError as error:
       problem = f"{error.strerror or error}"
     if problem:
-      logging.warning("not using the compilation cache %s: %s; compiling everything", path,
-                      problem)
+      log.warning("not using the compilation cache %s: %s; compiling everything", path,
+                  problem)
   if path is None or problem:
     jax.config.update("jax_compilation_cache_dir", None)
     return None

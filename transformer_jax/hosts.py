@@ -16,17 +16,19 @@ these files without touching the devices.
 """
 
 import json
+import logging
 import os
 import socket
 import threading
 import time
-import uuid
 
-from absl import logging
 from etils import epath
 
+from transformer_jax import fileio
 from transformer_jax.errors import UserError, first_line
 from transformer_jax.workdir import Workdir
+
+log = logging.getLogger(__name__)
 
 
 def beat_interval(timeout_seconds: float) -> float:
@@ -42,17 +44,9 @@ def read_record(path: str) -> dict | None:
     return None
 
 
-def _temporary_name(path: str) -> str:
-  """A name beside `path` that no other process (on any host) writes."""
-  head, tail = os.path.split(path)
-  return os.path.join(head, f".{tail}.{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex}")
-
-
 def write_record(path: str, record: dict) -> None:
   """Write `record` to `path` whole: readers see the old record or the new one."""
-  temporary = epath.Path(_temporary_name(path))
-  temporary.write_text(json.dumps(record))
-  temporary.replace(epath.Path(path))
+  fileio.write_atomically(path, json.dumps(record))
 
 
 def describe(record: dict) -> str:
@@ -77,22 +71,41 @@ def own_record(**fields) -> dict:
   return {"host": socket.gethostname(), "pid": os.getpid(), "since": now, "time": now, **fields}
 
 
+def same_process(record: dict | None, other: dict) -> bool:
+  """Whether `record` names the process of `other` (`own_record`): its host, pid and start."""
+  return record is not None and all(record.get(key) == other[key]
+                                    for key in ("host", "pid", "since"))
+
+
 class Heartbeat:
   """Rewrites `record` (with the time) to each of `paths` every `interval` seconds, from a daemon
-  thread, while in its `with` block; on leaving it, marks the records ended."""
+  thread, while in its `with` block; on leaving it, marks the records ended.
 
-  def __init__(self, paths: list[str], record: dict, interval: float):
-    self.paths, self.record, self.interval = paths, dict(record), interval
+  With `owned`, a file is rewritten only while it still names this process
+  (`same_process`): one that another process took is left alone, with an
+  error logged once.
+  """
+
+  def __init__(self, paths: list[str], record: dict, interval: float, *, owned: bool = False):
+    self.paths, self.record, self.interval, self.owned = paths, dict(record), interval, owned
+    self.lost: set[str] = set()
     self._stop = threading.Event()
     self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
 
   def _write(self) -> None:
     self.record["time"] = time.time()
     for path in self.paths:
+      if path in self.lost:
+        continue
+      if self.owned and not same_process(read_record(path), self.record):
+        self.lost.add(path)
+        log.error("%s no longer names this run (%s): another run took it over; this run no "
+                  "longer refreshes it", path, describe(read_record(path) or {}))
+        continue
       try:
         write_record(path, self.record)
       except Exception as error:  # Whatever the storage raised: the next beat tries again.
-        logging.warning("could not write the heartbeat %s: %s", path, first_line(error))
+        log.warning("could not write the heartbeat %s: %s", path, first_line(error))
 
   def _run(self) -> None:
     while not self._stop.wait(self.interval):
@@ -151,8 +164,10 @@ class WorkdirLock:
   `acquire` creates it (exclusively, on a local file system) with this
   process's record, or raises WorkdirInUseError naming the run that holds it;
   a lock whose pid is gone (same host) or whose record was not refreshed for
-  `stale_after` seconds is taken over with a warning returned. `release`
-  removes it when it is still this process's.
+  `stale_after` seconds is taken over with a warning returned. Of several
+  runs taking over the same stale lock at once, one gets it (on a local file
+  system; object stores are best effort). `heartbeat` refreshes it while this
+  process holds it; `release` removes it when it is still this process's.
   """
 
   def __init__(self, workdir: Workdir, stale_after: float):
@@ -190,11 +205,27 @@ class WorkdirLock:
             f"{self.path}): wait for that run to end or stop it, or use another --workdir")
       taken_over = (f"took over the lock of a run that is no longer running "
                     f"({describe(holder or {})}): {reason}")
-      try:
-        epath.Path(self.path).unlink()
-      except FileNotFoundError:
-        pass
+      self._remove_if_unchanged(holder)
     raise WorkdirInUseError(f"another run took the lock {self.path} at the same time")
+
+  def _remove_if_unchanged(self, holder: dict | None) -> None:
+    """Remove the lock if it still holds `holder`'s record: moved aside under a name of this
+    process's (one rename succeeds), then checked; another run's fresh lock goes back."""
+    if "://" in self.path:  # No atomic rename in object stores.
+      epath.Path(self.path).unlink(missing_ok=True)
+      return
+    aside = fileio.temporary_name(self.path)
+    try:
+      os.rename(self.path, aside)
+    except FileNotFoundError:  # Another run moved it first.
+      return
+    try:
+      if read_record(aside) != holder:  # Taken by another run meanwhile: give it back.
+        os.link(aside, self.path)
+    except FileExistsError:
+      log.error("the lock %s of another run was replaced while being given back", self.path)
+    finally:
+      os.unlink(aside)
 
   def _create(self, record: dict) -> bool:
     if "://" in self.path:  # Object stores have no exclusive create: the check is best effort.
@@ -202,7 +233,7 @@ class WorkdirLock:
         return False
       write_record(self.path, record)
       return True
-    temporary = _temporary_name(self.path)
+    temporary = fileio.temporary_name(self.path)
     with open(temporary, "w") as f:
       json.dump(record, f)
     try:  # A hard link appears whole, and fails when the lock exists.
@@ -219,7 +250,10 @@ class WorkdirLock:
       os.unlink(temporary)
     return True
 
+  def heartbeat(self, record: dict, interval: float) -> Heartbeat:
+    """Refreshes the lock with `record` while it names this process."""
+    return Heartbeat([self.path], record, interval, owned=True)
+
   def release(self, record: dict) -> None:
-    holder = read_record(self.path)
-    if holder and holder.get("pid") == record["pid"] and holder.get("host") == record["host"]:
+    if same_process(read_record(self.path), record):
       epath.Path(self.path).unlink(missing_ok=True)

@@ -294,7 +294,8 @@ def run_mode(mode: str, experiment: experiment_lib.Experiment, workdir: Workdir,
     result = experiment_lib.average(experiment, workdir)
     print(f"averaged steps {', '.join(map(str, result['steps']))} into {result['directory']}")
   elif mode == "eval":
-    record = experiment_lib.evaluate_split(experiment, workdir, _CHECKPOINT.value)
+    record = experiment_lib.evaluate_split(experiment, workdir,
+                                           experiment_lib.Checkpoint.parse(_CHECKPOINT.value))
     print(f"{record['split']} BLEU {record['bleu']:.2f}" + (
         f" (tokenized {record['bleu_tokenized']:.2f})" if "bleu_tokenized" in record else "")
         + f" | perplexity {record['perplexity']:.3f} | {record['checkpoint']} | "
@@ -302,8 +303,9 @@ def run_mode(mode: str, experiment: experiment_lib.Experiment, workdir: Workdir,
         f"{record['hypotheses']}")
     logging.info("eval record: %s", json.dumps(record))
   elif mode == "translate":
-    result = experiment_lib.translate_file(experiment, workdir, _CHECKPOINT.value, _INPUT.value,
-                                           _OUTPUT.value)
+    result = experiment_lib.translate_file(
+        experiment, workdir, experiment_lib.Checkpoint.parse(_CHECKPOINT.value), _INPUT.value,
+        _OUTPUT.value)
     logging.info("translated %d lines in %.1f s", result["lines"], result["seconds"])
   return True
 

@@ -23,6 +23,8 @@ class Workdir:
   eval/                 hypotheses and scores of `--mode=eval`
   tensorboard/          event files
   vocab/                the SentencePiece vocabulary and its length tables
+  vocab/marian/         an imported Marian model's tokenizer files (`transformer_jax.pretrained`)
+  config.py             the experiment an import wrote (`--config=<workdir>/config.py`)
   config.txt            the config of the latest training run
   lock.json             the training run that holds the directory (`hosts.WorkdirLock`)
   hosts/                each process's heartbeat while it runs (`hosts.Heartbeat`)
@@ -59,6 +61,14 @@ class Workdir:
   @property
   def vocab(self) -> str:
     return self._path("vocab")
+
+  @property
+  def marian_vocab(self) -> str:
+    return self._path("vocab", "marian")
+
+  @property
+  def imported_config(self) -> str:
+    return self._path("config.py")
 
   @property
   def config_file(self) -> str:

@@ -1,11 +1,14 @@
 """The float32 mean of several checkpoints' parameters, computed on sharded arrays."""
 
-from absl import logging
+import logging
+
 import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
 from transformer_jax.checkpoints import store
+
+log = logging.getLogger(__name__)
 
 _accumulate = jax.jit(
     lambda total, params: jax.tree.map(lambda t, p: t + p.astype(jnp.float32), total, params),
@@ -14,13 +17,14 @@ _divide = jax.jit(lambda total, n: jax.tree.map(lambda t: t / n, total), donate_
 
 
 def average_params(manager: ocp.CheckpointManager, steps, abstract_params, *,
-                   count: int | None = None):
+                   count: int | None = None, hint: str = ""):
   """`(mean, used)`: the float32 mean of the parameters of the newest `count` (default: all) of
   checkpoints `steps` that read back intact, parameter by parameter, and the steps used.
 
   Each checkpoint is checked against its fingerprint (`store.restore_params`);
   one that fails is skipped with a warning naming it, and CorruptCheckpointError
-  is raised when none is left. Checkpoints are restored one at a time onto the
+  is raised when none is left; CheckpointMismatchError (ending with `hint`)
+  when one holds other parameters than `abstract_params`. Checkpoints are restored one at a time onto the
   shardings of `abstract_params` and added to a running sum that stays on the
   devices, so a process never holds more than its shards of two copies of the model.
   """
@@ -31,9 +35,9 @@ def average_params(manager: ocp.CheckpointManager, steps, abstract_params, *,
     if len(used) == count:
       break
     try:
-      params = store.restore_params(manager, as_float32, step=step)
+      params = store.restore_params(manager, as_float32, step=step, hint=hint)
     except store.CorruptCheckpointError as error:
-      logging.warning("not averaging checkpoint %s: %s", manager.directory / str(step), error)
+      log.warning("not averaging checkpoint %s: %s", manager.directory / str(step), error)
       continue
     total = params if total is None else _accumulate(total, params)
     used.append(step)

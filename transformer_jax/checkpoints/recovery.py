@@ -16,10 +16,10 @@ and so that a kill midway leaves a partial write, never a half-deleted step.
 
 import datetime
 import errno
+import logging
 import os
 import time
 
-from absl import logging
 from etils import epath
 import jax
 from jax.experimental import multihost_utils
@@ -27,6 +27,8 @@ import orbax.checkpoint as ocp
 
 from transformer_jax.checkpoints import integrity, store
 from transformer_jax.errors import UserError, first_line
+
+log = logging.getLogger(__name__)
 
 PARTIAL_MARK = ".orbax-checkpoint-tmp"
 UNUSABLE_MARK = ".unusable-"
@@ -62,7 +64,7 @@ def remove_partial_writes(directory, step: int | None = None) -> list[str]:
       try:
         epath.Path(path).rmtree()
       except OSError as error:
-        logging.warning("could not remove the partial checkpoint %s: %s", path, error)
+        log.warning("could not remove the partial checkpoint %s: %s", path, error)
   _on_main_process(remove)
   return found
 
@@ -94,8 +96,8 @@ def delete_steps(manager: ocp.CheckpointManager, steps) -> None:
         (manager.directory / str(step)).rename(doomed)
         doomed.rmtree()
       except OSError as error:
-        logging.warning("could not delete the old checkpoint %s: %s",
-                        manager.directory / str(step), error)
+        log.warning("could not delete the old checkpoint %s: %s",
+                    manager.directory / str(step), error)
   if steps:
     _on_main_process(delete)
     manager.reload()
@@ -113,27 +115,26 @@ def resume(manager: ocp.CheckpointManager, abstract_state, data_iterator=None, *
   file).
   """
   for path in remove_partial_writes(manager.directory):
-    logging.warning("removed %s, left by a checkpoint write (or deletion) that was interrupted",
-                    path)
+    log.warning("removed %s, left by a checkpoint write (or deletion) that was interrupted",
+                path)
   manager.reload()
   steps = sorted(integrity.process_zero_steps(manager.all_steps()), reverse=True)
   if not steps:
     return None
   bad = []
   for step in steps:
-    try:
-      state = store.restore(manager, abstract_state, data_iterator, step=step)
-    except (store.CheckpointMismatchError, jax.errors.JaxRuntimeError):
-      raise  # A changed config; or a collective failed: another process is gone.
-    except Exception as error:  # Any failure to read it back makes the step unusable.
-      logging.warning("checkpoint %s is unusable, skipping it: %s", manager.directory / str(step),
-                      first_line(error))
+    state, error = store.storage_failure(
+        lambda step=step: store.restore(manager, abstract_state, data_iterator, step=step),
+        passes=(store.CheckpointMismatchError,))  # A changed config, not a broken file.
+    if error is not None:  # Any failure to read it back makes the step unusable.
+      log.warning("checkpoint %s is unusable, skipping it: %s", manager.directory / str(step),
+                  first_line(error))
       bad.append(step)
       continue
     if bad:
       moved = _quarantine(manager, bad)
-      logging.warning("resuming from step %d, the newest good checkpoint; the unusable ones were "
-                      "moved aside: %s", step, ", ".join(moved))
+      log.warning("resuming from step %d, the newest good checkpoint; the unusable ones were "
+                  "moved aside: %s", step, ", ".join(moved))
     return state
   if not start_over:
     raise UnusableCheckpointsError(
@@ -142,8 +143,8 @@ def resume(manager: ocp.CheckpointManager, abstract_state, data_iterator=None, *
         "them away or fix them, or start over (start_over) to move them aside and train from "
         "step 0")
   moved = _quarantine(manager, steps)
-  logging.warning("starting over from step 0 (start_over); the "
-                  "unusable checkpoints were moved aside: %s", ", ".join(moved))
+  log.warning("starting over from step 0 (start_over); the "
+              "unusable checkpoints were moved aside: %s", ", ".join(moved))
   return None
 
 
@@ -187,14 +188,15 @@ class CheckpointWriter:
   def save(self, step: int, state, data_iterator=None) -> None:
     """Start saving `state` (and the iterator's position) as `step`."""
     self._wait()
-    try:
-      _check_writable(self.manager.directory)
-      if store.save(self.manager, step, state, data_iterator):
-        self._pending = step
-    except jax.errors.JaxRuntimeError:  # A collective failed: another process is gone.
-      raise
-    except Exception as error:  # Whatever the storage raised.
+    started, error = store.storage_failure(lambda: self._start(step, state, data_iterator))
+    if error is not None:
       self._failed(step, error)
+    elif started:
+      self._pending = step
+
+  def _start(self, step: int, state, data_iterator) -> bool:
+    _check_writable(self.manager.directory)
+    return store.save(self.manager, step, state, data_iterator)
 
   def finish(self) -> None:
     """Wait for the last save; raise CheckpointSaveError if it failed."""
@@ -207,11 +209,8 @@ class CheckpointWriter:
 
   def _wait(self):
     step, self._pending = self._pending, None
-    try:
-      self.manager.wait_until_finished()
-    except jax.errors.JaxRuntimeError:
-      raise
-    except Exception as error:  # The background write failed.
+    _, error = store.storage_failure(self.manager.wait_until_finished)
+    if error is not None:  # The background write failed.
       self._failed(step, error)
       return
     if step is not None:
@@ -234,5 +233,5 @@ class CheckpointWriter:
     if self.on_error == "stop":
       raise CheckpointSaveError(
           f"{message}; stopping (on_error='stop')") from error
-    logging.error("%s; training goes on and tries again at the next checkpoint step "
-                  "(on_error='continue')", message)
+    log.error("%s; training goes on and tries again at the next checkpoint step "
+              "(on_error='continue')", message)

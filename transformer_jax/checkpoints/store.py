@@ -21,7 +21,6 @@ import glob
 import json
 import os
 
-from absl import logging
 from etils import epath
 import grain
 import jax
@@ -64,7 +63,8 @@ def save(manager: ocp.CheckpointManager, step: int, state, data_iterator=None) -
   """Save `state` (and the iterator's position) as `step`; returns whether a save started.
 
   A step that already exists is not saved again. The fingerprints of both
-  are saved with them, and one of the state's `params` alone (`restore_params`). Asynchronous: call `manager.wait_until_finished()`
+  are saved with them, and one of the state's `params` alone
+  (`restore_params`). Asynchronous: call `manager.wait_until_finished()`
   before reading the files.
   """
   if manager.latest_step() == step:
@@ -104,39 +104,60 @@ def _params_of(state):
   return state[PARAMS] if isinstance(state, dict) else getattr(state, PARAMS)
 
 
-_VERIFIABLE, _UNVERIFIABLE, _BROKEN, _MISMATCHED = range(4)  # How a read went, for `_agree`.
+_READ, _BROKEN, _MISMATCHED = range(3)  # How a read went, for `_agree`.
 
 
-def _agree(path, local_error: UserError | None, fingerprinted: bool) -> bool:
-  """Whether the checkpoint at `path` can be verified: the same answer, or the same kind of
-  error, on every process. Each process read its own shards and data position and says how that
-  went (`local_error`, or whether it found the fingerprints); every process calls this at the
-  same point, so all go on, or all skip the checkpoint, and all run the same collectives after."""
-  if local_error is not None:
-    code = _MISMATCHED if isinstance(local_error, CheckpointMismatchError) else _BROKEN
-  else:
-    code = _VERIFIABLE if fingerprinted else _UNVERIFIABLE
+def _agree(path, local_error: UserError | None) -> None:
+  """Raise on every process when the read of the checkpoint at `path` failed on any. Each process
+  read its own shards and data position and says how that went (`local_error`); every process
+  calls this at the same point, so all go on, or all skip the checkpoint, and all run the same
+  collectives after."""
+  code = (_READ if local_error is None else
+          _MISMATCHED if isinstance(local_error, CheckpointMismatchError) else _BROKEN)
   codes = integrity.gather_codes(code)
-  failed = [process for process, other in enumerate(codes) if other in (_BROKEN, _MISMATCHED)]
+  failed = [process for process, other in enumerate(codes) if other != _READ]
   if failed:
     kind = CheckpointMismatchError if _MISMATCHED in codes else CorruptCheckpointError
     raise kind(str(local_error) if local_error is not None else (
         f"checkpoint {path} cannot be read on process {', '.join(map(str, failed))} (see its "
         "log), so no process uses it"))
-  if len(set(codes)) > 1:
-    raise CorruptCheckpointError(f"checkpoint {path}: some processes find its fingerprints and "
-                                 "others do not")
-  return code == _VERIFIABLE
 
 
-def _read_locally(path, read):
-  """`read()`, its failures as a UserError for `_agree`."""
+def storage_failure(action, passes: tuple[type[Exception], ...] = ()):
+  """`(action(), None)`, or `(None, error)` for whatever the storage raised. A failed computation
+  or collective (`JaxRuntimeError`: another process is gone, and the command line ends this one)
+  and the errors in `passes` propagate."""
   try:
-    return read(), None
-  except CheckpointMismatchError as error:
+    return action(), None
+  except (jax.errors.JaxRuntimeError, *passes):
+    raise
+  except Exception as error:  # pylint: disable=broad-except  # Whatever the storage raised.
     return None, error
-  except Exception as error:  # Any failure to read the files makes the step unusable.
-    return None, CorruptCheckpointError(f"checkpoint {path} cannot be read: {first_line(error)}")
+
+
+def _verified_read(path, read, what: str):
+  """`read()`'s `(tree, extra)` once every process has read its part (`_agree`) and `tree`
+  matches the fingerprint `read()` found for it: `read()` returns `(fingerprint, tree, extra)`.
+  CorruptCheckpointError naming `what` when the two differ."""
+  result, error = storage_failure(read)
+  if error is not None and not isinstance(error, UserError):  # The files do not read back.
+    error = CorruptCheckpointError(f"checkpoint {path} cannot be read: {first_line(error)}")
+  _agree(path, error)
+  expected, tree, extra = result
+  if integrity.tree_fingerprint(tree) != expected:  # The same on every process.
+    raise CorruptCheckpointError(
+        f"checkpoint {path}: the {what} read back differ from those saved (fingerprint "
+        "mismatch)")
+  return tree, extra
+
+
+def _fingerprints(manager: ocp.CheckpointManager, step: int) -> dict:
+  """The fingerprints saved with `step`; CorruptCheckpointError when it has none."""
+  saved = saved_fingerprints(manager, step)
+  if saved is None:
+    raise CorruptCheckpointError(f"checkpoint {manager.directory / str(step)} has no "
+                                 "fingerprints: its writing did not finish")
+  return saved
 
 
 def _position_file(process, count) -> str:
@@ -168,29 +189,22 @@ def restore(manager: ocp.CheckpointManager, abstract_state, data_iterator=None, 
   position. Raises FileNotFoundError when there is no checkpoint,
   CheckpointMismatchError when the arrays do not fit `abstract_state`, and
   CorruptCheckpointError when the files cannot be read or what was read
-  disagrees with the fingerprints saved with them (a step saved without them
-  is restored with a warning). Each process reads its shards and its data
-  position; when any of them fails, every process raises (`_agree`).
+  disagrees with the fingerprints saved with them. Each process reads its
+  shards and its data position; when any of them fails, every process raises
+  (`_agree`).
   """
   step = _latest(manager, step)
   path = manager.directory / str(step)
 
   def read():
     check_layout(manager, step, abstract_state)
-    saved = saved_fingerprints(manager, step)
+    saved = _fingerprints(manager, step)
     state = _reader(ocp.StandardCheckpointHandler).restore(
         path / STATE, args=ocp.args.StandardRestore(abstract_state))
     position = None if data_iterator is None else _read_data_position(path, saved)
-    return saved, state, position
+    return saved[STATE], state, position
 
-  result, error = _read_locally(path, read)
-  verifiable = _agree(path, error, result is not None and result[0] is not None)
-  saved, state, position = result
-  if not verifiable:
-    logging.warning("checkpoint %s has no fingerprints (older format): restored unverified", path)
-  elif integrity.tree_fingerprint(state) != saved[STATE]:  # The same on every process.
-    raise CorruptCheckpointError(
-        f"checkpoint {path}: the arrays read back differ from those saved (fingerprint mismatch)")
+  state, position = _verified_read(path, read, "arrays")
   if data_iterator is not None:
     data_iterator.set_state(position)
   return state
@@ -214,15 +228,17 @@ def save_params(manager: ocp.CheckpointManager, step: int, params, **info) -> No
   manager.wait_until_finished()
 
 
-def restore_params(manager: ocp.CheckpointManager, abstract_params, *, step: int | None = None):
+def restore_params(manager: ocp.CheckpointManager, abstract_params, *, step: int | None = None,
+                   hint: str = ""):
   """The parameters saved at `step` (default: the latest), laid out as `abstract_params` says.
 
   Reads a train checkpoint (skipping its optimizer state) or a params-only
   one, and checks them against the fingerprint saved with them
-  (CorruptCheckpointError, as when the files cannot be read; a train
-  checkpoint of an older format without one is read unverified, with a
-  warning). `abstract_params` is a tree of `jax.ShapeDtypeStruct` with
-  shardings; every process reads only its shards (`_agree`).
+  (CorruptCheckpointError, as when the files cannot be read).
+  CheckpointMismatchError, ending with `hint`, when the saved parameters have
+  other names or shapes. `abstract_params` is a tree of
+  `jax.ShapeDtypeStruct` with shardings; every process reads only its shards,
+  and all raise when any fails (`_agree`).
   """
   step = _latest(manager, step)
   path = manager.directory / str(step)
@@ -232,20 +248,14 @@ def restore_params(manager: ocp.CheckpointManager, abstract_params, *, step: int
       partial_restore=True)
 
   def read():
-    saved = saved_fingerprints(manager, step) or {}
-    expected = saved.get(PARAMS, saved.get(STATE) if is_params_only(manager, step) else None)
-    return expected, _reader(ocp.PyTreeCheckpointHandler).restore(path / STATE, args=args)
+    check_layout(manager, step, abstract_params, under=PARAMS, hint=hint)
+    saved = _fingerprints(manager, step)
+    # A train step fingerprints its parameters apart; a params-only step's state is them.
+    expected = saved[STATE] if is_params_only(manager, step) else saved[PARAMS]
+    restored = _reader(ocp.PyTreeCheckpointHandler).restore(path / STATE, args=args)
+    return expected, restored, None
 
-  result, error = _read_locally(path, read)
-  verifiable = _agree(path, error, result is not None and result[0] is not None)
-  expected, restored = result
-  if not verifiable:
-    logging.warning("checkpoint %s has no fingerprint of its parameters (older format): read "
-                    "unverified", path)
-  elif integrity.tree_fingerprint(restored) != expected:
-    raise CorruptCheckpointError(
-        f"checkpoint {path}: the parameters read back differ from those saved (fingerprint "
-        "mismatch)")
+  restored, _ = _verified_read(path, read, "parameters")
   return restored[PARAMS]
 
 

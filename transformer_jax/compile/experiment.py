@@ -14,23 +14,24 @@ tokens/s and MFU that it implies (an estimate, never a measurement).
 
 from collections.abc import Callable
 import dataclasses
+import logging
 import math
 import time
 
-from absl import logging
 import jax
 import jax.numpy as jnp
 
 from transformer_jax import data
 from transformer_jax.compile import analysis, targets
 from transformer_jax.conventions import BATCH_KEYS
-from transformer_jax.data.pipeline import padded_length, rows_multiple
 from transformer_jax.decode.metrics import TeacherForcedLoss
 from transformer_jax.decode.translator import DecodeSettings, Translator
 from transformer_jax.errors import UserError
 from transformer_jax.model.transformer import count_params
 from transformer_jax.train import objective
 from transformer_jax.experiment import Experiment, make_trainer
+
+log = logging.getLogger(__name__)
 
 _TRITON_TILING = "Couldn't find output tile sizes"
 _MOST_TOKENS = 2**24  # The largest batch the fit search tries.
@@ -204,7 +205,7 @@ class Compiler:
 def _log_progress(index: int, total: int, name: str, started: float) -> None:
   done = time.perf_counter() - started
   eta = f", about {done / index * (total - index):.0f} s left" if index else ""
-  logging.info("compiling %s (%d of %d; %.0f s so far%s)", name, index + 1, total, done, eta)
+  log.info("compiling %s (%d of %d; %.0f s so far%s)", name, index + 1, total, done, eta)
 
 
 def compile_experiment(experiment: Experiment, target: targets.Target, *,
@@ -224,9 +225,9 @@ def compile_experiment(experiment: Experiment, target: targets.Target, *,
   shapes = data.train_batch_shapes(experiment.data, placement.data_shard[1])
   max_len = compiler.model_config.max_len
   # Evaluation reads whole pairs (none cut) in lengths of the padded series, at most max_len.
-  eval_length = min(padded_length(max(experiment.data.max_source_length,
+  eval_length = min(data.padded_length(max(experiment.data.max_source_length,
                                       experiment.data.max_target_length)), max_len)
-  decode_length = min(padded_length(experiment.data.max_source_length), max_len)
+  decode_length = min(data.padded_length(experiment.data.max_source_length), max_len)
   settings = experiment.decode
   decode_rows = Translator(placement, None, settings).batch_size
   jobs = [(f"train {r}x{n}", lambda r=r, n=n: compiler.train(r, n)) for r, n in shapes]
@@ -265,13 +266,13 @@ def largest_batch(compiler: Compiler, most_memory: Program) -> dict:
   configured batch) with other row counts: doubling while it fits, then a bisection. `capped`:
   the search stopped at its largest batch, 2**24 tokens, which fits."""
   target, length = compiler.target, most_memory.length
-  multiple = rows_multiple(compiler.experiment.data, 0, compiler.placement.data_shard[1])
+  multiple = data.rows_multiple(compiler.experiment.data, 0, compiler.placement.data_shard[1])
   start = most_memory.rows // multiple
   tried: dict[int, Program] = {start: most_memory}
 
   def fits(units: int) -> bool:
     if units not in tried:
-      logging.info("fit search: compiling the train step at %dx%d", units * multiple, length)
+      log.info("fit search: compiling the train step at %dx%d", units * multiple, length)
       tried[units] = compiler.train(units * multiple, length)
     return tried[units].cost.fits(target.chip.usable_bytes)
 

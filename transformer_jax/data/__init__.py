@@ -1,19 +1,30 @@
 """The data path: sources (TFDS, no TensorFlow), SentencePiece vocabulary, Grain pipeline.
 
-Public API (the training and decoding code call exactly these):
+Public API (the rest of the package uses exactly these; tests/test_imports.py
+keeps it so):
   DataConfig(...)                   the data settings (`config.data`), checked on construction
+  BATCH_MODES                       the values of DataConfig.batch_mode
   get_tokenizer(c, vocab_dir)       -> Tokenizer (trained once, then loaded)
+  load_tokenizer(c, vocab_dir)      -> Tokenizer (loaded; DataError when there is none)
   make_train_loader(c, tokenizer, *, seed, shard_index, shard_count)
   make_eval_batches(c, tokenizer, split, *, shard_index=0, shard_count=1)
   train_batch_shapes(c, shard_count=1)  -> [(global rows, length)] training can produce
+  rows_multiple(c, shard_index, shard_count)  -> what every batch's rows are a multiple of
+  padded_length(n)                  -> the padded length of n tokens (few shapes compile)
   open_split(c, split)              -> ParallelSource: (source, target) pairs of a split
   split_texts(c, split)             -> (source texts, target texts) of a split
+  marian                            the vocabulary of Marian models (MarianTokenizer, FILES,
+                                    project_order)
 Errors the user fixes: DataError (a file or split), DataUnavailableError (not prepared).
 """
 
+from transformer_jax.data import marian
+from transformer_jax.data.config import BATCH_MODES
 from transformer_jax.data.config import DataConfig
 from transformer_jax.data.pipeline import make_eval_batches
 from transformer_jax.data.pipeline import make_train_loader
+from transformer_jax.data.pipeline import padded_length
+from transformer_jax.data.pipeline import rows_multiple
 from transformer_jax.data.pipeline import train_batch_shapes
 from transformer_jax.data.sources import DataError
 from transformer_jax.data.sources import DataUnavailableError
@@ -21,8 +32,10 @@ from transformer_jax.data.sources import open_split
 from transformer_jax.data.sources import split_texts
 from transformer_jax.data.tokenizer import Tokenizer
 from transformer_jax.data.tokenizer import get_tokenizer
+from transformer_jax.data.tokenizer import load_tokenizer
 
 __all__ = [
-    "DataConfig", "DataError", "DataUnavailableError", "Tokenizer", "get_tokenizer",
-    "make_eval_batches", "make_train_loader", "open_split", "split_texts", "train_batch_shapes",
+    "BATCH_MODES", "DataConfig", "DataError", "DataUnavailableError", "Tokenizer",
+    "get_tokenizer", "load_tokenizer", "make_eval_batches", "make_train_loader", "marian",
+    "open_split", "padded_length", "rows_multiple", "split_texts", "train_batch_shapes",
 ]

@@ -24,19 +24,22 @@ The training stream, deterministic from the seed:
 import dataclasses
 import fractions
 import hashlib
+import io
+import logging
 import math
 import os
-import tempfile
 
-from absl import flags
-from absl import logging
+from absl import flags  # Grain reads its settings from these flags.
 import grain
 import numpy as np
 
+from transformer_jax import fileio
 from transformer_jax.conventions import BATCH_KEYS, EOS_ID
 from transformer_jax.data.config import DataConfig
 from transformer_jax.data import sources
 from transformer_jax.errors import FieldError
+
+log = logging.getLogger(__name__)
 
 _CHUNK = 4096  # pairs read and tokenized at a time when counting lengths
 
@@ -133,8 +136,8 @@ def tokenize_pairs(tokenizer, pairs, caps=None):
 
 
 def _allow_grain_workers():
-  """Grain 0.2.18 reads its absl flags when starting workers; outside absl.app
-  (tests, notebooks) they are unparsed and that raises: use their defaults."""
+  """Grain 0.2 reads its settings from command-line flags when starting workers; outside the
+  command line (tests, notebooks) they are unparsed and that raises: use their defaults."""
   if not flags.FLAGS.is_parsed():
     flags.FLAGS.mark_as_parsed()
 
@@ -165,7 +168,7 @@ def pair_lengths(source, tokenizer, num_workers=0):
       lengths = np.load(cache)
       if lengths.shape == (len(source), 2):
         return lengths
-  logging.info("Counting the tokens of %d pairs (%s)", len(source), source.fingerprint)
+  log.info("Counting the tokens of %d pairs (%s)", len(source), source.fingerprint)
   chunks = grain.MapDataset.range(-(-len(source) // _CHUNK)).map(
       _CountChunk(source, tokenizer)).to_iter_dataset()
   if num_workers:
@@ -177,14 +180,12 @@ def pair_lengths(source, tokenizer, num_workers=0):
   finally:
     it.close()
   if cache:
+    table = io.BytesIO()
+    np.save(table, lengths)
     try:
-      os.makedirs(os.path.dirname(cache), exist_ok=True)
-      with tempfile.NamedTemporaryFile(dir=os.path.dirname(cache), suffix=".npy",
-                                       delete=False) as f:
-        np.save(f, lengths)
-      os.replace(f.name, cache)  # atomic: hosts sharing the directory agree
+      fileio.write_atomically(cache, table.getvalue())  # Hosts sharing the directory agree.
     except OSError as e:  # e.g. a read-only shared vocabulary directory
-      logging.warning("Could not cache the length table in %s: %s", cache, e)
+      log.warning("Could not cache the length table in %s: %s", cache, e)
   return lengths
 
 
@@ -323,9 +324,9 @@ def make_train_loader(c: DataConfig, tokenizer, *, seed, shard_index, shard_coun
   lengths = pair_lengths(source, tokenizer, c.num_workers)
   caps = np.array([c.max_source_length, c.max_target_length])
   overlong = (lengths > caps).any(axis=1)
-  logging.info("%s: %d of %d training pairs exceed %d source / %d target tokens: %s.",
-               c.name, overlong.sum(), len(lengths), *caps,
-               "dropped" if c.overlong == "drop" else "truncated")
+  log.info("%s: %d of %d training pairs exceed %d source / %d target tokens: %s.",
+           c.name, overlong.sum(), len(lengths), *caps,
+           "dropped" if c.overlong == "drop" else "truncated")
   ids = np.flatnonzero(~overlong) if c.overlong == "drop" else np.arange(len(lengths))
   if not len(ids):
     raise sources.DataError(f"No training pair of {c.name} fits data.max_source_length / "

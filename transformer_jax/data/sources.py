@@ -22,16 +22,18 @@ import dataclasses
 import glob
 import hashlib
 import importlib
+import logging
 import os
 import socket
 import urllib.parse
 
-from absl import logging
 import tensorflow_datasets as tfds
 
 from transformer_jax.data import embedded
 from transformer_jax.data.config import DataConfig
 from transformer_jax.errors import FieldError, UserError
+
+log = logging.getLogger(__name__)
 
 MAX_LINE_BYTES = 16_384  # Far beyond any sentence; longer lines are not sentences.
 
@@ -168,8 +170,8 @@ class TransformerJaxParallelText(tfds.core.GeneratorBasedBuilder):
         yield i, {lang_a: texts[0], lang_b: texts[1]}
     for reason, lines in skipped.items():
       if lines:
-        logging.warning("%s, %s: skipped %d line pairs %s (lines %s%s)", *paths, len(lines),
-                        reason, ", ".join(map(str, lines[:10])), ", ..." * (len(lines) > 10))
+        log.warning("%s, %s: skipped %d line pairs %s (lines %s%s)", *paths, len(lines),
+                    reason, ", ".join(map(str, lines[:10])), ", ..." * (len(lines) > 10))
     if not kept:
       raise DataError(f"{paths[0]}, {paths[1]}: no usable line pairs (see the warnings above).")
 
@@ -272,8 +274,8 @@ def _prepare_wmt(builder, manual_dir):
     path = os.path.join(manual_dir, name)
     if infos is not None and url not in infos and os.path.exists(path):
       infos[url] = tfds.core.download.checksums.compute_url_info(path)
-  logging.info("Preparing %s (downloading %d files)", builder.info.full_name,
-               len(missing))
+  log.info("Preparing %s (downloading %d files)", builder.info.full_name,
+           len(missing))
   return _prepare(builder,
                   download_config=tfds.download.DownloadConfig(manual_dir=manual_dir))
 
@@ -285,7 +287,7 @@ def _prepare(builder, **kwargs) -> bool:
   except FileExistsError:  # TFDS's final rename lost the race with another process.
     if not builder.is_prepared():
       raise
-    logging.info("%s was prepared by another process meanwhile", builder.info.full_name)
+    log.info("%s was prepared by another process meanwhile", builder.info.full_name)
     return False
   except OSError as error:  # An unwritable data dir, an unreadable file, a full disk.
     raise DataError(f"cannot prepare {builder.info.full_name} in {builder.data_dir_root} "

@@ -10,18 +10,20 @@ that is a directory of Marian tokenizer files (`marian.FILES`) loads a
 
 import hashlib
 import io
+import logging
 import os
 import re
-import tempfile
 
-from absl import logging
 import numpy as np
 import sentencepiece as spm
 
+from transformer_jax import fileio
 from transformer_jax.conventions import EOS_ID, PAD_ID, UNK_ID
 from transformer_jax.data.config import DataConfig
 from transformer_jax.data import marian, sources
 from transformer_jax.errors import FieldError
+
+log = logging.getLogger(__name__)
 
 
 class Tokenizer:
@@ -128,12 +130,8 @@ def _training_sentences(source, n):
 
 def _save(proto: bytes, path: str) -> None:
   """Write the serialized model to `path` atomically (concurrent hosts never read a partial file)."""
-  directory = os.path.dirname(os.path.abspath(path))
   try:
-    os.makedirs(directory, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=directory, delete=False) as f:
-      f.write(proto)
-    os.replace(f.name, path)
+    fileio.write_atomically(os.path.abspath(path), proto)
   except OSError as error:
     raise sources.DataError(f"cannot write the vocabulary {path}: {error.strerror or error}") \
         from None
@@ -143,16 +141,24 @@ def get_tokenizer(c: DataConfig, vocab_dir):
   """Loads the vocabulary at `data.vocab_path` (default: `default_vocab_path` in `vocab_dir`),
   training and saving it first if absent; a directory of Marian files gives a MarianTokenizer."""
   path = c.vocab_path or default_vocab_path(c, vocab_dir)
-  if marian.is_marian_directory(path):
-    return _checked_size(marian.MarianTokenizer.load(path), c)
   if not os.path.exists(path):
     source = sources.open_split(c, c.train_split)
     sample = min(len(source), c.tokenizer_sample_size)
-    logging.info("Training a %d-token SentencePiece BPE vocabulary on %d of the %d %s pairs "
-                 "of %s (%d sentences)", c.vocab_size, sample, len(source), c.train_split,
-                 c.name, 2 * sample)
+    log.info("Training a %d-token SentencePiece BPE vocabulary on %d of the %d %s pairs "
+             "of %s (%d sentences)", c.vocab_size, sample, len(source), c.train_split,
+             c.name, 2 * sample)
     _save(train_model(_training_sentences(source, sample), c.vocab_size), path)
-    logging.info("Saved the vocabulary to %s", path)
+    log.info("Saved the vocabulary to %s", path)
+  return load_tokenizer(c, vocab_dir)
+
+
+def load_tokenizer(c: DataConfig, vocab_dir):
+  """The vocabulary `get_tokenizer` would load, never trained: DataError when it is not there."""
+  path = c.vocab_path or default_vocab_path(c, vocab_dir)
+  if marian.is_marian_directory(path):
+    return _checked_size(marian.MarianTokenizer.load(path), c)
+  if not os.path.exists(path):
+    raise sources.DataError(f"no vocabulary at {path}")
   try:
     with open(path, "rb") as f:
       proto = f.read()
@@ -164,6 +170,6 @@ def get_tokenizer(c: DataConfig, vocab_dir):
 
 def _checked_size(tokenizer, c):
   if tokenizer.vocab_size != c.vocab_size:
-    logging.warning("%s has %d tokens, data.vocab_size says %d: using the file.",
-                    tokenizer.path, tokenizer.vocab_size, c.vocab_size)
+    log.warning("%s has %d tokens, data.vocab_size says %d: using the file.",
+                tokenizer.path, tokenizer.vocab_size, c.vocab_size)
   return tokenizer

@@ -7,8 +7,8 @@ and described in `<workdir>/best.json`, which a resumed run reads back.
 """
 
 import json
+import logging
 
-from absl import logging
 from etils import epath
 
 from transformer_jax import data
@@ -17,6 +17,8 @@ from transformer_jax.decode import files, metrics
 from transformer_jax.decode.translator import Translator
 from transformer_jax.errors import UserError
 from transformer_jax.workdir import Workdir
+
+log = logging.getLogger(__name__)
 
 
 def read_best(workdir: Workdir) -> dict | None:
@@ -60,6 +62,6 @@ class ValidationBleu:
           "search": self.translator.settings.search, "alpha": self.translator.settings.alpha,
           "checkpoint": str(manager.directory / str(step))}
       files.write_json(self.workdir.best_json, self.best)
-      logging.info("step %d: best %s BLEU so far (%.2f), parameters saved in %s", step,
-                   self.split, bleu, manager.directory)
+      log.info("step %d: best %s BLEU so far (%.2f), parameters saved in %s", step,
+               self.split, bleu, manager.directory)
     return bleu

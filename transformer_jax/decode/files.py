@@ -6,6 +6,7 @@ import sys
 from etils import epath
 import jax
 
+from transformer_jax import fileio
 from transformer_jax.errors import UserError
 
 
@@ -49,9 +50,7 @@ def write_lines(path: str | None, lines) -> None:
     sys.stdout.buffer.flush()
     return
   try:
-    path = epath.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
+    fileio.write_atomically(path, data)
   except OSError as error:
     raise UserError(f"cannot write the output {path}: {error.strerror}") from None
 
@@ -61,8 +60,6 @@ def write_json(path: str, record) -> None:
   if jax.process_index() != 0:
     return
   try:
-    path = epath.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=2) + "\n")
+    fileio.write_atomically(path, json.dumps(record, indent=2) + "\n")
   except OSError as error:
     raise UserError(f"cannot write {path}: {error.strerror or error}") from None

@@ -8,17 +8,19 @@ token (empty, or only spaces) translate to empty lines without decoding.
 """
 
 import dataclasses
+import logging
 
-from absl import logging
 import jax
 from jax.experimental import multihost_utils
 import numpy as np
 
 from transformer_jax import schema
 from transformer_jax.conventions import EOS_ID
-from transformer_jax.data.pipeline import padded_length
+from transformer_jax.data import padded_length
 from transformer_jax.decode import search
 from transformer_jax.sharding import Placement
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,9 +120,9 @@ class Translator:
     for number, line in enumerate(lines, 1):
       ids = self.tokenizer.encode(line)
       if len(ids) >= self.max_len:
-        logging.warning("line %d has %d tokens, more than the model's %d positions allow: "
-                        "translating its first %d", number, len(ids) + 1, self.max_len,
-                        self.max_len - 1)
+        log.warning("line %d has %d tokens, more than the model's %d positions allow: "
+                    "translating its first %d", number, len(ids) + 1, self.max_len,
+                    self.max_len - 1)
         ids = ids[:self.max_len - 1]
       sources.append(ids + [EOS_ID] if ids else [])
     return sources

@@ -11,16 +11,14 @@ onto the mesh and sharding rules of the experiment.
 """
 
 import dataclasses
+import logging
 import time
 
-from absl import logging
-from etils import epath
 import jax
 
 from transformer_jax import data
 from transformer_jax.checkpoints import average as average_lib
-from transformer_jax.checkpoints import store
-from transformer_jax.data import tokenizer as tokenizer_lib
+from transformer_jax.checkpoints import integrity, store
 from transformer_jax.decode import files, metrics
 from transformer_jax.decode.translator import Translator
 from transformer_jax.errors import UserError
@@ -29,12 +27,35 @@ from transformer_jax.model.loss import perplexity
 from transformer_jax.sharding import Placement
 from transformer_jax.workdir import Workdir
 
-# --checkpoint names besides `latest` and a step: each is a directory of `Workdir`, and how a
-# user makes it.
+log = logging.getLogger(__name__)
+
+# Checkpoints besides `latest` and a step: each is a directory of `Workdir`, and how a user
+# makes it.
 NAMED_CHECKPOINTS = {
     "averaged": "run --mode=average first",
     "best": "train with config.eval_every_steps > 0 and config.eval_bleu_sentences > 0",
 }
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+  """Which parameters of a work directory: `latest`, a `step`, `averaged` or `best`."""
+
+  name: str = "latest"  # "latest", "step" or one of NAMED_CHECKPOINTS.
+  step: int | None = None  # For "step".
+
+  @classmethod
+  def parse(cls, text: str) -> "Checkpoint":
+    """The checkpoint `--checkpoint=text` names; UserError for anything else."""
+    if text.isdigit():
+      return cls("step", int(text))
+    if text == "latest" or text in NAMED_CHECKPOINTS:
+      return cls(text)
+    raise UserError(f"--checkpoint={text!r} is not understood; allowed: latest, averaged, best "
+                    "or a step number")
+
+  def directory(self, workdir: Workdir) -> str:
+    return getattr(workdir, self.name) if self.name in NAMED_CHECKPOINTS else workdir.checkpoints
 
 
 @dataclasses.dataclass
@@ -50,54 +71,51 @@ class Loaded:
   label: str  # "step800", "averaged" or "best", for file names.
 
 
-def _manager_and_step(workdir: Workdir, checkpoint: str):
-  """The Orbax manager holding `checkpoint` and its step; UserError if there is none."""
-  if checkpoint not in NAMED_CHECKPOINTS and checkpoint != "latest" and not checkpoint.isdigit():
-    raise UserError(f"--checkpoint={checkpoint!r} is not understood; allowed: latest, averaged, "
-                    "best or a step number")
-  directory = getattr(workdir, checkpoint) if checkpoint in NAMED_CHECKPOINTS else (
-      workdir.checkpoints)
-  if not epath.Path(directory).is_dir():
-    hint = NAMED_CHECKPOINTS.get(checkpoint, "train first, or pass the --workdir of a trained run")
+def _manager_and_step(workdir: Workdir, checkpoint: Checkpoint):
+  """The Orbax manager holding `checkpoint` and its step, chosen from process 0's listing on every
+  process; UserError if there is none."""
+  directory = checkpoint.directory(workdir)
+  steps = integrity.process_zero_steps(store.committed_steps(directory))
+  if not steps:
+    hint = NAMED_CHECKPOINTS.get(checkpoint.name,
+                                 "train first, or pass the --workdir of a trained run")
     raise UserError(f"no checkpoint in {directory}: {hint}")
-  manager = store.make_manager(directory)
-  steps = manager.all_steps()
-  step = int(checkpoint) if checkpoint.isdigit() else (max(steps) if steps else None)
-  if step is None or step not in steps:
-    raise UserError(f"no checkpoint {'' if step is None else step} in {directory}"
-                    f"{'; steps there: ' + ', '.join(map(str, steps)) if steps else ''}")
-  return manager, step
+  step = max(steps) if checkpoint.step is None else checkpoint.step
+  if step not in steps:
+    raise UserError(f"no checkpoint {step} in {directory}; steps there: "
+                    f"{', '.join(map(str, steps))}")
+  return store.make_manager(directory), step, steps
 
 
 def _model(experiment: Experiment, workdir: Workdir) -> tuple[Placement, data.Tokenizer]:
   """The placed model of `experiment` with the vocabulary of `workdir`; UserError if it has none."""
-  vocab = experiment.data.vocab_path or tokenizer_lib.default_vocab_path(experiment.data, workdir.vocab)
-  if not epath.Path(vocab).exists():
-    raise UserError(f"no vocabulary at {vocab}: pass the --workdir of a trained run and its "
-                    "config (or --config.data.vocab_path)")
-  tokenizer = data.get_tokenizer(experiment.data, workdir.vocab)
+  try:
+    tokenizer = data.load_tokenizer(experiment.data, workdir.vocab)
+  except data.DataError as error:
+    raise UserError(f"{error}: pass the --workdir of a trained run and its config (or "
+                    "--config.data.vocab_path)") from None
   return experiment.placement(vocab_size=tokenizer.vocab_size), tokenizer
 
 
-def _check(manager, step: int, placement: Placement, tokenizer: data.Tokenizer) -> None:
-  """CheckpointMismatchError unless `step`'s parameters have the shapes of `placement`'s."""
-  store.check_layout(manager, step, placement.abstract_params, under=store.PARAMS, hint=(
-      "Use the config (config.model) and the vocabulary the model was trained with (here: "
-      f"{tokenizer.path}, {tokenizer.vocab_size} tokens)"))
+def _hint(tokenizer: data.Tokenizer) -> str:
+  """What to check when a checkpoint does not fit the model."""
+  return ("Use the config (config.model) and the vocabulary the model was trained with (here: "
+          f"{tokenizer.path}, {tokenizer.vocab_size} tokens)")
 
 
-def _describe(manager, checkpoint: str, step: int) -> str:
+def _describe(manager, checkpoint: Checkpoint, step: int) -> str:
   """The checkpoint for people: 'averaged 600-800 (5 checkpoints)', 'best (step 700)', 'step 800'."""
-  if checkpoint == "averaged":
+  if checkpoint.name == "averaged":
     steps = store.saved_info(manager, step).get("steps")
     if steps:
       return f"averaged {steps[0]}-{steps[-1]} ({len(steps)} checkpoints)"
-  if checkpoint in NAMED_CHECKPOINTS:
-    return f"{checkpoint} (step {step})"
+  if checkpoint.name in NAMED_CHECKPOINTS:
+    return f"{checkpoint.name} (step {step})"
   return f"step {step}"
 
 
-def load(experiment: Experiment, workdir: Workdir, checkpoint: str = "latest") -> Loaded:
+def load(experiment: Experiment, workdir: Workdir,
+         checkpoint: Checkpoint = Checkpoint()) -> Loaded:
   """The parameters named by `checkpoint` in `workdir`, restored onto the mesh of `experiment`.
 
   Raises UserError (FieldError, CheckpointMismatchError, ...) when the
@@ -106,14 +124,14 @@ def load(experiment: Experiment, workdir: Workdir, checkpoint: str = "latest") -
   vocabulary.
   """
   experiment.check_devices(jax.device_count())
-  manager, step = _manager_and_step(workdir, checkpoint)
+  manager, step, _ = _manager_and_step(workdir, checkpoint)
   placement, tokenizer = _model(experiment, workdir)
-  _check(manager, step, placement, tokenizer)
-  params = store.restore_params(manager, placement.abstract_params, step=step)
+  params = store.restore_params(manager, placement.abstract_params, step=step,
+                                hint=_hint(tokenizer))
   name = _describe(manager, checkpoint, step)
-  logging.info("restored the parameters of %s from %s", name, manager.directory)
+  log.info("restored the parameters of %s from %s", name, manager.directory)
   manager.close()
-  label = checkpoint if checkpoint in NAMED_CHECKPOINTS else f"step{step}"
+  label = checkpoint.name if checkpoint.name in NAMED_CHECKPOINTS else f"step{step}"
   return Loaded(placement, params, tokenizer, workdir, step, name, label)
 
 
@@ -125,31 +143,26 @@ def average(experiment: Experiment, workdir: Workdir) -> dict:
   checkpoints than asked for are averaged with a warning; none is a UserError.
   """
   experiment.check_devices(jax.device_count())
-  manager, _ = _manager_and_step(workdir, "latest")
+  manager, _, steps = _manager_and_step(workdir, Checkpoint())
   placement, tokenizer = _model(experiment, workdir)
-  for step in reversed(manager.all_steps()):  # The newest whose metadata reads.
-    try:
-      _check(manager, step, placement, tokenizer)
-      break
-    except store.CorruptCheckpointError:
-      continue  # Averaging skips it, naming it.
   start = time.perf_counter()
-  params, steps = average_lib.average_params(manager, manager.all_steps(),
-                                             placement.abstract_params,
-                                             count=experiment.average_last)
+  params, steps = average_lib.average_params(manager, steps, placement.abstract_params,
+                                             count=experiment.average_last,
+                                             hint=_hint(tokenizer))
   manager.close()
   if len(steps) < experiment.average_last:
-    logging.warning("averaged %d checkpoints, not config.average_last=%d: only %d in %s read "
-                    "back intact", len(steps), experiment.average_last, len(steps), manager.directory)
+    log.warning("averaged %d checkpoints, not config.average_last=%d: only %d in %s read "
+                "back intact", len(steps), experiment.average_last, len(steps), manager.directory)
   out = store.make_params_manager(workdir.averaged)
   store.save_params(out, steps[-1], params, steps=steps)
   out.close()
-  logging.info("averaged steps %s into %s in %.1f s", steps, out.directory,
-               time.perf_counter() - start)
+  log.info("averaged steps %s into %s in %.1f s", steps, out.directory,
+           time.perf_counter() - start)
   return {"steps": steps, "directory": str(out.directory / str(steps[-1]))}
 
 
-def evaluate_split(experiment: Experiment, workdir: Workdir, checkpoint: str = "latest") -> dict:
+def evaluate_split(experiment: Experiment, workdir: Workdir,
+                   checkpoint: Checkpoint = Checkpoint()) -> dict:
   """Decode `decode.split` with the paper's search, score it, write the files.
 
   Writes `<workdir>/eval/<split>-<checkpoint>-<search>.txt` (one hypothesis
@@ -195,8 +208,8 @@ def evaluate_split(experiment: Experiment, workdir: Workdir, checkpoint: str = "
   return record
 
 
-def translate_file(experiment: Experiment, workdir: Workdir, checkpoint: str, input_path: str | None,
-                   output_path: str | None) -> dict:
+def translate_file(experiment: Experiment, workdir: Workdir, checkpoint: Checkpoint,
+                   input_path: str | None, output_path: str | None) -> dict:
   """Translate the lines of `input_path` (stdin for None or '-') into `output_path` (stdout).
 
   One line out per line in, in order (written by process 0). Returns

@@ -5,16 +5,16 @@ to `fit`; each evaluation also scores validation BLEU and keeps the best paramet
 
 import contextlib
 import dataclasses
+import logging
 import time
 
-from absl import logging
-from etils import epath
 import jax
 from jax.experimental import multihost_utils
 import numpy as np
 
 from transformer_jax import data, hosts
-from transformer_jax.checkpoints import recovery, store
+from transformer_jax import fileio
+from transformer_jax.checkpoints import integrity, recovery, store
 from transformer_jax.decode import best, metrics
 from transformer_jax.decode.translator import Translator
 from transformer_jax.experiment.settings import Experiment
@@ -23,6 +23,8 @@ from transformer_jax.train.loop import PreemptionWatch, fit
 from transformer_jax.train.reporting import TrainLogger, measure_matmul_flops
 from transformer_jax.train.step import Trainer, TrainState
 from transformer_jax.workdir import Workdir
+
+log = logging.getLogger(__name__)
 
 
 def make_trainer(experiment: Experiment, *, vocab_size: int, devices=None):
@@ -50,7 +52,7 @@ def train(experiment: Experiment, workdir: Workdir, *, description: str = "") ->
   workdir.create()
   with _holding(workdir, experiment.host_timeout_seconds):
     if jax.process_index() == 0:
-      epath.Path(workdir.config_file).write_text(description or f"{experiment}\n")
+      fileio.write_atomically(workdir.config_file, description or f"{experiment}\n")
     # No limit of its own: fit deletes old steps, safely (recovery.delete_steps).
     manager = store.make_manager(workdir.checkpoints)
     with PreemptionWatch(manager,
@@ -74,7 +76,7 @@ def _holding(workdir: Workdir, timeout_seconds: int):
       refused = error
     else:
       if taken_over:
-        logging.warning("%s", taken_over)
+        log.warning("%s", taken_over)
   try:
     if jax.process_count() > 1:
       held = multihost_utils.broadcast_one_to_all(np.int32(refused is None))
@@ -83,7 +85,7 @@ def _holding(workdir: Workdir, timeout_seconds: int):
             f"process 0 could not take the lock {lock.path} of the work directory (see its error)")
     if refused is not None:
       raise refused
-    beating = (hosts.Heartbeat([lock.path], record, hosts.beat_interval(timeout_seconds))
+    beating = (lock.heartbeat(record, hosts.beat_interval(timeout_seconds))
                if jax.process_index() == 0 else contextlib.nullcontext())
     with beating:
       yield
@@ -111,12 +113,12 @@ def _imported_start(manager, trainer: Trainer) -> TrainState | None:
   """When the only checkpoint is a params-only step 0 (an imported model, see
   `transformer_jax.pretrained`): a fresh state at step 0 with those parameters; else None."""
   manager.reload()
-  if manager.all_steps() != [0] or not store.is_params_only(manager, 0):
+  if integrity.process_zero_steps(manager.all_steps()) != [0] or not store.is_params_only(
+      manager, 0):
     return None
-  abstract = trainer.abstract_state.params
-  store.check_layout(manager, 0, abstract, under=store.PARAMS, hint=(
+  params = store.restore_params(manager, trainer.abstract_state.params, step=0, hint=(
       "Train the imported model with the config the import wrote (<workdir>/config.py)"))
-  return trainer.init().replace(params=store.restore_params(manager, abstract, step=0))
+  return trainer.init().replace(params=params)
 
 
 def _train(experiment: Experiment, workdir: Workdir, manager, preemption) -> TrainState:
@@ -127,29 +129,29 @@ def _train(experiment: Experiment, workdir: Workdir, manager, preemption) -> Tra
   trainer, schedule = make_trainer(experiment, vocab_size=tokenizer.vocab_size)
   placement = trainer.placement
   model_config = placement.model.config
-  logging.info("model: %s, %s parameters; mesh %s; sharding rules %s", model_config,
-               f"{count_params(model_config):,}", dict(placement.mesh.shape), placement.rules)
+  log.info("model: %s, %s parameters; mesh %s; sharding rules %s", model_config,
+           f"{count_params(model_config):,}", dict(placement.mesh.shape), placement.rules)
   shard_index, shard_count = placement.data_shard
   train_iter = iter(data.make_train_loader(experiment.data, tokenizer, seed=experiment.seed,
                                            shard_index=shard_index, shard_count=shard_count))
   state = _imported_start(manager, trainer)
   if state is not None:
-    logging.info("starting from the imported parameters of %s/0", manager.directory)
+    log.info("starting from the imported parameters of %s/0", manager.directory)
   else:
     state = _resume(experiment, manager, trainer, train_iter)
     if state is None:
       state = trainer.init()
     else:
-      logging.info("resumed from %s at step %d", manager.directory, int(state.step))
+      log.info("resumed from %s at step %d", manager.directory, int(state.step))
   peak = experiment.peak_flops_per_device or measure_matmul_flops(model_config.compute_dtype)
-  logging.info("peak FLOP/s per device for MFU: %.3g (%s)", peak,
-               "config.peak_flops_per_device" if experiment.peak_flops_per_device else
-               "measured on a square matmul")
+  log.info("peak FLOP/s per device for MFU: %.3g (%s)", peak,
+           "config.peak_flops_per_device" if experiment.peak_flops_per_device else
+           "measured on a square matmul")
   logger = TrainLogger(workdir.tensorboard, total_steps=experiment.fit.num_train_steps,
                        start_step=int(state.step), learning_rate_fn=schedule,
                        peak_flops=peak * jax.device_count())
-  logging.info("set-up (vocabulary, data, parameters or checkpoint, peak FLOP/s) took %.1f s",
-               time.perf_counter() - start)
+  log.info("set-up (vocabulary, data, parameters or checkpoint, peak FLOP/s) took %.1f s",
+           time.perf_counter() - start)
   return fit(trainer, state, train_iter, experiment.fit, logger=logger,
              manager=manager, stop_requested=preemption,
              evaluate=_evaluator(experiment, workdir, placement, tokenizer))

@@ -17,6 +17,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from transformer_jax import config as config_lib
+from transformer_jax import experiment
 from transformer_jax.errors import UserError
 from transformer_jax.pretrained import convert
 from transformer_jax.workdir import Workdir
@@ -46,7 +47,7 @@ def run(command: str) -> None:
     if _CONFIG.value is None or _OUTPUT.value is None:
       raise UserError("export needs --config=FILE and --output=DIR")
     result = convert.export_marian(config_lib.parse(_CONFIG.value), Workdir(_WORKDIR.value),
-                                   _OUTPUT.value, _CHECKPOINT.value)
+                                   _OUTPUT.value, experiment.Checkpoint.parse(_CHECKPOINT.value))
     print(f"exported {result['checkpoint']} to {result['directory']}")
 
 

@@ -23,16 +23,14 @@ import numpy as np
 from safetensors.numpy import save_file
 import sentencepiece as spm
 
-from transformer_jax import sharding
+from transformer_jax import fileio, sharding
 from transformer_jax.checkpoints import store
 from transformer_jax.data import marian as marian_vocab
-from transformer_jax.experiment import Experiment, load
+from transformer_jax.experiment import Checkpoint, Experiment, load
 from transformer_jax.model.transformer import TransformerConfig, preset_fields
 from transformer_jax.pretrained import generation, marian, weights
 from transformer_jax.workdir import Workdir
 
-CONFIG_FILE = "config.py"
-VOCAB_DIR = ("vocab", "marian")
 
 _CONFIG_TEMPLATE = '''"""A Marian model imported from {source}.
 
@@ -89,16 +87,16 @@ def import_marian(source: str, work: Workdir) -> dict:
   except KeyError as error:
     raise marian.MarianError(f"the weights of {source} lack {error}") from None
   work.create()
-  vocab_dir = os.path.join(work.root, *VOCAB_DIR)
+  vocab_dir = work.marian_vocab
   os.makedirs(vocab_dir, exist_ok=True)
   for name in marian_vocab.FILES:
     shutil.copyfile(os.path.join(source, name), os.path.join(vocab_dir, name))
-  config_file = os.path.join(work.root, CONFIG_FILE)
-  with open(config_file, "w", encoding="utf-8") as f:
-    f.write(_CONFIG_TEMPLATE.format(
-        source=os.path.abspath(source), config_file=config_file, workdir=work.root,
-        model=fields, decode=decode,
-        vocab_dir=", ".join(repr(part) for part in VOCAB_DIR), vocab_size=len(vocab)))
+  config_file = work.imported_config
+  fileio.write_atomically(config_file, _CONFIG_TEMPLATE.format(
+      source=os.path.abspath(source), config_file=config_file, workdir=work.root,
+      model=fields, decode=decode,
+      vocab_dir=", ".join(map(repr, os.path.relpath(vocab_dir, work.root).split(os.sep))),
+      vocab_size=len(vocab)))
   model = TransformerConfig(vocab_size=len(vocab), **preset_fields("base", **fields))
   placement = sharding.Placement(model, sharding.make_mesh({"data": -1}),
                                  sharding.logical_rules("dp"))
@@ -111,7 +109,7 @@ def import_marian(source: str, work: Workdir) -> dict:
 
 
 def export_marian(experiment: Experiment, workdir: Workdir, output: str,
-                  checkpoint: str = "latest") -> dict:
+                  checkpoint: Checkpoint = Checkpoint()) -> dict:
   """Write the model of `workdir` (the parameters `checkpoint` names) as a Marian directory.
 
   A work directory trained with the project's own SentencePiece vocabulary

@@ -7,13 +7,13 @@ then for each mode the time to the first batch and the steady batches/s and
 real tokens/s, over --seconds of pulling batches as fast as possible.
 """
 
+import dataclasses
 import time
 
 from absl import app
 from absl import flags
 
 from transformer_jax import data
-from transformer_jax.data import config as data_config
 from transformer_jax.workdir import Workdir
 
 FLAGS = flags.FLAGS
@@ -50,13 +50,12 @@ def _measure(c, tokenizer, seconds):
 
 def main(argv):
   del argv
-  c = data.default_config()
-  c.name, c.data_dir, c.num_workers = FLAGS.name, FLAGS.data_dir, FLAGS.num_workers
+  base = data.DataConfig(name=FLAGS.name, data_dir=FLAGS.data_dir, num_workers=FLAGS.num_workers)
   start = time.perf_counter()
-  tokenizer = data.get_tokenizer(c, Workdir(FLAGS.workdir).vocab)
+  tokenizer = data.get_tokenizer(base, Workdir(FLAGS.workdir).vocab)
   print(f"dataset + vocabulary ready in {time.perf_counter() - start:.1f} s")
-  for mode in data_config.BATCH_MODES:
-    c.batch_mode = mode
+  for mode in data.BATCH_MODES:
+    c = dataclasses.replace(base, batch_mode=mode)
     shape = {"tokens": f"tokens_per_batch={c.tokens_per_batch}",
              "packed": f"[{c.batch_size}, {c.max_length}]",
              "padded": f"tokens_per_batch={c.tokens_per_batch}, rows of "

@@ -2,20 +2,30 @@
 
 A point of the grid is `tokens` per batch on each side (source tokens =
 target tokens, padding included, as `data.tokens_per_batch` counts them) in
-rows of `length` source and `length` target tokens. `benchmark.run_sweep`
-times the train step at each point and returns one record (a dict) per point;
-the table and the figure here are drawn from such records alone.
+rows of `length` source and `length` target tokens. `run_sweep` times the
+train step at each point and returns one record (a dict) per point; the table
+and the figure are drawn from such records alone.
 """
 
-import dataclasses
-import pathlib
 from collections.abc import Sequence
+import dataclasses
+import logging
+import pathlib
+
+import jax
 
 from transformer_jax.errors import UserError
+from transformer_jax.model.transformer import TransformerConfig
+from transformer_jax.tools import step_benchmark
+from transformer_jax.tools.timing import real_tokens, summary, time_alternating
+
+log = logging.getLogger(__name__)
 
 DEFAULT_TOKENS = (1024, 2048, 4096)
 DEFAULT_LENGTHS = (32, 64, 128, 256)
 MATPLOTLIB_HINT = "pip install -e '.[bench]' (or '.[test]'), or --plot= for no figure"
+# The sweep's model keeps TransformerConfig's default positional table, the same at every point.
+SWEEP_MAX_LEN = TransformerConfig.max_len
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +75,38 @@ def grid(tokens: Sequence[int], lengths: Sequence[int], *, max_len: int,
             f"{row_multiple} device(s))")
       points.append(Point(count, length, rows))
   return points
+
+
+def run_sweep(workload: step_benchmark.Workload, points: list[Point], *, steps: int, warmup: int,
+              dtype: str, scan_layers: bool = False, remat: str = "none", block: int = 5) -> dict:
+  """The train step of `workload`'s model timed as `step_benchmark.run` times it, on a synthetic batch of each
+  of `points` (`grid`) in turn; one state trains throughout, each point's first step
+  compiles. Returns the results as a JSON-ready dict, one record per point in "points"."""
+  cfg = step_benchmark.model_config(workload, dtype=dtype, scan_layers=scan_layers, remat=remat,
+                                    max_len=SWEEP_MAX_LEN)
+  trainer = step_benchmark.paper_trainer(cfg)
+  state = trainer.init()
+  records = []
+  for index, point in enumerate(points):
+    log.info("sweep point %d of %d: %s", index + 1, len(points), point)
+    shape = dataclasses.replace(workload, batch=point.rows, source_length=point.length,
+                                target_length=point.length)
+    batch = step_benchmark.synthetic_batch(shape, cfg.vocab_size)
+
+    def step(batch=batch):
+      nonlocal state
+      state, metrics = trainer.train_step(state, batch)
+      return metrics["loss"]
+
+    first, times = time_alternating({"step": step}, steps=steps, warmup=warmup, block=block)
+    step_s, tokens = summary(times["step"]), real_tokens(batch)
+    records.append({**dataclasses.asdict(point), "real_tokens_per_step": tokens,
+                    "first_step_s": first["step"], "step_s": step_s,
+                    "tokens_per_s": tokens / step_s["median"]})
+  return {"config": dataclasses.asdict(cfg), "device": str(jax.local_devices()[0].device_kind),
+          "devices": jax.device_count(), "steps": steps, "warmup": warmup, "points": records}
+
+
 
 
 def format_table(records: Sequence[dict]) -> str:

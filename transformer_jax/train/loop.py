@@ -2,13 +2,13 @@
 
 import contextlib
 import dataclasses
+import logging
 import os
 import signal
 import threading
 import time
 from typing import Callable
 
-from absl import logging
 import jax
 import jax.numpy as jnp
 
@@ -18,6 +18,8 @@ from transformer_jax.errors import UserError
 from transformer_jax.model.loss import add_sums
 from transformer_jax.train.reporting import TrainLogger
 from transformer_jax.train.step import Trainer, TrainState
+
+log = logging.getLogger(__name__)
 
 
 class PreemptionWatch:
@@ -47,7 +49,7 @@ class PreemptionWatch:
     del signum, frame
     if self.signalled:
       return
-    logging.warning("SIGTERM: saving a checkpoint after this step, then stopping")
+    log.warning("SIGTERM: saving a checkpoint after this step, then stopping")
     self.signalled = True
     if self.grace_seconds > 0:
       self._timer = threading.Timer(self.grace_seconds, self._expire)
@@ -55,10 +57,11 @@ class PreemptionWatch:
       self._timer.start()
 
   def _expire(self):
-    logging.error("no checkpoint within %g s of SIGTERM (preemption_grace_seconds); "
-                  "exiting without one: the steps since the latest checkpoint in %s are lost",
-                  self.grace_seconds, self.manager.directory)
-    logging.flush()
+    log.error("no checkpoint within %g s of SIGTERM (preemption_grace_seconds); "
+              "exiting without one: the steps since the latest checkpoint in %s are lost",
+              self.grace_seconds, self.manager.directory)
+    for handler in logging.getLogger().handlers:  # The line above, before the exit.
+      handler.flush()
     self.exit_fn(128 + signal.SIGTERM)
 
   def __call__(self, step: int) -> bool:
@@ -141,8 +144,8 @@ def _next_batch(train_iter, step: int, trainer: Trainer, shapes: set) -> tuple[d
     return batch, False
   trainer.check_batch(batch)
   shapes.add(shape)
-  logging.info("step %d: compiling the train step for batch shape %s (inputs) %s (targets)",
-               step + 1, *shape)
+  log.info("step %d: compiling the train step for batch shape %s (inputs) %s (targets)",
+           step + 1, *shape)
   return batch, True
 
 
@@ -200,8 +203,8 @@ def fit(trainer: Trainer, state: TrainState, train_iter, settings: FitSettings, 
                                      keep=settings.keep_checkpoints)
   stop = step < last and stop_requested(step)
   if stop:
-    logging.warning("stopped before the first step of this run (step %d); nothing new to save",
-                    step)
+    log.warning("stopped before the first step of this run (step %d); nothing new to save",
+                step)
   phases = _Phases()
   while step < last and not stop:
     batch, new_shape = _next_batch(train_iter, step, trainer, shapes)
@@ -235,7 +238,7 @@ def fit(trainer: Trainer, state: TrainState, train_iter, settings: FitSettings, 
   with phases.timing("checkpointing"):
     writer.finish()
   if stop and step > start_step:
-    logging.warning("stopped at step %d for preemption; checkpoint saved", step)
+    log.warning("stopped at step %d for preemption; checkpoint saved", step)
   seconds = time.perf_counter() - start
   logger.close(step, seconds=seconds, steps=step - start_step,
                checkpoints=f"{manager.directory} (latest {manager.latest_step()})",

@@ -32,14 +32,6 @@ def learning_rate_schedule(*, d_model: int, warmup_steps: int, scale: float = 1.
       count + 1, d_model=d_model, warmup_steps=warmup_steps, scale=scale)
 
 
-def make_optimizer(schedule, *, b1: float, b2: float, eps: float, grad_clip_norm: float = 0.0):
-  """Adam with the given schedule, after global-norm clipping when `grad_clip_norm > 0`."""
-  adam = optax.adam(schedule, b1=b1, b2=b2, eps=eps)
-  if grad_clip_norm > 0:
-    return optax.chain(optax.clip_by_global_norm(grad_clip_norm), adam)
-  return adam
-
-
 @dataclasses.dataclass(frozen=True)
 class OptimizerSettings:
   """The paper's Adam and learning-rate schedule (`config.learning_rate` ... `config.grad_clip_norm`);
@@ -59,11 +51,14 @@ class OptimizerSettings:
     schema.check(self, "optimizer")
 
   def make(self, d_model: int):
-    """`(optax optimizer, learning-rate schedule)` for a model of width `d_model`."""
+    """`(optax optimizer, learning-rate schedule)` for a model of width `d_model`: Adam on the
+    schedule, after global-norm clipping when `grad_clip_norm > 0`."""
     schedule = learning_rate_schedule(d_model=d_model, warmup_steps=self.warmup_steps,
                                       scale=self.learning_rate)
-    return make_optimizer(schedule, b1=self.adam_b1, b2=self.adam_b2, eps=self.adam_eps,
-                          grad_clip_norm=self.grad_clip_norm), schedule
+    adam = optax.adam(schedule, b1=self.adam_b1, b2=self.adam_b2, eps=self.adam_eps)
+    if self.grad_clip_norm > 0:
+      return optax.chain(optax.clip_by_global_norm(self.grad_clip_norm), adam), schedule
+    return adam, schedule
 
 
 def train_flops(cfg: TransformerConfig, *, source_tokens: float, target_tokens: float,

@@ -2,16 +2,18 @@
 
 from collections.abc import Mapping
 import datetime
+import logging
 import sys
 import time
 
-from absl import logging
 import jax
 import jax.numpy as jnp
 import tensorboardX
 import tqdm
 
 from transformer_jax.model.loss import perplexity
+
+log = logging.getLogger(__name__)
 
 
 def measure_matmul_flops(dtype=jnp.float32, device: jax.Device | None = None) -> float:
@@ -39,7 +41,7 @@ def per_token(sums: Mapping[str, float]) -> dict:
 class TrainLogger:
   """What the user sees of a run: log lines, TensorBoard scalars and a terminal progress bar.
 
-  Every process logs lines through absl; process 0 also writes TensorBoard
+  Every process logs lines through Python's logging; process 0 also writes TensorBoard
   event files (tensorboardX, no TensorFlow) into `tensorboard_dir` and,
   when stderr is a terminal, draws a progress bar.
   """
@@ -63,7 +65,7 @@ class TrainLogger:
   def _line(self, text: str):
     if self.bar is not None:
       self.bar.clear()
-    logging.info("%s", text)
+    log.info("%s", text)
     if self.bar is not None:
       self.bar.refresh()
 
@@ -149,6 +151,6 @@ class TrainLogger:
       text += f"; {self.skipped} non-finite updates skipped"
     if phases:
       text += "; " + ", ".join(f"{name} {value:.1f} s" for name, value in phases.items())
-    logging.info("%s; checkpoints in %s", text, checkpoints)
+    log.info("%s; checkpoints in %s", text, checkpoints)
     if self.writer is not None:
       self.writer.close()

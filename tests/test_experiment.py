@@ -1,0 +1,32 @@
+"""The experiment from Python: the README's example runs as written, on the tiny corpus."""
+
+import pathlib
+import re
+
+import helpers
+
+README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+
+
+def _example() -> str:
+  """The code block of the README's "From Python" section."""
+  section = README.read_text().split("### From Python\n", 1)[1]
+  return re.search(r"```python\n(.*?)```", section, re.DOTALL)[1]
+
+
+def test_the_readme_example_trains_translates_and_leaves_its_checkpoints(tmp_path_factory,
+                                                                        tmp_path, capfd):
+  shared = helpers.shared_dir(tmp_path_factory)
+  code = _example()
+  tiny = (f'name="embedded_tiny", data_dir={str(shared / "tfds")!r}, vocab_size=200, '
+          f'vocab_path={str(shared / "vocab.model")!r}')
+  for old, new in (('name="embedded"', tiny),
+                   ('"/tmp/transformer_jax_from_python"', repr(str(tmp_path)))):
+    assert code.count(old) == 1, old
+    code = code.replace(old, new)
+  assert len(code.strip().splitlines()) < 20
+  exec(compile(code, str(README), "exec"), {})  # pylint: disable=exec-used
+  lines = capfd.readouterr().out.splitlines()[-3:]  # After what TFDS prints on first use.
+  assert all(" -> " in line for line in lines), lines
+  assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["20", "40"]
+  assert (tmp_path / "tensorboard").is_dir() and (tmp_path / "config.txt").exists()

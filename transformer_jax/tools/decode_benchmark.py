@@ -1,0 +1,29 @@
+"""The decoding benchmark: beam search and greedy decoding of a fixed shape, timed."""
+
+import jax.numpy as jnp
+import numpy as np
+
+from transformer_jax.conventions import UNK_ID
+from transformer_jax.decode import search
+from transformer_jax.tools.timing import summary, timed
+
+SENTENCES, SOURCE_LENGTH, OUTPUT_LENGTH = 16, 32, 48
+
+
+def measure_decoding(model, params, runs: int) -> dict:
+  """Seconds per batch for beam 4 (alpha 0.6) and greedy, forced to OUTPUT_LENGTH tokens."""
+  vocab = model.config.vocab_size
+  inputs = jnp.asarray(np.random.default_rng(1).integers(
+      UNK_ID + 1, vocab, (SENTENCES, SOURCE_LENGTH)), jnp.int32)
+  variables = {"params": params}
+  common = dict(max_len=OUTPUT_LENGTH, max_extra=OUTPUT_LENGTH, eos_id=-1)
+  searches = {
+      "beam4": lambda: search.beam_search(model, variables, inputs, beam_size=4, alpha=0.6,
+                                          **common).tokens,
+      "greedy": lambda: search.greedy_decode(model, variables, inputs, **common).tokens,
+  }
+  results = {}
+  for name, fn in searches.items():
+    first = timed(fn)
+    results[name] = {"first": first, **summary([timed(fn) for _ in range(runs)])}
+  return results
