@@ -1,9 +1,15 @@
-"""The experiment from Python: the README's example runs as written, on the tiny corpus."""
+"""The experiment from Python: the README's example runs as written, on the tiny corpus; the
+checkpoint a trained model is loaded from."""
 
 import pathlib
 import re
 
+import pytest
+
 import helpers
+from transformer_jax import experiment
+from transformer_jax.errors import UserError
+from transformer_jax.workdir import Workdir
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 
@@ -30,3 +36,17 @@ def test_the_readme_example_trains_translates_and_leaves_its_checkpoints(tmp_pat
   assert all(" -> " in line for line in lines), lines
   assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["20", "40"]
   assert (tmp_path / "tensorboard").is_dir() and (tmp_path / "config.txt").exists()
+
+
+def test_checkpoint_names_parse_and_anything_else_is_refused():
+  assert experiment.Checkpoint.parse("800") == experiment.Checkpoint("step", 800)
+  assert experiment.Checkpoint.parse("latest") == experiment.Checkpoint()
+  workdir = Workdir("/runs/base")
+  assert experiment.Checkpoint.parse("averaged").directory(workdir) == "/runs/base/averaged"
+  assert experiment.Checkpoint.parse("best").directory(workdir) == "/runs/base/best"
+  assert experiment.Checkpoint.parse("12").directory(workdir) == "/runs/base/checkpoints"
+  with pytest.raises(UserError, match="--checkpoint='step9' is not understood; allowed: latest"):
+    experiment.Checkpoint.parse("step9")
+  for name, step in (("step", None), ("latest", 3), ("newest", None)):
+    with pytest.raises(ValueError, match="is not a checkpoint"):
+      experiment.Checkpoint(name, step)

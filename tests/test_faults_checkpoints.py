@@ -80,6 +80,9 @@ def _equal(a, b):
   jax.tree.map(lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y)), a, b)
 
 
+# A failed read leaves none of Orbax's other reads of that step unfinished to end as "Exception
+# ignored" noise (`store._reads_that_finish`).
+@pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
 @pytest.mark.parametrize("damage", DAMAGE)
 def test_a_broken_newest_checkpoint_is_reported_and_the_one_before_is_used(
     trainer, saved, damage, caplog):

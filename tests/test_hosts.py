@@ -144,6 +144,7 @@ def test_of_two_runs_taking_over_a_stale_lock_at_once_exactly_one_gets_it(tmp_pa
     assert hosts.read_record(str(tmp_path / str(r) / "lock.json"))["pid"] == winners[0]
     assert os.listdir(tmp_path / str(r)) == ["lock.json"]  # Nothing left aside.
 
+
 def test_the_refresh_stops_when_another_run_holds_the_lock(tmp_path, caplog):
   lock = hosts.WorkdirLock(Workdir(str(tmp_path)), stale_after=60)
   record = hosts.own_record()

@@ -88,7 +88,8 @@ def test_outside_the_data_package_only_its_public_api_is_used():
     if path.relative_to(PACKAGE).parts[0] == "data":
       continue
     for node in ast.walk(ast.parse(path.read_text())):
-      if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("transformer_jax.data"):
+      module = node.module if isinstance(node, ast.ImportFrom) else None
+      if (module or "").startswith("transformer_jax.data"):
         where = path.relative_to(REPO)
         assert node.module == "transformer_jax.data", f"{where} imports {node.module}"
         assert {alias.name for alias in node.names} <= public, f"{where}: not in data.__all__"

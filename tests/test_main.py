@@ -103,8 +103,8 @@ def test_bad_flags_fail_before_compiling(shared, tmp_path):
   cases = {
       "--config.num_train_steps=0": "config.num_train_steps must be a positive integer; got 0",
       "--config.mesh.data=3": "needs 3 devices but 1 are present",
-      "--config.data.batch_mode=rows": "config.data.batch_mode must be 'tokens' or 'packed' or "
-                                   "'padded'; got 'rows'",
+      "--config.data.batch_mode=rows": ("config.data.batch_mode must be 'tokens' or 'packed' "
+                                        "or 'padded'; got 'rows'"),
   }
   runs = {flag: helpers.Run(shared, tmp_path / str(i), flag) for i, flag in enumerate(cases)}
   # A misspelled override is refused while the flags are parsed, naming it.

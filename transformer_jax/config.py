@@ -53,6 +53,13 @@ def parse(config: ml_collections.ConfigDict) -> Experiment:
   return schema.build(Experiment, config.to_dict())
 
 
+def _described(error: Exception) -> str:
+  """`error` in a line: a FieldError by its `--config.` path, anything else with its type."""
+  if isinstance(error, FieldError):
+    return user_message(error)
+  return f"{type(error).__name__}: {error}"
+
+
 def user_message(error: UserError) -> str:
   """The message of `error` for the command line: a FieldError names its `--config.` path."""
   return f"config.{error}" if isinstance(error, FieldError) else str(error)
@@ -72,8 +79,7 @@ def load_file(spec: str) -> ml_collections.ConfigDict:
   try:
     loader.exec_module(module)
   except Exception as error:  # pylint: disable=broad-except  # Whatever the user's file raises.
-    raise ConfigError(f"--config={spec}: the file does not load: "
-                    f"{type(error).__name__}: {error}") from None
+    raise ConfigError(f"--config={spec}: the file does not load: {_described(error)}") from None
   get_config = getattr(module, "get_config", None)
   if not callable(get_config):
     raise ConfigError(f"--config={spec}: the file has no get_config(); a config file defines "
@@ -87,7 +93,7 @@ def load_file(spec: str) -> ml_collections.ConfigDict:
   try:
     config = get_config(*variant)
   except Exception as error:  # pylint: disable=broad-except
-    raise ConfigError(f"--config={spec}: {type(error).__name__}: {error}") from None
+    raise ConfigError(f"--config={spec}: {_described(error)}") from None
   if not isinstance(config, ml_collections.ConfigDict):
     raise ConfigError(f"--config={spec}: get_config() returned {type(config).__name__}, not an "
                     "ml_collections.ConfigDict")

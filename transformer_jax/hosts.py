@@ -82,8 +82,9 @@ class Heartbeat:
   thread, while in its `with` block; on leaving it, marks the records ended.
 
   With `owned`, a file is rewritten only while it still names this process
-  (`same_process`): one that another process took is left alone, with an
-  error logged once.
+  (`same_process`): one that names another process is left alone, with an
+  error logged once; one that cannot be read this beat (being replaced) is
+  tried again at the next.
   """
 
   def __init__(self, paths: list[str], record: dict, interval: float, *, owned: bool = False):
@@ -97,11 +98,15 @@ class Heartbeat:
     for path in self.paths:
       if path in self.lost:
         continue
-      if self.owned and not same_process(read_record(path), self.record):
-        self.lost.add(path)
-        log.error("%s no longer names this run (%s): another run took it over; this run no "
-                  "longer refreshes it", path, describe(read_record(path) or {}))
-        continue
+      if self.owned:
+        holder = read_record(path)
+        if holder is None:
+          continue
+        if not same_process(holder, self.record):
+          self.lost.add(path)
+          log.error("%s no longer names this run (%s): another run took it over; this run no "
+                    "longer refreshes it", path, describe(holder))
+          continue
       try:
         write_record(path, self.record)
       except Exception as error:  # Whatever the storage raised: the next beat tries again.
@@ -221,11 +226,20 @@ class WorkdirLock:
       return
     try:
       if read_record(aside) != holder:  # Taken by another run meanwhile: give it back.
-        os.link(aside, self.path)
+        self._give_back(aside)
+    finally:
+      if os.path.exists(aside):
+        os.unlink(aside)
+
+  def _give_back(self, aside: str) -> None:
+    """Put the lock moved to `aside` back, unless a lock appeared meanwhile."""
+    try:
+      os.link(aside, self.path)  # Fails when a lock exists.
     except FileExistsError:
       log.error("the lock %s of another run was replaced while being given back", self.path)
-    finally:
-      os.unlink(aside)
+    except OSError:  # A file system without hard links.
+      if not os.path.exists(self.path):
+        os.rename(aside, self.path)
 
   def _create(self, record: dict) -> bool:
     if "://" in self.path:  # Object stores have no exclusive create: the check is best effort.

@@ -52,9 +52,9 @@ import ml_collections
 import numpy as np
 from ml_collections import config_flags
 
+from transformer_jax import compilation_cache, hosts, supervisor
 from transformer_jax import config as config_lib
 from transformer_jax import experiment as experiment_lib
-from transformer_jax import compilation_cache, hosts, supervisor
 from transformer_jax.compile import experiment as compile_experiment
 from transformer_jax.compile import table as compile_table
 from transformer_jax.compile import targets as compile_targets

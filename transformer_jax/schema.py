@@ -1,4 +1,4 @@
-"""Typed settings: frozen dataclasses whose fields each declare a default, what they allow and a help.
+"""Typed settings: frozen dataclasses whose fields each declare a default, what they allow, a help.
 
 A settings class declares its fields with `setting` (or the shorthands
 `count`, `number`, `choice`, `flag`, `text`) and calls `check(self, owner)`

@@ -93,12 +93,7 @@ def resolve_mesh_shape(shape: Mapping[str, int], num_devices: int) -> tuple[int,
   if unknown:
     raise FieldError("mesh", "", f" has unknown axes {sorted(unknown)}; allowed: "
                      f"{', '.join(MESH_AXES)}")
-  sizes = [shape.get(axis, 1) for axis in MESH_AXES]
-  for axis, size in zip(MESH_AXES, sizes):
-    if isinstance(size, bool) or not isinstance(size, int) or (size < 1 and size != -1):
-      raise FieldError("mesh", axis, f" must be a positive integer or -1 (the rest); got {size!r}")
-  if sizes.count(-1) > 1:
-    raise FieldError("mesh", "", ": at most one axis may be -1 (the rest of the devices)")
+  sizes = list(MeshConfig(**{axis: shape.get(axis, 1) for axis in MESH_AXES}).shape.values())
   known = math.prod(s for s in sizes if s != -1)
   if -1 in sizes:
     if num_devices % known:
@@ -270,6 +265,12 @@ class Placement:
     self.batch_sharding = batch_sharding(mesh, rules)
     self.batch_shards = num_batch_shards(dict(mesh.shape), rules)
     self.data_shard = data_shard(self.batch_sharding)
+
+  @classmethod
+  def data_parallel(cls, model_config: TransformerConfig, devices=None) -> "Placement":
+    """The model replicated on every one of `devices` (default: all), the batch split over them
+    (rules `dp`)."""
+    return cls(model_config, make_mesh({"data": -1}, devices), logical_rules("dp"))
 
   def boxed_params(self, key):
     """Freshly initialized parameters from `key`, boxed with their logical axis names."""

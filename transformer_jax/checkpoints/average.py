@@ -24,9 +24,10 @@ def average_params(manager: ocp.CheckpointManager, steps, abstract_params, *,
   Each checkpoint is checked against its fingerprint (`store.restore_params`);
   one that fails is skipped with a warning naming it, and CorruptCheckpointError
   is raised when none is left; CheckpointMismatchError (ending with `hint`)
-  when one holds other parameters than `abstract_params`. Checkpoints are restored one at a time onto the
-  shardings of `abstract_params` and added to a running sum that stays on the
-  devices, so a process never holds more than its shards of two copies of the model.
+  when one holds other parameters than `abstract_params`. Checkpoints are
+  restored one at a time onto the shardings of `abstract_params` and added to
+  a running sum that stays on the devices, so a process never holds more than
+  its shards of two copies of the model.
   """
   as_float32 = jax.tree.map(
       lambda a: jax.ShapeDtypeStruct(a.shape, jnp.float32, sharding=a.sharding), abstract_params)

@@ -16,10 +16,13 @@ dtypes, without reading the arrays), `saved_fingerprints`,
 compares the arrays with what a run expects.
 """
 
+import asyncio
+import contextlib
 import functools
 import glob
 import json
 import os
+import warnings
 
 from etils import epath
 import grain
@@ -123,6 +126,41 @@ def _agree(path, local_error: UserError | None) -> None:
         "log), so no process uses it"))
 
 
+class _FinishingLoop(asyncio.SelectorEventLoop):
+  """An event loop that, closed with tasks still pending, cancels them and waits for them."""
+
+  def close(self):
+    if not self.is_closed() and not self.is_running():
+      pending = [task for task in asyncio.all_tasks(self) if not task.done()]
+      for task in pending:
+        task.cancel()
+      if pending:
+        self.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+    super().close()
+
+
+class _FinishingPolicy(asyncio.DefaultEventLoopPolicy):
+  def new_event_loop(self):
+    return _FinishingLoop()
+
+
+@contextlib.contextmanager
+def _reads_that_finish():
+  """Orbax runs a read in an event loop of its own and closes it as soon as one array fails,
+  leaving the other arrays' reads pending: they end later as "Exception ignored" noise. Within
+  this block, its event loops cancel and wait for them before they close."""
+  with warnings.catch_warnings():  # Python 3.14 deprecates event loop policies.
+    warnings.simplefilter("ignore", DeprecationWarning)
+    previous = asyncio.get_event_loop_policy()
+    asyncio.set_event_loop_policy(_FinishingPolicy())
+  try:
+    yield
+  finally:
+    with warnings.catch_warnings():
+      warnings.simplefilter("ignore", DeprecationWarning)
+      asyncio.set_event_loop_policy(previous)
+
+
 def storage_failure(action, passes: tuple[type[Exception], ...] = ()):
   """`(action(), None)`, or `(None, error)` for whatever the storage raised. A failed computation
   or collective (`JaxRuntimeError`: another process is gone, and the command line ends this one)
@@ -139,7 +177,8 @@ def _verified_read(path, read, what: str):
   """`read()`'s `(tree, extra)` once every process has read its part (`_agree`) and `tree`
   matches the fingerprint `read()` found for it: `read()` returns `(fingerprint, tree, extra)`.
   CorruptCheckpointError naming `what` when the two differ."""
-  result, error = storage_failure(read)
+  with _reads_that_finish():
+    result, error = storage_failure(read)
   if error is not None and not isinstance(error, UserError):  # The files do not read back.
     error = CorruptCheckpointError(f"checkpoint {path} cannot be read: {first_line(error)}")
   _agree(path, error)
@@ -166,12 +205,10 @@ def _position_file(process, count) -> str:
   return f"process_{process}-of-{count}.json"
 
 
-def _read_data_position(path, saved: dict | None):
+def _read_data_position(path, saved: dict):
   """This process's saved data position in step directory `path`, checked against `saved`."""
   position = json.loads((path / DATA / _position_file(jax.process_index(),
                                                      jax.process_count())).read_text())
-  if saved is None:
-    return position
   if DATA not in saved:
     raise CorruptCheckpointError(f"checkpoint {path} was saved without a data position")
   if integrity.data_fingerprint(position) != saved[DATA][jax.process_index()]:
@@ -251,7 +288,9 @@ def restore_params(manager: ocp.CheckpointManager, abstract_params, *, step: int
     check_layout(manager, step, abstract_params, under=PARAMS, hint=hint)
     saved = _fingerprints(manager, step)
     # A train step fingerprints its parameters apart; a params-only step's state is them.
-    expected = saved[STATE] if is_params_only(manager, step) else saved[PARAMS]
+    expected = saved.get(STATE if is_params_only(manager, step) else PARAMS)
+    if expected is None:
+      raise CorruptCheckpointError(f"checkpoint {path} has no fingerprint of its parameters")
     restored = _reader(ocp.PyTreeCheckpointHandler).restore(path / STATE, args=args)
     return expected, restored, None
 

@@ -27,9 +27,9 @@ from transformer_jax.conventions import BATCH_KEYS
 from transformer_jax.decode.metrics import TeacherForcedLoss
 from transformer_jax.decode.translator import DecodeSettings, Translator
 from transformer_jax.errors import UserError
+from transformer_jax.experiment import Experiment, make_trainer
 from transformer_jax.model.transformer import count_params
 from transformer_jax.train import objective
-from transformer_jax.experiment import Experiment, make_trainer
 
 log = logging.getLogger(__name__)
 
@@ -226,7 +226,7 @@ def compile_experiment(experiment: Experiment, target: targets.Target, *,
   max_len = compiler.model_config.max_len
   # Evaluation reads whole pairs (none cut) in lengths of the padded series, at most max_len.
   eval_length = min(data.padded_length(max(experiment.data.max_source_length,
-                                      experiment.data.max_target_length)), max_len)
+                                           experiment.data.max_target_length)), max_len)
   decode_length = min(data.padded_length(experiment.data.max_source_length), max_len)
   settings = experiment.decode
   decode_rows = Translator(placement, None, settings).batch_size

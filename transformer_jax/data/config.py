@@ -1,4 +1,4 @@
-"""The data settings (`DataConfig`, an experiment's `config.data`): defaults for the embedded dataset."""
+"""The data settings (`DataConfig`, an experiment's `config.data`), defaults: the embedded data."""
 
 import dataclasses
 

@@ -35,8 +35,8 @@ import numpy as np
 
 from transformer_jax import fileio
 from transformer_jax.conventions import BATCH_KEYS, EOS_ID
-from transformer_jax.data.config import DataConfig
 from transformer_jax.data import sources
+from transformer_jax.data.config import DataConfig
 from transformer_jax.errors import FieldError
 
 log = logging.getLogger(__name__)

@@ -19,8 +19,8 @@ import sentencepiece as spm
 
 from transformer_jax import fileio
 from transformer_jax.conventions import EOS_ID, PAD_ID, UNK_ID
-from transformer_jax.data.config import DataConfig
 from transformer_jax.data import marian, sources
+from transformer_jax.data.config import DataConfig
 from transformer_jax.errors import FieldError
 
 log = logging.getLogger(__name__)

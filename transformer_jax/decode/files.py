@@ -40,7 +40,8 @@ def write_lines(path: str | None, lines) -> None:
   """Write `lines`, each ending in '\\n', as UTF-8 to the file at `path` (stdout for None or '-').
 
   Process 0 only. The file's directory is made if needed; `path` may be a URL
-  such as gs://.
+  such as gs://. Written in place, so that a device or a pipe (/dev/stdout,
+  /dev/fd/N) or a symbolic link can be the output.
   """
   if jax.process_index() != 0:
     return
@@ -50,7 +51,9 @@ def write_lines(path: str | None, lines) -> None:
     sys.stdout.buffer.flush()
     return
   try:
-    fileio.write_atomically(path, data)
+    path = epath.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
   except OSError as error:
     raise UserError(f"cannot write the output {path}: {error.strerror}") from None
 

@@ -78,8 +78,8 @@ class Experiment:
     for field in fields:
       if getattr(self.data, field) > self.model.max_len:
         raise FieldError("data", field, f"={getattr(self.data, field)} is longer than "
-                         f"model.max_len={self.model.max_len}, the positions the model has; "
-                         "lower it or raise model.max_len")
+                         f"config.model.max_len={self.model.max_len}, the positions the model "
+                         "has; lower it or raise config.model.max_len")
 
   @property
   def rules(self) -> sharding.Rules:
@@ -95,8 +95,8 @@ class Experiment:
       raise FieldError(
           "data", "batch_multiple",
           f"={self.data.batch_multiple} must be a multiple of {shards * self.grad_accum_steps} = "
-          f"{shards} batch shards (mesh with sharding_rules) x grad_accum_steps="
-          f"{self.grad_accum_steps}, so that every batch splits evenly")
+          f"{shards} batch shards (config.mesh with config.sharding_rules) x "
+          f"config.grad_accum_steps={self.grad_accum_steps}, so that every batch splits evenly")
 
   def placement(self, *, vocab_size: int, devices=None) -> sharding.Placement:
     """The model for a vocabulary of `vocab_size` tokens placed on a mesh of `devices` (default:

@@ -44,6 +44,12 @@ class Checkpoint:
   name: str = "latest"  # "latest", "step" or one of NAMED_CHECKPOINTS.
   step: int | None = None  # For "step".
 
+  def __post_init__(self):
+    if (self.name == "step") != isinstance(self.step, int) or self.name not in (
+        "latest", "step", *NAMED_CHECKPOINTS):
+      raise ValueError(f"{self} is not a checkpoint: latest, averaged, best, or step with a step "
+                       "number")
+
   @classmethod
   def parse(cls, text: str) -> "Checkpoint":
     """The checkpoint `--checkpoint=text` names; UserError for anything else."""

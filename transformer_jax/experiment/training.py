@@ -12,8 +12,7 @@ import jax
 from jax.experimental import multihost_utils
 import numpy as np
 
-from transformer_jax import data, hosts
-from transformer_jax import fileio
+from transformer_jax import data, fileio, hosts
 from transformer_jax.checkpoints import integrity, recovery, store
 from transformer_jax.decode import best, metrics
 from transformer_jax.decode.translator import Translator
@@ -113,8 +112,9 @@ def _imported_start(manager, trainer: Trainer) -> TrainState | None:
   """When the only checkpoint is a params-only step 0 (an imported model, see
   `transformer_jax.pretrained`): a fresh state at step 0 with those parameters; else None."""
   manager.reload()
-  if integrity.process_zero_steps(manager.all_steps()) != [0] or not store.is_params_only(
-      manager, 0):
+  if integrity.process_zero_steps(manager.all_steps()) != [0]:
+    return None
+  if not integrity.gather_codes(int(store.is_params_only(manager, 0)))[0]:  # Process 0's answer.
     return None
   params = store.restore_params(manager, trainer.abstract_state.params, step=0, hint=(
       "Train the imported model with the config the import wrote (<workdir>/config.py)"))

@@ -7,8 +7,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer_jax.conventions import PAD_ID
 from transformer_jax import schema
+from transformer_jax.conventions import PAD_ID
 from transformer_jax.errors import FieldError
 from transformer_jax.model import attention
 from transformer_jax.model.dropout import Dropout
@@ -109,7 +109,7 @@ class TransformerConfig:
     and D4 differ from base only in label smoothing, a training setting, so
     their architecture is base's.
     """
-    vocab_size = overrides.pop("vocab_size", 37000)
+    vocab_size = overrides.pop("vocab_size", cls.vocab_size)
     return cls(vocab_size=vocab_size, **preset_fields(name, **overrides))
 
 

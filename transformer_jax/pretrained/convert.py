@@ -58,7 +58,7 @@ def get_config():
 '''
 
 
-def import_marian(source: str, work: Workdir) -> dict:
+def import_marian(source: str, workdir: Workdir) -> dict:
   """Convert the Marian directory `source` into work directory `workdir` (see the module doc).
 
   Returns `{"config": path of the experiment file, "parameters": count}`.
@@ -69,8 +69,8 @@ def import_marian(source: str, work: Workdir) -> dict:
   a generation setting this project cannot represent, files that are missing
   or unreadable, or a work directory that already has checkpoints.
   """
-  if epath.Path(work.checkpoints).exists():
-    raise marian.MarianError(f"{work.checkpoints} exists: import into a new --workdir")
+  if epath.Path(workdir.checkpoints).exists():
+    raise marian.MarianError(f"{workdir.checkpoints} exists: import into a new --workdir")
   vocab = marian.read_tokenizer(source)
   hf_config = marian.read_json(os.path.join(source, "config.json"))
   fields = marian.model_fields(hf_config, vocab)
@@ -86,22 +86,21 @@ def import_marian(source: str, work: Workdir) -> dict:
                                token_order=marian_vocab.project_order(vocab))
   except KeyError as error:
     raise marian.MarianError(f"the weights of {source} lack {error}") from None
-  work.create()
-  vocab_dir = work.marian_vocab
+  workdir.create()
+  vocab_dir = workdir.marian_vocab
   os.makedirs(vocab_dir, exist_ok=True)
   for name in marian_vocab.FILES:
     shutil.copyfile(os.path.join(source, name), os.path.join(vocab_dir, name))
-  config_file = work.imported_config
+  config_file = workdir.imported_config
   fileio.write_atomically(config_file, _CONFIG_TEMPLATE.format(
-      source=os.path.abspath(source), config_file=config_file, workdir=work.root,
+      source=os.path.abspath(source), config_file=config_file, workdir=workdir.root,
       model=fields, decode=decode,
-      vocab_dir=", ".join(map(repr, os.path.relpath(vocab_dir, work.root).split(os.sep))),
+      vocab_dir=", ".join(map(repr, os.path.relpath(vocab_dir, workdir.root).split(os.sep))),
       vocab_size=len(vocab)))
   model = TransformerConfig(vocab_size=len(vocab), **preset_fields("base", **fields))
-  placement = sharding.Placement(model, sharding.make_mesh({"data": -1}),
-                                 sharding.logical_rules("dp"))
+  placement = sharding.Placement.data_parallel(model)
   placed = jax.device_put(params, placement.param_shardings)
-  manager = store.make_params_manager(work.checkpoints)
+  manager = store.make_params_manager(workdir.checkpoints)
   store.save_params(manager, 0, placed, imported_from=os.path.abspath(source))
   manager.close()
   return {"config": config_file,

@@ -88,8 +88,8 @@ def format_experiment_table(results: dict) -> str:
                  f"{m['shapes']:>8}{100 * m['mfu']:>8.1f}")
   decode = results["decode_s"]
   lines.append(f"beam 4: {decode['beam4']['median']:.3f} s/batch, greedy: "
-               f"{decode['greedy']['median']:.3f} s/batch ({decode_benchmark.SENTENCES} sentences of "
-               f"{decode_benchmark.SOURCE_LENGTH} tokens -> {decode_benchmark.OUTPUT_LENGTH})")
+               f"{decode['greedy']['median']:.3f} s/batch ({decode_benchmark.SENTENCES} sentences "
+               f"of {decode_benchmark.SOURCE_LENGTH} tokens -> {decode_benchmark.OUTPUT_LENGTH})")
   lines.append(f"matmul rate: {results['matmul_flops_per_s'] / 1e9:.1f} GFLOP/s on "
                f"{results['device']}")
   return "\n".join(lines)

@@ -55,8 +55,7 @@ def model_config(workload: Workload, *, dtype: str, scan_layers: bool, remat: st
 def paper_trainer(cfg: TransformerConfig) -> Trainer:
   """A Trainer of `cfg`, data parallel over every device, with the paper's Adam and label
   smoothing 0.1."""
-  placement = sharding.Placement(cfg, sharding.make_mesh({"data": -1, "fsdp": 1, "tensor": 1}),
-                                 sharding.logical_rules("dp"))
+  placement = sharding.Placement.data_parallel(cfg)
   optimizer, _ = objective.OptimizerSettings().make(cfg.d_model)
   return Trainer(placement, optimizer, label_smoothing=0.1)
 

@@ -79,9 +79,9 @@ def grid(tokens: Sequence[int], lengths: Sequence[int], *, max_len: int,
 
 def run_sweep(workload: step_benchmark.Workload, points: list[Point], *, steps: int, warmup: int,
               dtype: str, scan_layers: bool = False, remat: str = "none", block: int = 5) -> dict:
-  """The train step of `workload`'s model timed as `step_benchmark.run` times it, on a synthetic batch of each
-  of `points` (`grid`) in turn; one state trains throughout, each point's first step
-  compiles. Returns the results as a JSON-ready dict, one record per point in "points"."""
+  """The train step of `workload`'s model timed as `step_benchmark.run` times it, on a synthetic
+  batch of each of `points` (`grid`) in turn; one state trains throughout, each point's first
+  step compiles. Returns the results as a JSON-ready dict, one record per point in "points"."""
   cfg = step_benchmark.model_config(workload, dtype=dtype, scan_layers=scan_layers, remat=remat,
                                     max_len=SWEEP_MAX_LEN)
   trainer = step_benchmark.paper_trainer(cfg)
@@ -105,8 +105,6 @@ def run_sweep(workload: step_benchmark.Workload, points: list[Point], *, steps: 
                     "tokens_per_s": tokens / step_s["median"]})
   return {"config": dataclasses.asdict(cfg), "device": str(jax.local_devices()[0].device_kind),
           "devices": jax.device_count(), "steps": steps, "warmup": warmup, "points": records}
-
-
 
 
 def format_table(records: Sequence[dict]) -> str:

@@ -34,8 +34,8 @@ def learning_rate_schedule(*, d_model: int, warmup_steps: int, scale: float = 1.
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerSettings:
-  """The paper's Adam and learning-rate schedule (`config.learning_rate` ... `config.grad_clip_norm`);
-  validated on construction (FieldError naming `optimizer.<field>`)."""
+  """The paper's Adam and learning-rate schedule (`config.learning_rate` ...
+  `config.grad_clip_norm`); validated on construction (FieldError naming `optimizer.<field>`)."""
 
   learning_rate: float = schema.number(
       1.0, "scale on d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)", "a number > 0",
