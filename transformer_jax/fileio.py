@@ -26,6 +26,6 @@ def write_atomically(path: str, content: bytes | str) -> None:
     else:
       temporary.write_bytes(content)
     temporary.replace(target)
-  finally:
-    if temporary.exists():  # The write or the rename failed.
-      temporary.unlink()
+  except BaseException:  # The write or the rename failed: leave nothing beside the file.
+    temporary.unlink(missing_ok=True)
+    raise
