@@ -103,6 +103,5 @@ class Experiment:
     every device) as `mesh` and `sharding_rules` say; FieldError when a parameter does not split
     over it or the platform cannot run the model's attention."""
     mesh = sharding.make_mesh(self.mesh.shape, devices)
-    model = dataclasses.replace(self.model, vocab_size=vocab_size)
-    model = sharding.for_platform(model, mesh.devices.flat[0].platform)
-    return sharding.Placement(model, mesh, self.rules)
+    return sharding.Placement(dataclasses.replace(self.model, vocab_size=vocab_size), mesh,
+                              self.rules)  # Placement resolves the attention for the platform.
