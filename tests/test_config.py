@@ -5,7 +5,6 @@ The references are hand-written: each field's allowed values, and the
 messages a user reads.
 """
 
-import pathlib
 import re
 
 import jax
@@ -17,6 +16,7 @@ from transformer_jax import schema
 from transformer_jax.errors import FieldError, UserError
 from transformer_jax.experiment import Experiment
 from transformer_jax.model.transformer import TransformerConfig
+from transformer_jax.tools import config_reference
 
 
 def _leaf_fields(config, prefix="") -> list[str]:
@@ -135,15 +135,17 @@ def test_model_fields_follow_the_presets_and_build_the_model():
     config_lib.model_fields("base", heads=4)
 
 
-def test_every_setting_has_a_help_line_allows_its_default_and_is_in_the_readme():
-  readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+def test_every_setting_has_a_help_line_and_the_generated_reference_is_current():
   described = schema.describe(Experiment)
   assert sorted(path for path, *_ in described) == sorted(
       _leaf_fields(config_lib.default_config()))
   for path, _, allowed, help_ in described:
     assert help_ and allowed, path
-    if "." not in path or path.startswith("decode."):  # The README's table of fields.
-      assert f"`{path}`" in readme, f"README lacks config.{path}"
+  reference = config_reference.PATH.read_text()
+  for path, *_ in described:
+    assert f"| `{path.rpartition('.')[2]}` |" in reference, path
+  assert reference == config_reference.render(), (
+      "docs/config.md is stale: python -m transformer_jax.tools.config_reference")
 
 
 def test_a_parameter_that_does_not_split_over_the_mesh_names_the_rules():

@@ -98,16 +98,22 @@ def check(instance, owner: str) -> None:
       raise FieldError(owner, field.name, f" must be {spec.allowed}; got {value!r} ({spec.help})")
 
 
-def names(cls: type) -> list[str]:
-  """The names `build` reads for `cls`: its settings and sections, and the fields of its groups."""
+def _read(cls: type) -> list[tuple[dataclasses.Field, Declared | str]]:
+  """(field, declaration) of every setting and section `build` reads for `cls`, the fields of its
+  groups in their place."""
   out = []
   for field in dataclasses.fields(cls):
     spec = declared(field)
     if spec == "group":
-      out += names(field.type)
+      out += _read(field.type)
     elif spec is not None:
-      out.append(field.name)
+      out.append((field, spec))
   return out
+
+
+def names(cls: type) -> list[str]:
+  """The names `build` reads for `cls`: its settings and sections, and the fields of its groups."""
+  return [field.name for field, _ in _read(cls)]
 
 
 def build(cls: type, values: Mapping, owner: str = ""):
@@ -153,27 +159,16 @@ def _named(field: dataclasses.Field, path: str, values: Mapping):
 
 def defaults(cls: type) -> dict:
   """`{name: declared default}` of `cls` as `build` reads it (groups flattened, sections nested)."""
-  out = {}
-  for field in dataclasses.fields(cls):
-    spec = declared(field)
-    if spec == "group":
-      out.update(defaults(field.type))
-    elif spec == "section":
-      out[field.name] = defaults(field.type)
-    elif spec is not None:
-      out[field.name] = field.default
-  return out
+  return {field.name: defaults(field.type) if spec == "section" else field.default
+          for field, spec in _read(cls)}
 
 
 def describe(cls: type, prefix: str = "") -> list[tuple[str, Any, str, str]]:
   """`(path, default, allowed, help)` of every setting of `cls`, for a reference of them."""
   out = []
-  for field in dataclasses.fields(cls):
-    spec = declared(field)
-    if spec == "group":
-      out += describe(field.type, prefix)
-    elif spec == "section":
+  for field, spec in _read(cls):
+    if spec == "section":
       out += describe(field.type, f"{prefix}{field.name}.")
-    elif spec is not None:
+    else:
       out.append((prefix + field.name, field.default, spec.allowed, spec.help))
   return out
