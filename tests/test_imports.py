@@ -22,7 +22,7 @@ from transformer_jax import data
 RANKS = {"conventions": 0, "errors": 0, "schema": 1, "workdir": 1, "fileio": 1, "model": 2,
          "data": 3, "hosts": 3, "compilation_cache": 3, "sharding": 4, "checkpoints": 5,
          "decode": 6, "train": 7, "supervisor": 7, "experiment": 8, "pretrained": 9,
-         "compile": 9, "config": 10, "main": 11, "tools": 11}
+         "compile": 9, "config": 10, "main": 11, "tools": 12}
 PACKAGE = REPO / "transformer_jax"
 
 
