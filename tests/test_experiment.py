@@ -1,4 +1,4 @@
-"""The experiment from Python: the README's example runs as written, on the tiny corpus; the
+"""The experiment from Python: docs/library.md's example runs as written, on the tiny corpus; the
 checkpoint a trained model is loaded from."""
 
 import pathlib
@@ -11,11 +11,11 @@ from transformer_jax import experiment
 from transformer_jax.errors import UserError
 from transformer_jax.workdir import Workdir
 
-README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+README = pathlib.Path(__file__).resolve().parents[1] / "docs" / "library.md"
 
 
 def _example() -> str:
-  """The code block of the README's "From Python" section."""
+  """The code block of the "From Python" section of docs/library.md."""
   section = README.read_text().split("### From Python\n", 1)[1]
   return re.search(r"```python\n(.*?)```", section, re.DOTALL)[1]
 

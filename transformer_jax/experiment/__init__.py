@@ -6,7 +6,7 @@
     experiment.train(settings, Workdir("/tmp/run"))
     loaded = experiment.load(settings, Workdir("/tmp/run"))  # The latest checkpoint.
 
-The README's "From Python" section has a whole example.
+The "From Python" section of docs/library.md has a whole example.
 """
 
 from transformer_jax.experiment.settings import Experiment
