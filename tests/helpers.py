@@ -163,8 +163,9 @@ def tiny_data_config(shared: pathlib.Path):
   return data.DataConfig(name="embedded_tiny", data_dir=str(shared / "tfds"))
 
 
-def flags(shared: pathlib.Path, **overrides) -> list[str]:
-  """Command-line flags of a tiny run; `overrides` set `--config.<name>=<value>` (`__` for `.`)."""
+def tiny_config(shared: pathlib.Path, **overrides) -> dict:
+  """`{field path: value}` of a tiny run's config overrides; `overrides` add to them (`__` for
+  `.`)."""
   config = {
       "data.name": "embedded_tiny", "data.data_dir": shared / "tfds",
       "data.vocab_path": shared / "vocab.model", "data.vocab_size": 200,
@@ -176,7 +177,13 @@ def flags(shared: pathlib.Path, **overrides) -> list[str]:
       "compilation_cache_dir": shared / "jax_cache",
   }
   config.update({k.replace("__", "."): v for k, v in overrides.items()})
-  return ["--config=experiments/default.py", *(f"--config.{k}={v}" for k, v in config.items())]
+  return config
+
+
+def flags(shared: pathlib.Path, **overrides) -> list[str]:
+  """Command-line flags of a tiny run (`tiny_config`): `--config.<path>=<value>`."""
+  return ["--config=experiments/default.py",
+          *(f"--config.{k}={v}" for k, v in tiny_config(shared, **overrides).items())]
 
 
 def free_port() -> int:

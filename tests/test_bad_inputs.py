@@ -1,21 +1,35 @@
-"""Every mistake a user can make with their data or their flags, through the command line: each
-ends with exit status 1 and one `error:` line that says what to change, no traceback, and
-before anything compiles.
+"""Every mistake a user can make with their data, settings or flags: each ends with one `error:`
+line that says what to change, exit status 1, no traceback, and nothing compiled.
 
-One row per mistake: what it is, how to make it (files under `tmp_path`, then the command line's
-arguments), and a fragment of the message the user sees.
+One row per mistake: what it is (as docs/training.md's table says it), how to make it (files
+under a folder, then a config or the command line's arguments) and a fragment of the line the
+user reads. The rows run in this process through the functions the command line runs:
+`main.config_flag_problem` for the config file and its overrides, and `config.parse` then
+`main.run` under `main.reports_user_errors` for everything else. Two rows, mistakes that absl
+itself reports, run `python -m transformer_jax.main` for its exit status. docs/training.md's
+table of mistakes is checked against the lines the rows print.
 """
 
-import concurrent.futures
+import dataclasses
+import os
+import pathlib
+import re
 import subprocess
 import sys
+from typing import Callable
 
+import jax
 import pytest
 
 import helpers
+from transformer_jax import config as config_lib
+from transformer_jax import main
+from transformer_jax.workdir import Workdir
 
 _WORDS = ("the cat dog sees a house small big red runs", "die katze hund sieht ein haus klein "
           "gross rot läuft")
+DOCS = helpers.REPO / "docs" / "training.md"
+BEGIN, END = "<!-- BEGIN mistakes: generated from tests/test_bad_inputs.py -->", "<!-- END mistakes -->"
 
 
 def _corpus(folder, name="corpus", source=None, target=None, lines=40):
@@ -36,11 +50,6 @@ def _text(folder, **overrides):
           **overrides}
 
 
-def _tiny(shared, folder, *extra, **overrides):
-  """The arguments of a tiny run (`helpers.flags` of `shared`) in `folder/run`, then `extra`."""
-  return [f"--workdir={folder / 'run'}", *helpers.flags(shared, **overrides), *extra]
-
-
 def _no_get_config(folder):
   (folder / "mine.py").write_text("import ml_collections\nCONFIG = ml_collections.ConfigDict()\n")
   return folder / "mine.py"
@@ -51,103 +60,223 @@ def _a_file(folder):
   return folder / "a_file"
 
 
-CASES = [
+def _broken_checkpoint(folder):
+  (folder / "run" / "checkpoints" / "5").mkdir(parents=True)
+  (folder / "run" / "checkpoints" / "5" / "state").write_text("junk")
+  return {}
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+  """A mistake (`what`, as the docs say it), how to make it in a folder, and a fragment of the
+  line it ends with (`{d}`: the folder). `make` gives the config overrides of a tiny run (`__`
+  for `.`), or with `flags` the command line's arguments; `cli` runs those through the command
+  line. A row stops before anything compiles, or with `restores` (it reads checkpoints, placing
+  them on the devices) before the train step compiles."""
+
+  what: str
+  make: Callable[[pathlib.Path], dict | list]
+  fragment: str
+  flags: bool = False
+  cli: bool = False
+  restores: bool = False
+
+
+ROWS = [
     # Data.
-    ("a vocabulary larger than the text supports",
-     lambda shared, d: _tiny(shared, d, **_text(d, data__vocab_size=1000)),
-     "config.data.vocab_size=1000 is more than the training text supports: set it to at most "),
-    ("a vocabulary too small for the characters",
-     lambda shared, d: _tiny(shared, d, **_text(d, data__vocab_size=16)),
-     "config.data.vocab_size=16 is too small for the characters of the training text: set it "
-     "to at least "),
-    ("the same file for both languages",
-     lambda shared, d: _tiny(shared, d, **_text(
-         d, data__text_train=_corpus(d, "same", b"a b\nc d\n", b"a b\nc d\n"))),
-     "same.de and {d}/same.en are the same text"),
-    ("files of different line counts",
-     lambda shared, d: _tiny(shared, d, **_text(
-         d, data__text_train=_corpus(d, "uneven", b"a\nb\n", b"x\n"))),
-     "uneven.de has 1 lines but"),
-    ("an empty file",
-     lambda shared, d: _tiny(shared, d, **_text(
-         d, data__text_train=_corpus(d, "empty", b"a\nb\n", b""))),
-     "empty.de is empty"),
-    ("a language code the files do not have",
-     lambda shared, d: _tiny(shared, d, **_text(d, data__target_lang="fr")),
-     "config.data.text_train='{d}/corpus': no file {d}/corpus.fr (expected <prefix>.<lang> for "
-     "data.source_lang and data.target_lang; found {d}/corpus.de, {d}/corpus.en)"),
-    ("a language the dataset does not have",
-     lambda shared, d: _tiny(shared, d, data__source_lang="de"),
-     "config.data.source_lang='de' is invalid: allowed a language of embedded_tiny: en | sy"),
-    ("a validation prefix with no files",
-     lambda shared, d: _tiny(shared, d, **_text(d, data__text_validation=d / "dev")),
-     "config.data.text_validation='{d}/dev': no file {d}/dev.de"),
-    ("evaluation without a validation split",
-     lambda shared, d: _tiny(shared, d, **_text(d, eval_every_steps=1)),
-     "config.data.text_validation='': there is no validation split to read"),
-    ("a vocab_path that is a text file",
-     lambda shared, d: _tiny(shared, d, data__vocab_path=_a_file(d)),
-     "a_file is not a SentencePiece model"),
-    ("a workdir that is a file",
-     lambda shared, d: [f"--workdir={_a_file(d)}", *helpers.flags(shared)],
-     "--workdir={d}/a_file is a file, not a directory"),
+    Row("`data.vocab_size` more than the training text supports",
+        lambda d: _text(d, data__vocab_size=1000),
+        "config.data.vocab_size=1000 is more than the training text supports: set it to at most "),
+    Row("`data.vocab_size` too small for the text's characters",
+        lambda d: _text(d, data__vocab_size=16),
+        "config.data.vocab_size=16 is too small for the characters of the training text: set it "
+        "to at least "),
+    Row("The same file (or text) for both languages",
+        lambda d: _text(d, data__text_train=_corpus(d, "same", b"a b\nc d\n", b"a b\nc d\n")),
+        "same.de and {d}/same.en are the same text"),
+    Row("Files of different line counts",
+        lambda d: _text(d, data__text_train=_corpus(d, "uneven", b"a\nb\n", b"x\n")),
+        "uneven.de has 1 lines but"),
+    Row("An empty file",
+        lambda d: _text(d, data__text_train=_corpus(d, "empty", b"a\nb\n", b"")),
+        "empty.de is empty"),
+    Row("A `data.text_train` prefix without files",
+        lambda d: _text(d, data__text_train=d / "missing"),
+        "config.data.text_train='{d}/missing': no file {d}/missing.de"),
+    Row("A language code the files do not have (`data.target_lang=fr` for `corpus.en`, "
+        "`corpus.de`)",
+        lambda d: _text(d, data__target_lang="fr"),
+        "config.data.text_train='{d}/corpus': no file {d}/corpus.fr (expected <prefix>.<lang> "
+        "for data.source_lang and data.target_lang; found {d}/corpus.de, {d}/corpus.en)"),
+    Row("A language the dataset does not have",
+        lambda d: {"data__source_lang": "de"},
+        "config.data.source_lang='de' is invalid: allowed a language of embedded_tiny: en | sy"),
+    Row("A `data.text_validation` (or `text_test`) prefix without files",
+        lambda d: _text(d, data__text_validation=d / "dev"),
+        "config.data.text_validation='{d}/dev': no file {d}/dev.de"),
+    Row("Evaluation (`config.eval_every_steps`) of text data without `data.text_validation`",
+        lambda d: _text(d, eval_every_steps=1),
+        "config.data.text_validation='': there is no validation split to read"),
+    Row("A `data.vocab_path` that is not a SentencePiece model",
+        lambda d: {"data__vocab_path": _a_file(d)},
+        "a_file is not a SentencePiece model"),
+    Row("A `data.vocab_path` that is a directory",
+        lambda d: {"data__vocab_path": d},
+        "cannot read the vocabulary"),
+    # Settings.
+    Row("A value out of its range",
+        lambda d: {"num_train_steps": 0},
+        "config.num_train_steps must be a positive integer; got 0"),
+    Row("A value that is none of the allowed ones",
+        lambda d: {"data__batch_mode": "rows"},
+        "config.data.batch_mode must be 'tokens' or 'packed' or 'padded'; got 'rows'"),
+    Row("Settings that do not go together",
+        lambda d: {"model__num_heads": 5},
+        "config.model.d_k: d_model=32 is not divisible by num_heads=5"),
+    Row("A mesh the devices do not make",
+        lambda d: {"mesh__data": 3},
+        "config.mesh={{'data': 3, 'fsdp': 1, 'tensor': 1}} needs 3 devices but 8 are present"),
+    # The work directory.
+    Row("A `--workdir` that is a file",
+        lambda d: {"workdir": _a_file(d)},
+        "--workdir={d}/a_file is a file, not a directory"),
+    Row("A `--workdir` inside a file",
+        lambda d: {"workdir": _a_file(d) / "run"},
+        "cannot make the directory: Not a directory"),
+    Row("Checkpoints none of which can be restored",
+        _broken_checkpoint,
+        "--config.on_bad_checkpoints=start_over", restores=True),
     # The config file and the flags.
-    ("a config file that does not exist",
-     lambda shared, d: ["--workdir=x", "--config=experiments/nope.py", "--config.seed=1"],
-     "--config=experiments/nope.py: there is no file experiments/nope.py (the config files in "
-     "experiments: default.py,"),
-    ("a config file without get_config",
-     lambda shared, d: ["--workdir=x", f"--config={_no_get_config(d)}"],
-     "--config={d}/mine.py: the file has no get_config()"),
-    ("a variant the config file does not take",
-     lambda shared, d: ["--workdir=x", "--config=experiments/default.py:big"],
-     "experiments/default.py takes no variant; drop ':big'"),
-    ("a variant the config file does not know",
-     lambda shared, d: ["--workdir=x", "--config=experiments/wmt14.py:huge"],
-     "unknown variant 'huge'; variants: base, big, big_enfr"),
-    ("a misspelled field",
-     lambda shared, d: _tiny(shared, d, "--config.data.vocab_sise=8"),
-     "--config.data.vocab_sise: config.data has no field 'vocab_sise'; did you mean "
-     "--config.data.vocab_size?"),
-    ("a field in the wrong section",
-     lambda shared, d: _tiny(shared, d, "--config.beam_size=8"),
-     "did you mean --config.decode.beam_size?"),
-    ("a field that is nowhere",
-     lambda shared, d: _tiny(shared, d, "--config.nonsense=3"),
-     "config has no field 'nonsense'; its fields: adam_b1,"),
-    ("a value of the wrong type",
-     lambda shared, d: _tiny(shared, d, "--config.seed=abc"),
-     "flag --config.seed=abc: invalid literal for int()"),
-    ("an unknown flag",
-     lambda shared, d: _tiny(shared, d, "--wokrdir=x"),
-     "Unknown command line flag 'wokrdir'"),
+    Row("A config file that does not exist",
+        lambda d: ["--config=experiments/nope.py", "--config.seed=1"],
+        "--config=experiments/nope.py: there is no file experiments/nope.py (the config files in "
+        "experiments: default.py,", flags=True),
+    Row("A config file without `get_config`",
+        lambda d: [f"--config={_no_get_config(d)}"],
+        "--config={d}/mine.py: the file has no get_config()", flags=True),
+    Row("A variant the config file does not take",
+        lambda d: ["--config=experiments/default.py:big"],
+        "experiments/default.py takes no variant; drop ':big'", flags=True),
+    Row("A variant the config file does not know",
+        lambda d: ["--config=experiments/wmt14.py:huge"],
+        "unknown variant 'huge'; variants: base, big, big_enfr", flags=True),
+    Row("A misspelled field",
+        lambda d: ["--config=experiments/default.py", "--config.data.vocab_sise=8"],
+        "--config.data.vocab_sise: config.data has no field 'vocab_sise'; did you mean "
+        "--config.data.vocab_size?", flags=True),
+    Row("A field in the wrong section",
+        lambda d: ["--config=experiments/default.py", "--config.beam_size=8"],
+        "did you mean --config.decode.beam_size?", flags=True),
+    Row("A field that is nowhere near a known one",
+        lambda d: ["--config=experiments/default.py", "--config.nonsense=3"],
+        "config has no field 'nonsense'; its fields: adam_b1,", flags=True),
+    Row("A value of the wrong type",
+        lambda d: ["--config=experiments/default.py", "--config.seed=abc"],
+        "flag --config.seed=abc: invalid literal for int()", flags=True, cli=True),
+    Row("An unknown flag",
+        lambda d: ["--config=experiments/default.py", "--wokrdir=x"],
+        "Unknown command line flag 'wokrdir'", flags=True, cli=True),
 ]
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory):
-  """{row: (folder, finished process)} of every row, run four at a time (each is mostly start-up).
+def _train_in_process(folder: pathlib.Path, overrides: dict) -> tuple[str, int]:
+  """(the `error:` line, the programs compiled) of `--mode=train` with a tiny run's `overrides`,
+  as `main.main` runs it after parsing the flags."""
+  values = {k.replace("__", "."): str(v) if isinstance(v, pathlib.Path) else v for k, v in
+            helpers.tiny_config(folder / "unused", **{"num_train_steps": 1,
+                                                      "compilation_cache_dir": "",
+                                                      **overrides}).items()}
+  workdir = values.pop("workdir", str(folder / "run"))
+  config = config_lib.load_file("experiments/default.py")
+  config.update_from_flattened_dict(values)
+  compiled = []
 
-  The tiny runs' shared corpus and vocabulary are never reached: every row stops before them.
-  """
-  unused = tmp_path_factory.mktemp("unused")
+  def count(event, duration, fun_name="", **kwargs):
+    del duration, kwargs
+    if event == "/jax/core/compile/backend_compile_duration":
+      compiled.append(fun_name)
 
-  def run(case):
-    folder = tmp_path_factory.mktemp("case")
-    return folder, subprocess.run(
-        [sys.executable, "-m", "transformer_jax.main", *case[1](unused, folder)],
-        cwd=helpers.REPO, env=helpers.environment(), capture_output=True, text=True, timeout=300)
+  def train():
+    main.run(["train"], config_lib.parse(config), Workdir(workdir), str(config))
 
-  with concurrent.futures.ThreadPoolExecutor(4) as pool:
-    return dict(zip((case[0] for case in CASES), pool.map(run, CASES)))
+  jax.monitoring.register_event_duration_secs_listener(count)
+  try:
+    with pytest.raises(SystemExit) as exit_info:
+      main.reports_user_errors(train)()
+  finally:
+    jax.monitoring.unregister_event_duration_listener(count)
+  return exit_info.value.code, compiled
 
 
-@pytest.mark.parametrize("row, fragment", [(case[0], case[2]) for case in CASES],
-                         ids=[case[0] for case in CASES])
-def test_a_mistake_ends_in_one_error_line(results, row, fragment):
-  folder, result = results[row]
+def _command_line(folder: pathlib.Path, arguments: list) -> tuple[str, int]:
+  """(the `error:` line, 0) of `python -m transformer_jax.main`, which must exit with status 1
+  and print nothing else that looks like an error or a compile."""
+  result = subprocess.run(
+      [sys.executable, "-m", "transformer_jax.main", f"--workdir={folder / 'run'}", *arguments],
+      cwd=helpers.REPO, env=helpers.environment(), capture_output=True, text=True, timeout=300)
   output = result.stdout + result.stderr
   errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
   assert result.returncode == 1 and len(errors) == 1, output[-3000:]
-  assert fragment.format(d=folder) in errors[0], output[-3000:]
   assert "Traceback" not in output and "compiling" not in output, output[-3000:]
+  return errors[0], []
+
+
+def _error_line(row: Row, folder: pathlib.Path) -> tuple[str, int]:
+  made = row.make(folder)
+  if row.cli:
+    return _command_line(folder, made)
+  if row.flags:
+    problem = main.config_flag_problem(["main", f"--workdir={folder / 'run'}", *made])
+    assert problem is not None, row.what
+    return f"error: {problem}", []
+  return _train_in_process(folder, made)
+
+
+@pytest.fixture(scope="module")
+def lines(tmp_path_factory):
+  """{row: (its folder, its error line)}, from the repository's root (config paths are
+  relative to it)."""
+  cwd = os.getcwd()
+  os.chdir(helpers.REPO)
+  try:
+    out = {}
+    for row in ROWS:
+      folder = tmp_path_factory.mktemp("mistake")
+      line, compiled = _error_line(row, folder)
+      if row.restores:
+        assert compiled and "jit(train_step)" not in compiled, (row.what, line, compiled)
+      else:
+        assert compiled == [], (row.what, line, compiled)
+      out[row.what] = folder, line
+    return out
+  finally:
+    os.chdir(cwd)
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[row.what for row in ROWS])
+def test_a_mistake_ends_in_one_error_line(lines, row):
+  folder, line = lines[row.what]
+  assert line.startswith("error: ") and "\n" not in line, line
+  assert row.fragment.format(d=folder) in line, line
+
+
+def _table(lines) -> str:
+  """docs/training.md's table of the mistakes and the lines they print (`D`: the folder)."""
+  out = ["| Mistake | What the run prints |", "| --- | --- |"]
+  for what, (folder, line) in lines.items():
+    shown = re.sub(r"(its fields: [^,]+, [^,]+), .*", r"\1, ... (all of them)",
+                   line.replace(str(folder), "D"))
+    out.append(f"| {what} | `{shown.replace('|', chr(92) + '|')}` |")
+  return "\n".join(out)
+
+
+def test_the_docs_table_of_mistakes_is_what_the_rows_print(lines):
+  text = DOCS.read_text()
+  assert BEGIN in text and END in text, f"{DOCS} lacks the markers of its table of mistakes"
+  written = text.split(BEGIN, 1)[1].split(END, 1)[0].strip()
+  table = _table(lines)
+  if os.environ.get("TJ_WRITE_DOCS") and written != table:
+    DOCS.write_text(text.replace(written, table))
+    written = table
+  assert written == table, (f"{DOCS}'s table of mistakes is stale; rewrite it with "
+                            f"TJ_WRITE_DOCS=1 ./launch.sh test {__file__}, or paste:\n{table}")

@@ -99,50 +99,6 @@ def test_sigterm_saves_a_checkpoint_and_stops(shared, tmp_path, modes):
   assert not (tmp_path / "averaged").exists() and "BLEU" not in output
 
 
-def test_bad_flags_fail_before_compiling(shared, tmp_path):
-  cases = {
-      "--config.num_train_steps=0": "config.num_train_steps must be a positive integer; got 0",
-      "--config.mesh.data=3": "needs 3 devices but 1 are present",
-      "--config.data.batch_mode=rows": ("config.data.batch_mode must be 'tokens' or 'packed' "
-                                        "or 'padded'; got 'rows'"),
-  }
-  runs = {flag: helpers.Run(shared, tmp_path / str(i), flag) for i, flag in enumerate(cases)}
-  # A misspelled override is refused while the flags are parsed, naming it.
-  typo = helpers.Run(shared, tmp_path / "typo", "--config.num_train_step=5")
-  for flag, run in runs.items():
-    assert cases[flag] in run.fail(timeout=120), (flag, run.output[-2000:])
-    assert "compiling" not in run.output
-  assert "did you mean --config.num_train_steps?" in typo.fail(timeout=120)
-  assert "compiling" not in typo.output
-
-
-def test_the_command_line_shows_one_error_line_for_each_user_mistake(shared, tmp_path):
-  (tmp_path / "uneven.en").write_text("a\nb\n")
-  (tmp_path / "uneven.de").write_text("x\n")
-  broken = tmp_path / "broken" / "checkpoints" / "5"
-  broken.mkdir(parents=True)
-  (broken / "state").write_text("junk")
-  (tmp_path / "a_file").write_text("not a directory")
-  text = {"data__name": "text", "data__source_lang": "en", "data__target_lang": "de",
-          "data__vocab_path": tmp_path / "text.model"}
-  cases = {
-      "config.model.d_k: d_model=32 is not divisible by num_heads=5": {"model__num_heads": 5},
-      "data.text_train=": {**text, "data__text_train": tmp_path / "missing"},
-      "uneven.de has 1 lines but": {**text, "data__text_train": tmp_path / "uneven"},
-      "--config.on_bad_checkpoints=start_over": {"workdir": tmp_path / "broken"},
-      "cannot make the directory: Not a directory": {"workdir": tmp_path / "a_file" / "run"},
-      "cannot read the vocabulary": {"data__vocab_path": tmp_path},
-      "a_file is not a SentencePiece model": {"data__vocab_path": tmp_path / "a_file"},
-  }
-  runs = {}
-  for number, (message, overrides) in enumerate(cases.items()):
-    workdir = overrides.pop("workdir", tmp_path / str(number))
-    runs[message] = helpers.Run(shared, workdir, **overrides)
-  for message, run in runs.items():
-    assert message in run.fail(), (message, run.output[-3000:])
-    assert "compiling" not in run.output, run.output[-3000:]
-
-
 @pytest.mark.parametrize("error", [
     config_lib.ConfigError("--config=x.py: there is no file x.py"),
     FieldError("", "seed", " must be an integer >= 0; got -1"),
