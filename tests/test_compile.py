@@ -219,21 +219,9 @@ def test_the_report_has_every_program_and_the_documented_fields(small_report):
 
 
 @needs_tpu
-def test_the_largest_batch_is_found_by_compiling():
-  config = _small_config(max_source_length=64, max_target_length=64, vocab_size=16384)
-  compiler = experiment.Compiler(config, targets.parse_target("v5e-8"))
-  start = compiler.train(8 * 64, 64)
-  found = experiment.largest_batch(compiler, start)
-  usable = targets.CHIPS["v5e"].usable_bytes
-  assert found["program"]["fits"] and found["program"]["total_bytes"] <= usable
-  rows = found["rows"]
-  # Within 1/16: a batch 1/8 larger does not fit.
-  bigger = compiler.train(rows + max(8, rows // 8 // 8 * 8), 64)
-  assert not bigger.cost.fits(usable)
-
-
-@needs_tpu
-def test_a_batch_that_cannot_fit_ends_the_command_with_one_error_line(tmp_path):
+def test_a_batch_that_cannot_fit_ends_the_command_naming_the_largest_batch_that_does(tmp_path):
+  """The command compiles every program, finds the train step too large, then searches the
+  largest batch that fits by compiling: within 1/16, so a batch 1/8 larger does not fit."""
   args = [sys.executable, "-m", "transformer_jax.main", "--mode=compile", "--target=v5e-8",
           f"--config={REPO}/experiments/default.py", f"--workdir={tmp_path}",
           "--config.data.vocab_size=16384", "--config.data.tokens_per_batch=4194304",
@@ -251,7 +239,15 @@ def test_a_batch_that_cannot_fit_ends_the_command_with_one_error_line(tmp_path):
   largest = record["largest_batch"]
   assert not record["fits"] and largest["field"] == "data.tokens_per_batch"
   assert 0 < largest["value"] < 4194304 and largest["program"]["fits"]
+  assert largest["program"]["total_bytes"] <= targets.CHIPS["v5e"].usable_bytes
   assert last.endswith(f"the largest data.tokens_per_batch that fits is {largest['value']}")
+  config = config_lib.load_file(f"{REPO}/experiments/default.py")
+  config.data.update(vocab_size=16384, max_source_length=32, max_target_length=32)
+  config.model.dtype = "bfloat16"
+  compiler = experiment.Compiler(config_lib.parse(config), targets.parse_target("v5e-8"))
+  rows = largest["rows"]
+  bigger = compiler.train(rows + max(8, rows // 8 // 8 * 8), largest["length"])
+  assert not bigger.cost.fits(targets.CHIPS["v5e"].usable_bytes)
 
 
 def test_compile_runs_alone_and_needs_a_target():
