@@ -1,5 +1,6 @@
-"""Test set-up: CPU only, with 8 simulated devices for the sharding tests, and the command
-line's compilation cache in the session's temporary directory.
+"""Test set-up: the CPU with 8 simulated devices for the sharding tests (unless $JAX_PLATFORMS
+names an accelerator, for the tests marked `device`), and the command line's compilation cache
+in the session's temporary directory.
 
 The flags must be set before jax is first imported, which is why they live here.
 """
@@ -9,6 +10,7 @@ import os
 import pytest
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+ON_CPU = os.environ["JAX_PLATFORMS"] == "cpu"
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (
       os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
@@ -26,3 +28,19 @@ def _compilation_cache_of_the_session(tmp_path_factory):
     del os.environ["XDG_CACHE_HOME"]
   else:
     os.environ["XDG_CACHE_HOME"] = saved
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _float32_matmuls_in_full_on_an_accelerator():
+  """On a GPU or TPU, float32 matmuls in full precision (not TF32 or bfloat16 passes), as the
+  float64 references of the `device` tests assume; the CPU computes them so anyway."""
+  if not ON_CPU:
+    import jax  # pylint: disable=import-outside-toplevel  # After the flags above.
+    jax.config.update("jax_default_matmul_precision", "highest")
+
+
+@pytest.fixture(scope="session")
+def shared(tmp_path_factory):
+  """The session's corpus, vocabulary and compilation cache of tiny runs (`helpers.shared_dir`)."""
+  import helpers  # pylint: disable=import-outside-toplevel  # It imports jax: after the flags.
+  return helpers.shared_dir(tmp_path_factory)

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from tensorboardX.proto import event_pb2
 
+from transformer_jax import config as config_lib
 from transformer_jax import data, sharding
 from transformer_jax.checkpoints import store
 from transformer_jax.conventions import BATCH_KEYS, EOS_ID
@@ -180,6 +181,16 @@ def tiny_config(shared: pathlib.Path, **overrides) -> dict:
   return config
 
 
+def tiny_experiment(shared: pathlib.Path, **overrides):
+  """The `Experiment` of a tiny run (`tiny_config`) as the command line parses it, without the
+  compilation cache (this process's settings stay as they are)."""
+  values = tiny_config(shared, **{"compilation_cache_dir": "", **overrides})
+  config = config_lib.load_file(str(REPO / "experiments" / "default.py"))
+  config.update_from_flattened_dict(
+      {k: str(v) if isinstance(v, pathlib.Path) else v for k, v in values.items()})
+  return config_lib.parse(config)
+
+
 def flags(shared: pathlib.Path, **overrides) -> list[str]:
   """Command-line flags of a tiny run (`tiny_config`): `--config.<path>=<value>`."""
   return ["--config=experiments/default.py",
@@ -194,12 +205,13 @@ def free_port() -> int:
 
 
 def environment(shared: pathlib.Path | None = None, devices: int = 1) -> dict:
-  """The environment of a subprocess: the CPU with `devices` devices, this repository importable,
-  and (with `shared`) $JAX_COMPILATION_CACHE_DIR, the session's cache for programs that do not
-  go through the command line's `config.compilation_cache_dir`."""
-  env = dict(os.environ, JAX_PLATFORMS="cpu",
-             XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
-             PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+  """The environment of a subprocess: the session's platform (on the CPU: with `devices`
+  devices), this repository importable, and (with `shared`) $JAX_COMPILATION_CACHE_DIR, the
+  session's cache for programs that do not go through the command line's
+  `config.compilation_cache_dir`."""
+  env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+  if env.setdefault("JAX_PLATFORMS", "cpu") == "cpu":
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
   if shared is not None:
     env.update(JAX_COMPILATION_CACHE_DIR=str(shared / "jax_cache"),
                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")

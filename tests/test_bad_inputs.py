@@ -22,7 +22,6 @@ import jax
 import pytest
 
 import helpers
-from transformer_jax import config as config_lib
 from transformer_jax import main
 from transformer_jax.workdir import Workdir
 
@@ -179,16 +178,11 @@ ROWS = [
 ]
 
 
-def _train_in_process(folder: pathlib.Path, overrides: dict) -> tuple[str, int]:
-  """(the `error:` line, the programs compiled) of `--mode=train` with a tiny run's `overrides`,
-  as `main.main` runs it after parsing the flags."""
-  values = {k.replace("__", "."): str(v) if isinstance(v, pathlib.Path) else v for k, v in
-            helpers.tiny_config(folder / "unused", **{"num_train_steps": 1,
-                                                      "compilation_cache_dir": "",
-                                                      **overrides}).items()}
-  workdir = values.pop("workdir", str(folder / "run"))
-  config = config_lib.load_file("experiments/default.py")
-  config.update_from_flattened_dict(values)
+def _train_in_process(folder: pathlib.Path, overrides: dict) -> tuple[str, list[str]]:
+  """(the `error:` line, the programs compiled) of `--mode=train` of a tiny run with `overrides`,
+  as `main.main` runs it once the flags are parsed."""
+  overrides = {"num_train_steps": 1, **overrides}
+  workdir = str(overrides.pop("workdir", folder / "run"))
   compiled = []
 
   def count(event, duration, fun_name="", **kwargs):
@@ -197,7 +191,8 @@ def _train_in_process(folder: pathlib.Path, overrides: dict) -> tuple[str, int]:
       compiled.append(fun_name)
 
   def train():
-    main.run(["train"], config_lib.parse(config), Workdir(workdir), str(config))
+    main.run(["train"], helpers.tiny_experiment(folder / "unused", **overrides), Workdir(workdir),
+             "")
 
   jax.monitoring.register_event_duration_secs_listener(count)
   try:

@@ -11,11 +11,6 @@ import helpers
 from transformer_jax import compilation_cache
 
 
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory):
-  return helpers.shared_dir(tmp_path_factory)
-
-
 def test_the_directory_of_each_setting(tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
   assert compilation_cache.directory("") is None

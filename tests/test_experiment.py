@@ -6,23 +6,20 @@ import re
 
 import pytest
 
-import helpers
 from transformer_jax import experiment
 from transformer_jax.errors import UserError
 from transformer_jax.workdir import Workdir
 
-README = pathlib.Path(__file__).resolve().parents[1] / "docs" / "library.md"
+LIBRARY_DOC = pathlib.Path(__file__).resolve().parents[1] / "docs" / "library.md"
 
 
 def _example() -> str:
   """The code block of the "From Python" section of docs/library.md."""
-  section = README.read_text().split("### From Python\n", 1)[1]
+  section = LIBRARY_DOC.read_text().split("### From Python\n", 1)[1]
   return re.search(r"```python\n(.*?)```", section, re.DOTALL)[1]
 
 
-def test_the_readme_example_trains_translates_and_leaves_its_checkpoints(tmp_path_factory,
-                                                                        tmp_path, capfd):
-  shared = helpers.shared_dir(tmp_path_factory)
+def test_the_library_docs_example_trains_translates_and_leaves_its_checkpoints(shared, tmp_path, capfd):
   code = _example()
   tiny = (f'name="embedded_tiny", data_dir={str(shared / "tfds")!r}, vocab_size=200, '
           f'vocab_path={str(shared / "vocab.model")!r}')
@@ -31,7 +28,7 @@ def test_the_readme_example_trains_translates_and_leaves_its_checkpoints(tmp_pat
     assert code.count(old) == 1, old
     code = code.replace(old, new)
   assert len(code.strip().splitlines()) < 20
-  exec(compile(code, str(README), "exec"), {})  # pylint: disable=exec-used
+  exec(compile(code, str(LIBRARY_DOC), "exec"), {})  # pylint: disable=exec-used
   lines = capfd.readouterr().out.splitlines()[-3:]  # After what TFDS prints on first use.
   assert all(" -> " in line for line in lines), lines
   assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["20", "40"]

@@ -22,11 +22,6 @@ STEPS = 8
 TIMEOUT = 10  # config.host_timeout_seconds of these runs.
 
 
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory):
-  return helpers.shared_dir(tmp_path_factory)
-
-
 def _start(shared, workdir, **overrides) -> list[helpers.Run]:
   """The two processes of a run of STEPS steps in `workdir`."""
   port = helpers.free_port()

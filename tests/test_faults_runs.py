@@ -25,11 +25,6 @@ SEED = 20240607  # Of the random kill moments; printed with every failure.
 
 
 @pytest.fixture(scope="module")
-def shared(tmp_path_factory):
-  return helpers.shared_dir(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
 def reference(shared, tmp_path_factory):
   """(workdir, {step: loss}) of an uninterrupted run of STEPS steps."""
   workdir = tmp_path_factory.mktemp("reference")

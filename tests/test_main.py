@@ -21,11 +21,6 @@ from transformer_jax.errors import FieldError, UserError
 from transformer_jax.train.loop import NonFiniteError
 
 
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory):
-  return helpers.shared_dir(tmp_path_factory)
-
-
 def _run(shared, workdir, *extra, **overrides):
   """A tiny run that checkpoints only at the end (the default experiment's every 50 steps)."""
   return helpers.Run(shared, workdir, *extra, **{"checkpoint_every_steps": 50,

@@ -1,13 +1,14 @@
-"""train -> average -> eval -> translate through the command line, on a tiny run made once.
+"""train -> average -> eval -> translate on a tiny run trained once, in this process through the
+functions each `--mode` runs (`transformer_jax.experiment`); test_main runs them through the
+command line.
 
-Every command is a fresh `python -m transformer_jax.main` process on one CPU
-device (`helpers.Run`). References: sacrebleu on the written hypotheses
-against the split read straight from the dataset, and the same lines
-translated in reverse order.
+References: sacrebleu on the written hypotheses against the split read
+straight from the dataset, and the same lines translated in reverse order.
 """
 
 import dataclasses
 import json
+import logging
 import os
 import shutil
 
@@ -15,8 +16,12 @@ import pytest
 
 import helpers
 from transformer_jax import data
+from transformer_jax import experiment as experiment_lib
 from transformer_jax.data import sources
 from transformer_jax.decode import metrics
+from transformer_jax.errors import UserError
+from transformer_jax.experiment import Checkpoint
+from transformer_jax.workdir import Workdir
 
 STEPS = 20
 # A 1+1-layer model that learns fast, decoded 32 sentences at a time.
@@ -25,24 +30,23 @@ OVERRIDES = {"model__num_layers": 1, "learning_rate": 2.0, "decode__batch_size":
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def run(shared, tmp_path_factory):
   """A 20-step tiny run of the default experiment evaluated (BLEU) at steps 10 and 20."""
-  shared = helpers.shared_dir(tmp_path_factory)
   workdir = tmp_path_factory.mktemp("run")
-  log = helpers.Run(shared, workdir, "--mode=train", num_train_steps=STEPS,
-                    checkpoint_every_steps=10, eval_every_steps=10, eval_bleu_sentences=16,
-                    average_last=2, **OVERRIDES).succeed()
-  return {"workdir": workdir, "shared": shared, "log": log}
+  experiment = helpers.tiny_experiment(
+      shared, num_train_steps=STEPS, checkpoint_every_steps=10, eval_every_steps=10,
+      eval_bleu_sentences=16, average_last=2, **OVERRIDES)
+  experiment_lib.train(experiment, Workdir(str(workdir)))
+  return {"workdir": workdir, "shared": shared, "experiment": experiment}
 
 
-def _mode(run, *extra, workdir=None, stdin=None):
-  return helpers.Run(run["shared"], workdir or run["workdir"], *extra, stdin=stdin, **OVERRIDES)
+def _workdir(run, workdir=None) -> Workdir:
+  return Workdir(str(workdir or run["workdir"]))
 
 
 def test_training_logs_validation_bleu_and_keeps_the_best_parameters(run):
   bleu = helpers.scalars(run["workdir"], "eval_validation/bleu")
   assert sorted(bleu) == [10, STEPS]
-  assert "| BLEU " in run["log"]
   best = json.loads((run["workdir"] / "best.json").read_text())
   assert best["step"] in bleu and best["split"] == "validation" and best["sentences"] == 16
   assert best["bleu"] == pytest.approx(max(bleu.values()), abs=1e-4)
@@ -50,16 +54,15 @@ def test_training_logs_validation_bleu_and_keeps_the_best_parameters(run):
   assert os.listdir(run["workdir"] / "best") == [str(best["step"])]
 
 
-def test_average_then_eval_write_hypotheses_and_their_bleu(run):
-  workdir = run["workdir"]
-  average = _mode(run, "--mode=average", "--config.average_last=2")
-  average.succeed()
-  assert average.stdout.decode().startswith(f"averaged steps 10, {STEPS} into ")
-  evaluation = _mode(run, "--mode=eval", "--checkpoint=averaged")
-  log = evaluation.succeed()
-  assert evaluation.stdout.decode().startswith("test BLEU ")
-  assert "could not be restored" not in log  # Orbax's noise about unread items.
+def test_average_then_eval_write_hypotheses_and_their_bleu(run, caplog):
+  workdir, experiment = run["workdir"], run["experiment"]
+  averaged = experiment_lib.average(experiment, _workdir(run))
+  assert averaged["steps"] == [10, STEPS]
+  assert averaged["directory"] == str(workdir / "averaged" / str(STEPS))
+  returned = experiment_lib.evaluate_split(experiment, _workdir(run), Checkpoint.parse("averaged"))
+  assert "could not be restored" not in caplog.text  # Orbax's noise about unread items.
   record = json.loads((workdir / "eval" / "test-averaged-beam4.json").read_text())
+  assert record == json.loads(json.dumps(returned))
   hypotheses = (workdir / "eval" / "test-averaged-beam4.txt").read_text().split("\n")
   assert hypotheses.pop() == ""  # Every line ends with a newline.
   split = sources.open_split(helpers.tiny_data_config(run["shared"]), "test")
@@ -71,7 +74,8 @@ def test_average_then_eval_write_hypotheses_and_their_bleu(run):
   assert 1.0 < record["perplexity"] < 200.0
 
 
-def test_translate_keeps_line_count_and_order_with_empty_and_overlong_lines(run, tmp_path):
+def test_translate_keeps_line_count_and_order_with_empty_and_overlong_lines(run, tmp_path,
+                                                                            caplog):
   tokenizer = data.Tokenizer((run["shared"] / "vocab.model").read_bytes())
   split = sources.open_split(helpers.tiny_data_config(run["shared"]), "validation")
   by_length = {}
@@ -82,11 +86,19 @@ def test_translate_keeps_line_count_and_order_with_empty_and_overlong_lines(run,
   assert len(tokenizer.encode(overlong)) > 128  # The model's max_len.
   lines = [sentences[0], "", sentences[1], overlong, sentences[2], "  ", *sentences[3:]]
   (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")
-  reverse = _mode(run, "--mode=translate", "--checkpoint=best", f"--output={tmp_path / 'out.txt'}",
-                  stdin=("\n".join(reversed(lines)) + "\n").encode())
-  forward = _mode(run, "--mode=translate", "--checkpoint=best", f"--input={tmp_path / 'in.txt'}")
-  reverse_log, forward_log = reverse.succeed(), forward.succeed()
-  forward_lines = forward.stdout.decode().split("\n")
+  (tmp_path / "reversed.txt").write_text("\n".join(reversed(lines)) + "\n")
+  best = Checkpoint.parse("best")
+  with caplog.at_level(logging.WARNING):
+    experiment_lib.translate_file(run["experiment"], _workdir(run), best,
+                                  str(tmp_path / "reversed.txt"), str(tmp_path / "out.txt"))
+  reverse_log = caplog.text
+  caplog.clear()
+  with caplog.at_level(logging.WARNING):
+    result = experiment_lib.translate_file(run["experiment"], _workdir(run), best,
+                                           str(tmp_path / "in.txt"), str(tmp_path / "fwd.txt"))
+  forward_log = caplog.text
+  assert result["lines"] == len(lines)
+  forward_lines = (tmp_path / "fwd.txt").read_text().split("\n")
   assert forward_lines.pop() == ""
   reverse_lines = (tmp_path / "out.txt").read_text().split("\n")
   assert reverse_lines.pop() == ""
@@ -103,17 +115,25 @@ def test_user_mistakes_give_one_clear_message(run, tmp_path):
   data.get_tokenizer(dataclasses.replace(helpers.tiny_data_config(run["shared"]),
                                          vocab_path=str(other_vocab), vocab_size=150),
                      str(tmp_path))
+  other = helpers.tiny_experiment(run["shared"], data__vocab_path=other_vocab,
+                                 data__vocab_size=150, **OVERRIDES)
+  good = (tmp_path / "good.txt")
+  good.write_text("a line\n")
   cases = {
-      "line 2: not valid UTF-8 (byte 0xc3": (workdir, f"--input={tmp_path / 'bad.txt'}"),
-      "no checkpoint in": (tmp_path / "empty", "--input=-"),
-      "--checkpoint='step9' is not understood": (workdir, "--checkpoint=step9"),
+      "line 2: not valid UTF-8 (byte 0xc3": (run["experiment"], workdir, "latest",
+                                             tmp_path / "bad.txt"),
+      "no checkpoint in": (run["experiment"], tmp_path / "empty", "latest", good),
       "params/embed/embedding: (200, 32) in the checkpoint, (150, 32) expected": (
-          workdir, f"--config.data.vocab_path={other_vocab}", "--config.data.vocab_size=150"),
+          other, workdir, "latest", good),
   }
-  runs = {message: _mode(run, "--mode=translate", *extra, workdir=dir_, stdin=b"a line\n")
-          for message, (dir_, *extra) in cases.items()}
-  for message, process in runs.items():
-    assert message in process.fail(), (message, process.output[-2000:])
+  for message, (experiment, directory, checkpoint, source) in cases.items():
+    with pytest.raises(UserError) as caught:
+      experiment_lib.translate_file(experiment, Workdir(str(directory)),
+                                    Checkpoint.parse(checkpoint), str(source),
+                                    str(tmp_path / "out.txt"))
+    assert message in str(caught.value), message
+  with pytest.raises(UserError, match="--checkpoint='step9' is not understood"):
+    Checkpoint.parse("step9")
 
 
 def _damage_arrays(step_dir):
@@ -124,18 +144,22 @@ def _damage_arrays(step_dir):
     path.write_bytes(bytes(content))
 
 
-def test_average_skips_a_broken_checkpoint_and_eval_refuses_it(run, tmp_path):
+def test_average_skips_a_broken_checkpoint_and_eval_refuses_it(run, tmp_path, caplog):
   workdir = tmp_path / "copy"
   shutil.copytree(run["workdir"] / "checkpoints", workdir / "checkpoints")
   broken = workdir / "checkpoints" / str(STEPS)
   _damage_arrays(broken)
-  average = _mode(run, "--mode=average", "--config.average_last=2", workdir=workdir)
-  log = average.succeed()
-  assert f"not averaging checkpoint {broken}: checkpoint {broken}" in log
-  assert "averaged 1 checkpoints, not config.average_last=2" in log
-  assert average.stdout.decode().startswith("averaged steps 10 into ")
-  evaluation = _mode(run, "--mode=eval", f"--checkpoint={STEPS}", workdir=workdir)
-  assert evaluation.fail().startswith(f"error: checkpoint {broken}")
+  with caplog.at_level(logging.WARNING):
+    averaged = experiment_lib.average(run["experiment"], Workdir(str(workdir)))
+  assert f"not averaging checkpoint {broken}: checkpoint {broken}" in caplog.text
+  assert "averaged 1 checkpoints, not config.average_last=2" in caplog.text
+  assert averaged["steps"] == [10]
+  with pytest.raises(UserError) as caught:
+    experiment_lib.evaluate_split(run["experiment"], Workdir(str(workdir)), Checkpoint.parse(
+        str(STEPS)))
+  assert str(caught.value).startswith(f"checkpoint {broken}")
   _damage_arrays(workdir / "checkpoints" / "10")
-  error = _mode(run, "--mode=average", workdir=workdir).fail()
-  assert f"none of the checkpoints 10, {STEPS} in {workdir / 'checkpoints'} reads back" in error
+  with pytest.raises(UserError) as caught:
+    experiment_lib.average(run["experiment"], Workdir(str(workdir)))
+  assert f"none of the checkpoints 10, {STEPS} in {workdir / 'checkpoints'} reads back" in str(
+      caught.value)

@@ -48,11 +48,6 @@ UNSEEN = ["Zürich ☃ 漢字 ok", "ünïcödé ∑ x", ">>deu<< a b c", "", "  
 
 
 @pytest.fixture(scope="module")
-def shared(tmp_path_factory):
-  return helpers.shared_dir(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
 def corpus(shared):
   pairs = [(s, t) for s, t in zip(*data.split_texts(helpers.tiny_data_config(shared), "train"))
            if len(s) < 40 and len(t) < 40][:2000]
