@@ -18,9 +18,10 @@
 #                                        (python -m transformer_jax.pretrained import)
 #   ./launch.sh export --config=FILE --workdir=DIR --output=DIR
 #                                        write a work directory's model as a Marian directory
-#   ./launch.sh test [PYTEST_ARGS...]    run the test suite on the CPU (the checks against
-#                                        Hugging Face's Marian model need: .venv/bin/pip install
-#                                        -e '.[hf]'; without it they are skipped)
+#   ./launch.sh test [PYTEST_ARGS...]    run the test suite on the CPU in $TJ_TEST_WORKERS (default 2)
+#                                        processes; -m "not slow": the fast tier (the checks
+#                                        against Hugging Face's Marian model need: .venv/bin/pip
+#                                        install -e '.[hf]'; without it they are skipped)
 #   ./launch.sh bench [FLAGS...]         python -m transformer_jax.tools.benchmark (--config=small|base|big,
 #                                        --vs=torch needs: .venv/bin/pip install -e '.[bench]')
 #   ./launch.sh setup                    only create/refresh the virtual environment
@@ -106,7 +107,9 @@ case "$mode" in
   setup) setup ;;
   test)
     setup
-    exec "$PY" -m pytest -q "$@"
+    # Two worker processes, each taking whole test files (their module fixtures are made once);
+    # arguments after these win (-n 0: one process).
+    exec "$PY" -m pytest -q -n "${TJ_TEST_WORKERS:-2}" --dist=loadfile "$@"
     ;;
   bench)
     setup

@@ -8,6 +8,8 @@ import pytest
 import numpy_reference
 from transformer_jax.model import attention
 
+pytestmark = pytest.mark.device
+
 
 def random_qkv(seed, b=2, q_len=5, k_len=7, h=3, d_k=8, d_v=8):
   rng = np.random.default_rng(seed)

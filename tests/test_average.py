@@ -19,6 +19,7 @@ def _leaves(tree):
   return [np.asarray(leaf, np.float64) for leaf in jax.tree.leaves(tree)]
 
 
+@pytest.mark.slow
 def test_the_average_of_two_checkpoints_is_their_mean_parameter_by_parameter(tmp_path):
   trainer = _trainer({"fsdp": 8}, "fsdp")
   states = [_random_state(trainer, seed) for seed in (10, 11)]
@@ -50,6 +51,7 @@ def test_the_average_of_two_checkpoints_is_their_mean_parameter_by_parameter(tmp
   assert decoded[0].shape == (2, 8)
 
 
+@pytest.mark.slow
 def test_the_newest_checkpoints_that_read_back_intact_are_averaged(tmp_path, caplog):
   trainer = _trainer({"data": 1}, "dp", jax.devices()[:1])
   states = {step: _random_state(trainer, step) for step in (1, 2, 3)}
@@ -69,6 +71,7 @@ def test_the_newest_checkpoints_that_read_back_intact_are_averaged(tmp_path, cap
     average_params(manager, [3], abstract)
 
 
+@pytest.mark.slow
 def test_restore_params_reads_a_train_checkpoint_without_its_optimizer_state(tmp_path):
   trainer = _trainer({"data": 8}, "dp")
   state = _random_state(trainer, 12)

@@ -59,6 +59,7 @@ def _summary(run: helpers.Run) -> str:
   return lines[0]
 
 
+@pytest.mark.slow
 def test_a_second_run_loads_what_the_first_compiled(shared, tmp_path):
   cache = tmp_path / "cache"
   first = helpers.Run(shared, tmp_path / "first", num_train_steps=2, compilation_cache_dir=cache)
@@ -74,6 +75,7 @@ def test_a_second_run_loads_what_the_first_compiled(shared, tmp_path):
   assert sorted(cache.glob("*-cache")) == written  # Nothing new to compile.
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("setting, expected", [
     ("open", "not using the compilation cache {cache}: others can write to it"),
     ("", "compilation cache off")])

@@ -86,6 +86,7 @@ def _batch_bytes_per_device(rows: int, length: int, shards: int) -> int:
   return 6 * rows * length * 4 // shards  # Six int32 [rows, length] arrays.
 
 
+@pytest.mark.slow
 @needs_tpu
 @pytest.mark.parametrize("rules", ["dp", "fsdp"])
 def test_the_base_train_step_compiles_for_v5e_8_with_12_bytes_a_parameter(rules):
@@ -120,6 +121,7 @@ def test_the_beam_search_compiles_for_v5e_8():
   assert seconds is None and "loop" in why
 
 
+@pytest.mark.slow
 @needs_cuda
 def test_the_base_train_step_compiles_for_8_h100_with_cudnn_attention():
   config = _paper_config("base", "dp")
@@ -143,6 +145,7 @@ def _small_config(*, mesh=None, eval_every_steps=0, **data):
   return config_lib.parse(config)
 
 
+@pytest.mark.slow
 @needs_tpu
 def test_the_tpu_compile_counts_the_flops_of_the_cpu_compile():
   config = _small_config()
@@ -193,6 +196,7 @@ def small_report():
                                        find_largest_batch=False).record()
 
 
+@pytest.mark.slow
 def test_the_report_has_every_program_and_the_documented_fields(small_report):
   record = small_report
   names = [p["name"] for p in record["programs"]]
@@ -218,6 +222,7 @@ def test_the_report_has_every_program_and_the_documented_fields(small_report):
   json.dumps(record)
 
 
+@pytest.mark.slow
 @needs_tpu
 def test_a_batch_that_cannot_fit_ends_the_command_naming_the_largest_batch_that_does(tmp_path):
   """The command compiles every program, finds the train step too large, then searches the

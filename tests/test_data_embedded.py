@@ -44,6 +44,7 @@ def test_same_seed_same_corpus_other_seed_other_corpus():
   assert {k: len(v) for k, v in a.items()} == SMALL
 
 
+@pytest.mark.slow
 def test_full_corpus_sizes_disjoint_splits_and_varied_lengths(full):
   assert {k: len(v) for k, v in full.items()} == FULL
   sources = [{s for s, _ in full[k]} for k in FULL]
@@ -145,6 +146,7 @@ def word_by_word_bleu(train, test):
   return sacrebleu.corpus_bleu(hyps, [[p[1] for p in test]]).score
 
 
+@pytest.mark.slow
 def test_word_by_word_substitution_scores_badly(full):
   bleu = word_by_word_bleu(full["train"], full["test"])
   print(f"word-by-word baseline BLEU on the embedded test split: {bleu:.1f}")

@@ -208,6 +208,7 @@ def test_host_shards_are_disjoint_and_make_up_the_global_batch(corpus, mode):
       np.testing.assert_array_equal(np.concatenate([host0[key], host1[key]]), batch[key])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode,workers", [("tokens", 0), ("packed", 0), ("tokens", 1)])
 def test_resume_through_orbax_sees_the_same_batches(corpus, tmp_path, mode, workers):
   c = config(corpus, batch_mode=mode, num_workers=workers, window=64)

@@ -10,6 +10,8 @@ import pytest
 
 from transformer_jax.model import dropout
 
+pytestmark = pytest.mark.device
+
 SHAPE = (32, 128, 128)  # 524,288 elements: a rate's standard error is below 5e-4.
 
 

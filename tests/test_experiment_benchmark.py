@@ -1,10 +1,14 @@
 """The experiment benchmark measures every batch mode on the experiment's own data (no timing
 asserted)."""
 
+import pytest
+
 from transformer_jax import data, experiment
 from transformer_jax.model.transformer import TransformerConfig
 from transformer_jax.tools import experiment_benchmark
 from transformer_jax.workdir import Workdir
+
+pytestmark = pytest.mark.slow
 
 
 def test_experiment_measures_every_batch_mode_on_its_own_data(tmp_path):

@@ -189,6 +189,7 @@ def test_a_failed_save_is_reported_and_leaves_the_good_checkpoints_intact(
     assert manager.all_steps() == [2, 5] and sorted(os.listdir(directory)) == ["2", "5"]
 
 
+@pytest.mark.slow
 def test_inspect_checkpoints_lists_the_steps_and_finds_the_broken_one(saved, tmp_path_factory):
   DAMAGE["altered array data"](saved / "3")
   (saved / "4.orbax-checkpoint-tmp").mkdir()

@@ -18,6 +18,8 @@ import pytest
 
 import helpers
 
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
+
 STEPS = 8
 TIMEOUT = 10  # config.host_timeout_seconds of these runs.
 

@@ -37,6 +37,7 @@ def _assert_equal(a, b):
   jax.tree.map(np.testing.assert_array_equal, a, b)
 
 
+@pytest.mark.slow
 def test_a_poisoned_batch_skips_the_update_and_the_next_batch_trains(trainer):
   state = trainer.init()
   before = _host(state)

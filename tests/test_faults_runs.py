@@ -20,6 +20,8 @@ import pytest
 import helpers
 from transformer_jax.train.loop import PreemptionWatch
 
+pytestmark = pytest.mark.slow
+
 STEPS = 40
 SEED = 20240607  # Of the random kill moments; printed with every failure.
 

@@ -127,6 +127,7 @@ print(json.dumps(outcomes))
 """
 
 
+@pytest.mark.slow
 def test_of_two_runs_taking_over_a_stale_lock_at_once_exactly_one_gets_it(tmp_path):
   rounds = 80
   for r in range(rounds):

@@ -10,6 +10,8 @@ import numpy_reference as ref
 from helpers import record_dropout_inputs
 from transformer_jax.model import attention, layers
 
+pytestmark = pytest.mark.device
+
 
 def init(module, *args, **kwargs):
   variables = module.init(jax.random.key(0), *args, **kwargs)
@@ -88,6 +90,7 @@ def test_feed_forward_matches_formula():
                              rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pre_norm", [False, True])
 def test_encoder_layer_matches_formula(pre_norm):
   x = randn(8, 2, 6, 16)

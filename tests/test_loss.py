@@ -3,11 +3,14 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from helpers import synthetic_batch, tiny_model_config
 from transformer_jax.conventions import BATCH_KEYS
 from transformer_jax.model import loss
 from transformer_jax.model.transformer import Transformer
+
+pytestmark = pytest.mark.device
 
 
 def test_label_smoothed_cross_entropy_against_a_hand_computation():
@@ -27,6 +30,7 @@ def test_label_smoothed_cross_entropy_against_a_hand_computation():
   np.testing.assert_allclose(plain, nll, rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_loss_counts_only_non_padding_targets():
   config = tiny_model_config()
   model = Transformer(config)

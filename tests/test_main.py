@@ -27,6 +27,8 @@ def _run(shared, workdir, *extra, **overrides):
                                                  "keep_checkpoints": 5, **overrides})
 
 
+@pytest.mark.slow
+@pytest.mark.device
 def test_the_default_experiment_learns(shared, tmp_path):
   output = _run(shared, tmp_path, num_train_steps=40, learning_rate=2.0,
                 eval_every_steps=40).succeed()
@@ -49,6 +51,7 @@ def test_the_default_experiment_learns(shared, tmp_path):
   assert "adam_b1" not in output and "Unable to initialize backend" not in output
 
 
+@pytest.mark.slow
 def test_several_modes_run_in_order_in_one_process(shared, tmp_path):
   output = _run(shared, tmp_path, "--mode=train,average,eval", "--checkpoint=averaged",
                 num_train_steps=4, checkpoint_every_steps=2, average_last=2).succeed()
@@ -62,6 +65,7 @@ def test_several_modes_run_in_order_in_one_process(shared, tmp_path):
       "compile, comma-separated"), error
 
 
+@pytest.mark.slow
 def test_three_steps_then_a_restart_equal_six_straight(shared, tmp_path):
   straight, split = tmp_path / "straight", tmp_path / "split"
   runs = [_run(shared, straight, num_train_steps=6), _run(shared, split, num_train_steps=3)]
@@ -79,6 +83,7 @@ def test_three_steps_then_a_restart_equal_six_straight(shared, tmp_path):
     np.testing.assert_array_equal(x, y)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("modes", ["train", "train,average,eval"])
 def test_sigterm_saves_a_checkpoint_and_stops(shared, tmp_path, modes):
   run = _run(shared, tmp_path, f"--mode={modes}", num_train_steps=100000,
@@ -137,6 +142,7 @@ app.run(main.main)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("error, user_error", [
     ("ValueError('a bug inside JAX')", False), ("errors.UserError('a user mistake')", True)])
 def test_through_the_command_line_a_bug_shows_its_traceback_and_a_mistake_one_line(

@@ -4,8 +4,11 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+import pytest
 
 from transformer_jax.model import attention
+
+pytestmark = pytest.mark.device
 
 @st.composite
 def query_and_key_tokens(draw):
@@ -47,6 +50,7 @@ def test_causal_mask_allows_exactly_the_past(length):
   np.testing.assert_array_equal(mask, j <= i)
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(packed_segments())
 def test_segment_mask_is_an_equivalence_on_real_tokens(seg):

@@ -102,6 +102,7 @@ def _reference_sums(logits, batch, eps):
           "tokens": real.sum(), "source_tokens": (batch["inputs_segmentation"] > 0).sum()}
 
 
+@pytest.mark.slow
 def test_teacher_forced_loss_sums_every_batch_of_a_sharded_split_as_numpy_does():
   placement = sharding.Placement(helpers.tiny_model_config(), sharding.make_mesh({"data": -1}),
                                  sharding.logical_rules("dp"))

@@ -23,6 +23,8 @@ from transformer_jax.errors import UserError
 from transformer_jax.experiment import Checkpoint
 from transformer_jax.workdir import Workdir
 
+pytestmark = pytest.mark.slow
+
 STEPS = 20
 # A 1+1-layer model that learns fast, decoded 32 sentences at a time.
 OVERRIDES = {"model__num_layers": 1, "learning_rate": 2.0, "decode__batch_size": 32,

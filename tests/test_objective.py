@@ -3,9 +3,12 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from helpers import tiny_model_config
 from transformer_jax.train import objective
+
+pytestmark = pytest.mark.device
 
 
 def test_schedule_is_the_papers_formula_and_peaks_at_warmup():

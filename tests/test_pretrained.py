@@ -34,7 +34,8 @@ from transformer_jax.workdir import Workdir
 from transformer_jax.errors import UserError
 from transformer_jax.pretrained import convert, generation, marian
 
-pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")
+pytestmark = [pytest.mark.hf,
+              pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")]
 torch = pytest.importorskip("torch", reason="comparing with Hugging Face needs torch "
                             "(pip install -e '.[hf]')")
 transformers = pytest.importorskip("transformers", reason="comparing with Hugging Face needs "
@@ -146,6 +147,7 @@ def logits_difference(hf, hf_tokenizer, workdir, config, sources, targets):
   return np.abs(logits[real] - want[real][:, order]).max()
 
 
+@pytest.mark.slow
 def test_logits_equal_hugging_face_on_padded_batches(imported, corpus):
   difference = logits_difference(*imported, corpus[0][:6], corpus[1][:6])
   print(f"logits max abs difference {difference:.2e}")
@@ -162,6 +164,7 @@ def test_a_relu_model_imports_with_equal_logits(tmp_path, corpus):
                            corpus[1][6:10]) <= 1e-5
 
 
+@pytest.mark.slow
 def test_greedy_outputs_equal_generate(imported, corpus):
   hf, hf_tokenizer, workdir, config = imported
   model, params, tokenizer = ours(workdir, config)
@@ -230,6 +233,7 @@ def hf_outputs(hf, hf_tokenizer, sentences, num_beams, **settings):
   return texts, lengths
 
 
+@pytest.mark.slow
 def test_translations_through_the_command_line_equal_generate_on_every_line_and_eval_runs(
     imported, corpus, shared, tmp_path):
   """OPUS-MT's generation settings: forced EOS at max_length 16 (15 output tokens), pad never
@@ -270,6 +274,7 @@ MARIAN_COMPATIBLE = dict(model__norm="post", model__attention_bias=True,
                          decode__length_normalization="length")
 
 
+@pytest.mark.slow
 def test_export_loads_in_hugging_face_with_equal_logits_and_imports_back_bit_identical(
     shared, tmp_path, monkeypatch):
   monkeypatch.chdir(helpers.REPO)  # The flags name experiments/default.py.
@@ -411,6 +416,7 @@ def test_import_reads_the_generation_settings_of_config_json_without_generation_
       6, 30, True)
 
 
+@pytest.mark.slow
 def test_import_errors_on_the_command_line_are_one_line(imported, shared, tmp_path):
   source = tmp_path / "marian"
   shutil.copytree(imported[2].parent / "marian", source)
@@ -443,6 +449,7 @@ def test_pytorch_bin_imports_like_safetensors_and_needs_torch(imported, tmp_path
     convert.import_marian(str(source), Workdir(str(tmp_path / "other")))
 
 
+@pytest.mark.slow
 def test_fine_tuning_an_imported_model_through_the_command_line_lowers_the_loss_and_resumes(
     imported, shared, corpus, tmp_path):
   workdir = tmp_path / "work"

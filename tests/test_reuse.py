@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
+import pytest
 
 from transformer_jax.model import attention
 from transformer_jax.model.layers import EncoderLayer, MultiHeadAttention
@@ -35,6 +36,7 @@ def cross_entropy(logits, labels):
   return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
 
 
+@pytest.mark.slow
 def test_layers_train_inside_a_user_linen_model():
   tokens, labels = toy_task()
   model = CountingClassifier()
@@ -96,6 +98,7 @@ def test_layers_train_inside_an_nnx_model_through_the_bridge():
   assert losses[-1] < 0.5 * losses[0]
 
 
+@pytest.mark.slow
 def test_nnx_bridge_shards_the_layers_by_their_logical_axis_names():
   tokens, labels = toy_task(seed=2)
   mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("tensor",))

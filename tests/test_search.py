@@ -24,6 +24,9 @@ from helpers import SOURCES_16, VOCAB, eos_biased_model as tiny_model, stack_lay
 from transformer_jax.conventions import EOS_ID as EOS
 from transformer_jax.decode import search as search_lib
 from transformer_jax.model.transformer import Transformer, TransformerConfig
+
+pytestmark = pytest.mark.device
+
 WORDS = range(2, VOCAB)
 
 
@@ -197,6 +200,7 @@ def test_trim_cuts_at_eos():
 
 # --- cached decoding vs the teacher-forced forward pass ---------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scan_layers", [False, True])
 @pytest.mark.parametrize("buffer, steps, reorder_at", [(8, 6, 3), (16, 12, 5), (12, 6, 3)])
 def test_cached_steps_match_teacher_forcing_including_beam_reorders(
@@ -243,6 +247,7 @@ def test_cached_steps_match_teacher_forcing_including_beam_reorders(
 
 # --- greedy decoding ----------------------------------------------------------
 
+@pytest.mark.slow
 def test_greedy_takes_the_teacher_forced_argmax_and_stops_when_all_are_done():
   model, variables = tiny_model(eos_bias=2.0, seed=3, vocab=16)
   inputs = jnp.concatenate([SOURCES_16, jnp.zeros((1, 8), jnp.int32)])
@@ -262,6 +267,7 @@ def test_greedy_takes_the_teacher_forced_argmax_and_stops_when_all_are_done():
 
 # --- beam search ----------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fixture", ["transformer_eos_early", "transformer", "markov"])
 def test_beam_of_one_is_greedy(fixture):
   if fixture == "markov":
@@ -280,6 +286,7 @@ def test_beam_of_one_is_greedy(fixture):
   np.testing.assert_allclose(beam.scores, greedy.scores, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("alpha, normalization", [
     (0.0, "gnmt"), (0.6, "gnmt"), (2.0, "gnmt"), (1.0, "length"), (2.0, "length")])
 @pytest.mark.parametrize("eos_bias, seed", [(0.0, 6), (-0.5, 7), (1.0, 6)])
@@ -440,6 +447,7 @@ def test_markov_large_beam_with_a_cap_and_forced_eos_finds_the_brute_force_best(
     np.testing.assert_allclose(out.scores[b], scores[best], rtol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("renormalize", [False, True])
 def test_greedy_with_forced_eos_ends_every_sentence_at_its_limit_with_eos(renormalize):
   model, variables = tiny_model(eos_bias=-30.0, seed=10)  # EOS is never chosen
@@ -460,6 +468,7 @@ def test_greedy_with_forced_eos_ends_every_sentence_at_its_limit_with_eos(renorm
                                atol=1e-4)
 
 
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="reads the CPU compiler's program")
 @pytest.mark.parametrize("early_stopping", search_lib.EARLY_STOPPING)
 def test_beam_search_ranks_the_candidates_with_a_top_k_not_a_sort_of_all(early_stopping):
   """On a CPU, XLA runs `approx_max_k` as a top-k only when the ranking is used as a whole; a

@@ -15,6 +15,7 @@ from transformer_jax.decode import search as search_lib
 from transformer_jax.model.transformer import Transformer
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("with_rules", [False, True])
 def test_batch_sharded_over_eight_devices_equals_one_device(with_rules):
   assert jax.device_count() == 8
@@ -65,6 +66,7 @@ def test_beam_search_over_scanned_layers_equals_looped_layers():
   np.testing.assert_allclose(got.scores, want.scores, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_searches_work_with_64_bit_jax():
   model, variables = tiny_model(eos_bias=2.0, seed=3, vocab=16)
   kwargs = dict(max_len=16, max_extra=6)

@@ -74,6 +74,7 @@ def data_parallel_8(batches):
   return _run(_trainer({"data": 8}, "dp"), batches)
 
 
+@pytest.mark.slow
 def test_data_parallel_step_matches_one_device(data_parallel_8, one_device):
   _assert_same_run(data_parallel_8, one_device)
 
@@ -82,6 +83,7 @@ def test_data_parallel_step_matches_one_device(data_parallel_8, one_device):
     ({"fsdp": 8}, "fsdp", ("fsdp", None, None)),
     ({"data": 4, "tensor": 2}, "tp", ("fsdp", "tensor", None)),
 ])
+@pytest.mark.slow
 def test_sharded_step_matches_one_device(batches, one_device, mesh_shape, rules, expected_spec):
   trainer = _trainer(mesh_shape, rules)
   query = trainer.state_shardings.params["encoder"]["layer_0"]["self_attention"]["query"]
@@ -150,6 +152,8 @@ def test_every_logical_axis_name_of_the_model_is_known_to_the_rules():
   assert names <= set(sharding.LOGICAL_AXES), names - set(sharding.LOGICAL_AXES)
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_two_processes_match_one_process(data_parallel_8, tmp_path):
   """2 processes x 4 CPU devices (gloo collectives) against 1 process x 8 devices.
 

@@ -5,12 +5,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 from helpers import synthetic_batch, tiny_model_config
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.train import objective, step as step_lib
 
+pytestmark = pytest.mark.device
 
+
+@pytest.mark.slow
 def test_gradient_accumulation_over_4_micro_batches_equals_the_whole_batch():
   config = tiny_model_config(dropout_rate=0.0)
   model = Transformer(config)
@@ -39,6 +43,7 @@ def test_split_micro_batches_keeps_each_devices_rows_together():
   np.testing.assert_array_equal(micro[:, :, 0], [[0, 2, 4, 6], [1, 3, 5, 7]])
 
 
+@pytest.mark.slow
 def test_bfloat16_computation_keeps_float32_parameters_and_adam_state():
   config = tiny_model_config(dtype="bfloat16")
   model = Transformer(config)

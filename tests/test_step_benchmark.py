@@ -19,6 +19,7 @@ def test_synthetic_batch_is_three_quarters_real_tokens():
   np.testing.assert_array_equal(batch["inputs_position"][0], [0, 1, 2, 3, 4, 5, 0, 0])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("vs", [None, "torch"])
 def test_run_reports_every_figure(vs):
   if vs:

@@ -52,6 +52,7 @@ def test_restore_on_another_mesh_and_data_position(tmp_path):
                again, state)
 
 
+@pytest.mark.slow
 def test_a_checkpoint_from_8_devices_loads_in_a_1_device_process(tmp_path):
   fsdp = _trainer({"fsdp": 8}, "fsdp")
   state = _random_state(fsdp, 1)

@@ -74,6 +74,7 @@ def test_plot_writes_one_small_png(tmp_path):
   assert 10_000 < len(data) < 500_000
 
 
+@pytest.mark.slow
 def test_run_sweep_times_every_point_on_one_state():
   points = sweep.grid([64], [4, 8], max_len=sweep.SWEEP_MAX_LEN, row_multiple=8)
   results = sweep.run_sweep(TINY, points, steps=2, warmup=0, dtype="float32", block=1)
@@ -93,6 +94,7 @@ def bench(*flags, cwd) -> subprocess.CompletedProcess:
                         timeout=300)
 
 
+@pytest.mark.slow
 def test_the_command_line_sweeps_and_draws(tmp_path):
   result = bench("--config=small", "--sweep_tokens=16", "--sweep_lengths=8", "--steps=1",
                  "--warmup=0", "--block=1", "--plot=figure/scaling.png", "--json=results.json",
@@ -104,6 +106,7 @@ def test_the_command_line_sweeps_and_draws(tmp_path):
   assert (tmp_path / "figure" / "scaling.png").read_bytes().startswith(PNG_SIGNATURE)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flags, message", [
     (["--sweep_lengths=32,1024"], "error: --sweep_lengths: 1024 is longer than the model's"),
     (["--sweep", "--sweep_tokens=1k"], "error: --sweep_tokens: '1k' is not a whole number"),

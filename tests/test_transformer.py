@@ -12,6 +12,8 @@ from transformer_jax.model.transformer import (
     PRESETS, Transformer, TransformerConfig, count_params, shift_right,
 )
 
+pytestmark = pytest.mark.device
+
 TINY = dict(vocab_size=23, num_layers=2, d_model=16, d_ff=32, num_heads=2, max_len=32)
 
 
@@ -59,6 +61,7 @@ def test_count_params_equals_a_real_init(row):
   assert sum(x.size for x in jax.tree_util.tree_leaves(shapes["params"])) == count_params(cfg)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overrides", [dict(norm="pre"), dict(attention_bias=True),
                                        dict(logits_bias=True, d_k=5, d_v=3)])
 def test_count_params_with_options_equals_a_real_init(overrides):
@@ -67,6 +70,7 @@ def test_count_params_with_options_equals_a_real_init(overrides):
   assert real == count_params(model.config)
 
 
+@pytest.mark.slow
 def test_the_paper_model_has_no_biases_of_the_options():
   _, variables = make()
   names = {jax.tree_util.keystr(path) for path, _ in
@@ -129,6 +133,7 @@ def test_bad_config_values_raise_naming_the_field(overrides, field):
     TransformerConfig(**{**TINY, **overrides})
 
 
+@pytest.mark.slow
 def test_float64_logits_equal_the_float64_numpy_formula():
   with jax.enable_x64(True):
     model, variables = make(dtype="float64")
@@ -142,6 +147,7 @@ def test_float64_logits_equal_the_float64_numpy_formula():
   np.testing.assert_allclose(np.asarray(logits)[real], want[real], rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("activation", ["swish", "gelu", "relu"])
 def test_float64_logits_with_biases_activation_and_epsilon_equal_the_numpy_formula(activation):
   with jax.enable_x64(True):
@@ -174,6 +180,7 @@ def test_shift_right_hand_built():
   np.testing.assert_array_equal(shift_right(targets, segments), [[0, 5, 6, 7], [0, 8, 0, 9]])
 
 
+@pytest.mark.slow
 def test_decoder_is_causal(tiny):
   _, variables, forward = tiny
   inputs, targets = tokens(2, 2, 6), tokens(3, 2, 7)
@@ -188,6 +195,7 @@ def test_decoder_is_causal(tiny):
   assert not np.allclose(forward(variables, inputs, changed)[:, 4], base[:, 4])
 
 
+@pytest.mark.slow
 def test_padding_the_source_or_target_changes_nothing(tiny):
   _, variables, forward = tiny
   inputs, targets = tokens(5, 2, 5), tokens(6, 2, 4)
@@ -199,6 +207,7 @@ def test_padding_the_source_or_target_changes_nothing(tiny):
                              atol=1e-5)
 
 
+@pytest.mark.slow
 def test_packed_examples_equal_separate_examples(tiny):
   _, variables, forward = tiny
   src_a, src_b, tgt_a, tgt_b = tokens(7, 1, 3), tokens(8, 1, 4), tokens(9, 1, 2), tokens(10, 1, 5)
@@ -224,6 +233,7 @@ def test_embeddings_get_sqrt_d_scaling_positions_and_dropout(tiny):
   np.testing.assert_allclose(seen[0][0], table[np.asarray(inputs[0])] * 4.0 + pe, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_bfloat16_computation_stays_close_to_float32(tiny):
   _, variables, forward = tiny
   model16 = Transformer(TransformerConfig(**{**TINY, "dtype": "bfloat16"}))
@@ -276,6 +286,7 @@ def incremental_logits(model, variables, inputs, targets):
   return jnp.stack(out, axis=1)
 
 
+@pytest.mark.slow
 def test_scanned_layers_equal_looped_layers_in_training_and_decoding():
   model, variables = make(num_layers=3)
   scanned = Transformer(TransformerConfig(**{**TINY, "num_layers": 3, "scan_layers": True}))
@@ -291,6 +302,7 @@ def test_scanned_layers_equal_looped_layers_in_training_and_decoding():
                              want, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_incremental_decoding_with_attention_biases_equals_the_full_forward_pass():
   model, variables = make(attention_bias=True, logits_bias=True, activation="swish")
   variables = randomized(variables, 6)
@@ -299,6 +311,7 @@ def test_incremental_decoding_with_attention_biases_equals_the_full_forward_pass
                              jax.jit(model.apply)(variables, inputs, targets), atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("remat", ["dots", "full"])
 def test_remat_changes_neither_loss_nor_gradients(remat):
   model, variables = make()

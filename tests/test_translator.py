@@ -18,6 +18,8 @@ from transformer_jax.decode import search as search_lib
 from transformer_jax.decode.translator import DecodeSettings, Translator
 from transformer_jax.model.transformer import TransformerConfig
 
+pytestmark = pytest.mark.device
+
 
 class WordTokenizer:
   """Stand-in tokenizer: word `w<i>` is id i; decode writes the ids back as words."""
@@ -45,6 +47,7 @@ def _translator(placement, beam_size, batch_size=4):
   return Translator(placement, WordTokenizer(), settings)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("beam_size", [1, 3])
 def test_batched_sharded_translation_equals_each_sentence_alone_in_order(model_and_params,
                                                                          beam_size):
@@ -69,6 +72,7 @@ def test_batched_sharded_translation_equals_each_sentence_alone_in_order(model_a
     assert len(output) <= len(source) + 5  # Input length (EOS included) + max_extra.
 
 
+@pytest.mark.slow
 def test_lines_without_tokens_give_empty_lines_and_long_lines_are_cut_with_a_warning(
     model_and_params, caplog):
   placement, params = model_and_params
