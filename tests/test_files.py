@@ -1,6 +1,8 @@
 """The files of the decode modes: lines in and out as UTF-8, JSON records; hand-written bytes."""
 
+import io
 import json
+import sys
 
 import pytest
 
@@ -30,6 +32,19 @@ def test_write_lines_ends_every_line(tmp_path):
   path = tmp_path / "sub" / "out.txt"
   files.write_lines(str(path), ["a", "", "ü"])
   assert path.read_bytes() == "a\n\nü\n".encode()
+
+
+@pytest.mark.parametrize("name", [None, "-"])
+def test_none_or_a_dash_is_stdin_and_stdout_as_utf8_bytes(monkeypatch, name):
+  monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO("a\n\né\n".encode())))
+  assert files.read_lines(name) == ["a", "", "é"]
+  monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"ok\n\xff\n")))
+  with pytest.raises(UserError, match="line 2: not valid UTF-8"):
+    files.read_lines(name)
+  out = io.BytesIO()
+  monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(out))
+  files.write_lines(name, ["x", "ü"])
+  assert out.getvalue() == "x\nü\n".encode()
 
 
 def test_write_json_makes_the_directory_and_indents(tmp_path):
