@@ -6,7 +6,8 @@
   <- main, tools; a package's `__main__.py` (a command line) ranks with main.
 
 A module may import the project's modules of its own package or of lower ones. Importing
-the data pipeline alone does not load Flax (Grain's worker processes import it).
+the data pipeline alone does not load Flax (Grain's worker processes import it), and the
+command line loads no PyTorch (installed with the `hf` extra).
 """
 
 import ast
@@ -101,11 +102,13 @@ def test_the_guard_sees_an_import_that_goes_up(tmp_path):
   assert _imported(module) == {"train", "decode"}
 
 
-def test_the_data_pipeline_alone_does_not_load_flax():
+def test_the_data_pipeline_alone_does_not_load_flax_and_the_command_line_loads_no_torch():
   result = subprocess.run(
-      [sys.executable, "-c", "import json, sys, transformer_jax.data; "
-       "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
-       "('flax', 'transformer_jax'))))"],
+      [sys.executable, "-c", "import json, sys, transformer_jax.data\n"
+       "seen = lambda: sorted({m.split('.')[0] for m in sys.modules} | set(sys.modules))\n"
+       "print(json.dumps(seen())); import transformer_jax.main; print(json.dumps(seen()))"],
       cwd=REPO, env=environment(), capture_output=True, text=True, timeout=300, check=True)
-  loaded = json.loads(result.stdout.splitlines()[-1])
-  assert "flax" not in loaded and "transformer_jax.model" not in loaded
+  data_only, command_line = map(json.loads, result.stdout.splitlines()[-2:])
+  assert "flax" not in data_only and "transformer_jax.model" not in data_only
+  assert "flax" in command_line and "torch" not in command_line
+  assert "tensorboardX" not in command_line

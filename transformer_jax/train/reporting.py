@@ -8,10 +8,10 @@ import time
 
 import jax
 import jax.numpy as jnp
-import tensorboardX
 import tqdm
 
 from transformer_jax.model.loss import perplexity
+from transformer_jax.train.events import EventWriter
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ class TrainLogger:
   """What the user sees of a run: log lines, TensorBoard scalars and a terminal progress bar.
 
   Every process logs lines through Python's logging; process 0 also writes TensorBoard
-  event files (tensorboardX, no TensorFlow) into `tensorboard_dir` and,
+  event files (`events.EventWriter`) into `tensorboard_dir` and,
   when stderr is a terminal, draws a progress bar.
   """
 
@@ -53,8 +53,7 @@ class TrainLogger:
     self.last_train, self.last_eval, self.tokens = {}, {}, 0.0
     self.skipped = 0  # Non-finite updates skipped in this run.
     main = jax.process_index() == 0
-    self.writer = (tensorboardX.SummaryWriter(tensorboard_dir,
-                                              purge_step=start_step) if main else None)
+    self.writer = EventWriter(tensorboard_dir, purge_step=start_step) if main else None
     self.bar = (tqdm.tqdm(total=total_steps, initial=start_step, unit="step", leave=False,
                           dynamic_ncols=True) if main and sys.stderr.isatty() else None)
 
@@ -127,7 +126,7 @@ class TrainLogger:
   def _write(self, prefix: str, step: int, scalars: Mapping[str, float]):
     if self.writer is not None:
       for name, value in scalars.items():
-        self.writer.add_scalar(f"{prefix}/{name}", value, step)
+        self.writer.scalar(f"{prefix}/{name}", value, step)
       self.writer.flush()
 
   def close(self, step: int, *, seconds: float, steps: int, checkpoints: str,

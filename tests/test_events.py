@@ -1,0 +1,64 @@
+"""TensorBoard event files against tensorboardX's protocol buffers and checksums."""
+
+import struct
+
+import numpy as np
+import pytest
+from tensorboardX import record_writer
+from tensorboardX.proto import event_pb2, summary_pb2
+
+import helpers
+from transformer_jax.train import events
+
+
+def _records(path) -> list[bytes]:
+  """The data of each record of a TFRecord file, its two checksums verified."""
+  out, raw = [], path.read_bytes()
+  while raw:
+    header, raw = raw[:12], raw[12:]
+    (length,) = struct.unpack("<Q", header[:8])
+    assert struct.unpack("<I", header[8:])[0] == record_writer.masked_crc32c(header[:8])
+    data, crc, raw = raw[:length], raw[length:length + 4], raw[length + 4:]
+    assert struct.unpack("<I", crc)[0] == record_writer.masked_crc32c(data)
+    out.append(data)
+  return out
+
+
+def test_crc32c_has_the_standard_check_value_and_equals_tensorboardx():
+  assert events.crc32c(b"123456789") == 0xE3069283
+  rng = np.random.default_rng(0)
+  for size in (0, 1, 7, 64, 1000):
+    data = rng.bytes(size)
+    assert events.masked_crc32c(data) == record_writer.masked_crc32c(data)
+
+
+@pytest.mark.parametrize("step", [0, 1, 127, 128, 300_000, 2**40])
+def test_an_event_parses_as_the_protocol_buffer_it_encodes(step):
+  scalar = event_pb2.Event.FromString(events.event(1.5, step, tag="train/lös", value=-0.1))
+  assert scalar == event_pb2.Event(wall_time=1.5, step=step, summary=summary_pb2.Summary(
+      value=[summary_pb2.Summary.Value(tag="train/lös", simple_value=-0.1)]))
+  start = event_pb2.Event.FromString(events.event(2.0, step, session_start=True))
+  assert start == event_pb2.Event(wall_time=2.0, step=step, session_log=event_pb2.SessionLog(
+      status=event_pb2.SessionLog.START))
+  with pytest.raises(ValueError, match="negative"):
+    events.event(0.0, -1)
+
+
+@pytest.mark.parametrize("appends", [True, False])
+def test_a_writer_starts_with_the_version_and_the_purge_then_writes_scalars_at_flush(
+    tmp_path, monkeypatch, appends):
+  monkeypatch.setattr(events, "_appends", lambda directory: appends)  # False: as at gs://.
+  writer = events.EventWriter(str(tmp_path / "tensorboard"), purge_step=4)
+  writer.scalar("train/loss", np.float32(2.5), 5)
+  (path,) = (tmp_path / "tensorboard").iterdir()
+  assert path.name.startswith("events.out.tfevents.") and len(_records(path)) == 2
+  writer.flush()
+  writer.scalar("eval_valid/bleu", 31.25, 6)
+  writer.close()
+  assert [p.name for p in (tmp_path / "tensorboard").iterdir()] == [path.name]
+  read = [event_pb2.Event.FromString(data) for data in _records(path)]
+  assert read[0].file_version == "brain.Event:2" and read[0].step == 4
+  assert read[1].session_log.status == event_pb2.SessionLog.START and read[1].step == 4
+  assert [(e.step, v.tag, v.simple_value) for e in read[2:] for v in e.summary.value] == [
+      (5, "train/loss", 2.5), (6, "eval_valid/bleu", 31.25)]
+  assert helpers.scalars(tmp_path) == {5: 2.5}

@@ -1,0 +1,132 @@
+"""TensorBoard event files of scalars, written with the standard library alone.
+
+An event file is a sequence of records: the little-endian uint64 length of
+the data, its masked CRC-32C, the data (one serialized `tensorflow.Event`
+protocol buffer), and the data's masked CRC-32C. The few fields written here
+are encoded by hand, so a run imports neither TensorFlow nor PyTorch:
+
+  Event:      wall_time = 1 (double), step = 2 (int64), file_version = 3 (string),
+              summary = 5 (Summary), session_log = 7 (SessionLog)
+  Summary:    value = 1 (repeated Value)
+  Value:      tag = 1 (string), simple_value = 2 (float)
+  SessionLog: status = 1 (enum; START = 1)
+"""
+
+import os
+import socket
+import struct
+import time
+
+from etils import epath
+
+from transformer_jax import fileio
+
+
+def _crc32c_table() -> tuple[int, ...]:
+  table = []
+  for byte in range(256):
+    crc = byte
+    for _ in range(8):
+      crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)  # The reflected Castagnoli polynomial.
+    table.append(crc)
+  return tuple(table)
+
+
+_CRC32C_TABLE = _crc32c_table()
+
+
+def crc32c(data: bytes) -> int:
+  """The CRC-32C (Castagnoli) checksum of `data`."""
+  crc = 0xFFFFFFFF
+  for byte in data:
+    crc = _CRC32C_TABLE[(crc ^ byte) & 0xFF] ^ (crc >> 8)
+  return crc ^ 0xFFFFFFFF
+
+
+def masked_crc32c(data: bytes) -> int:
+  """The checksum as TFRecord files store it: rotated right by 15 bits, plus a constant."""
+  crc = crc32c(data)
+  return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def record(data: bytes) -> bytes:
+  """One TFRecord: length, its masked checksum, the data, its masked checksum."""
+  length = struct.pack("<Q", len(data))
+  return (length + struct.pack("<I", masked_crc32c(length)) + data
+          + struct.pack("<I", masked_crc32c(data)))
+
+
+def _varint(value: int) -> bytes:
+  out = bytearray()
+  while True:
+    low, value = value & 0x7F, value >> 7
+    out.append(low | (0x80 if value else 0))
+    if not value:
+      return bytes(out)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+  """A length-delimited field (wire type 2): a string or a nested message."""
+  return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def event(wall_time: float, step: int = 0, *, file_version: str = "", tag: str = "",
+          value: float = 0.0, session_start: bool = False) -> bytes:
+  """A serialized `Event`: a file version, a scalar `tag` = `value`, or a session start."""
+  if step < 0:
+    raise ValueError(f"step {step} is negative")
+  out = b"\x09" + struct.pack("<d", wall_time) + b"\x10" + _varint(step)
+  if file_version:
+    out += _field(3, file_version.encode())
+  if tag:
+    scalar = _field(1, tag.encode()) + b"\x15" + struct.pack("<f", value)
+    out += _field(5, _field(1, scalar))
+  if session_start:
+    out += _field(7, b"\x08\x01")
+  return out
+
+
+def _appends(directory: str) -> bool:
+  """Whether files in `directory` can be appended to: local paths yes, URLs (gs://) no."""
+  return "://" not in directory
+
+
+class EventWriter:
+  """Writes scalar events to a new event file in `directory` (a local path or a URL such as
+  gs://).
+
+  With `purge_step`, the file starts with a session start at that step, which
+  tells TensorBoard to hide the events of earlier files at that step and
+  later (those of a run that stopped after its last checkpoint). Events reach
+  the file at `flush`: appended to a local file, or the whole file rewritten
+  at a URL (object stores do not append).
+  """
+
+  def __init__(self, directory: str, *, purge_step: int | None = None):
+    epath.Path(directory).mkdir(parents=True, exist_ok=True)
+    name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}"
+    self.path = os.path.join(directory, name)
+    self._local = _appends(directory)
+    self._pending, self._written = bytearray(), bytearray()
+    now = time.time()
+    self._pending += record(event(now, purge_step or 0, file_version="brain.Event:2"))
+    if purge_step is not None:
+      self._pending += record(event(now, purge_step, session_start=True))
+    self.flush()
+
+  def scalar(self, tag: str, value: float, step: int):
+    self._pending += record(event(time.time(), step, tag=tag, value=float(value)))
+
+  def flush(self):
+    """Write the events so far."""
+    if self._local:
+      with open(self.path, "ab") as f:
+        f.write(self._pending)
+    else:
+      self._written += self._pending
+      fileio.write_atomically(self.path, bytes(self._written))
+    self._pending.clear()
+
+  def close(self):
+    """Write what is pending; the writer keeps no file open."""
+    self.flush()
