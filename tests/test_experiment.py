@@ -25,7 +25,7 @@ def test_the_library_docs_example_trains_translates_and_leaves_its_checkpoints(s
   code = _example()
   tiny = (f'name="embedded_tiny", data_dir={str(shared / "tfds")!r}, vocab_size=200, '
           f'vocab_path={str(shared / "vocab.model")!r}')
-  for old, new in (('name="embedded"', tiny),
+  for old, new in (('name="embedded", ', tiny + ", "),
                    ('"/tmp/transformer_jax_from_python"', repr(str(tmp_path)))):
     assert code.count(old) == 1, old
     code = code.replace(old, new)
@@ -33,7 +33,7 @@ def test_the_library_docs_example_trains_translates_and_leaves_its_checkpoints(s
   exec(compile(code, str(LIBRARY_DOC), "exec"), {})  # pylint: disable=exec-used
   lines = capfd.readouterr().out.splitlines()[-3:]  # After what TFDS prints on first use.
   assert all(" -> " in line for line in lines), lines
-  assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["20", "40"]
+  assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["10", "20"]
   assert (tmp_path / "tensorboard").is_dir() and (tmp_path / "config.txt").exists()
 
 
