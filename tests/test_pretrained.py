@@ -8,6 +8,7 @@ the comparisons need `torch` and `transformers` (the `test` extra installs
 them).
 """
 
+import dataclasses
 import io
 import json
 import os
@@ -29,9 +30,9 @@ from transformer_jax import data
 from transformer_jax.conventions import EOS_ID
 from transformer_jax.data import marian as marian_vocab
 from transformer_jax.decode import search
-from transformer_jax.experiment import load
+from transformer_jax.experiment import Checkpoint, evaluate_split, load, translate_file
 from transformer_jax.workdir import Workdir
-from transformer_jax.errors import UserError
+from transformer_jax.errors import FieldError, UserError
 from transformer_jax.pretrained import convert, generation, marian
 
 pytestmark = [pytest.mark.hf,
@@ -234,34 +235,42 @@ def hf_outputs(hf, hf_tokenizer, sentences, num_beams, **settings):
 
 
 @pytest.mark.slow
-def test_translations_through_the_command_line_equal_generate_on_every_line_and_eval_runs(
+def test_translations_equal_generate_on_every_line_and_eval_runs(
     imported, corpus, shared, tmp_path):
   """OPUS-MT's generation settings: forced EOS at max_length 16 (15 output tokens), pad never
   generated, renormalized log-probabilities, beam 4 with len ** 1.0 and Hugging Face's default
   early stopping; greedy and beam, many lines reach the cap. The other stopping rules against
-  Hugging Face's same setting (exact: "never", first_k: True)."""
-  hf, hf_tokenizer, workdir, _ = imported
+  Hugging Face's same setting (exact: "never", first_k: True). Greedy through the command line
+  with the imported config.py, the rest in-process."""
+  hf, hf_tokenizer, workdir, config = imported
   sentences = corpus[0][-30:] + ["Zürich ☃"]
   (tmp_path / "in.txt").write_text("\n".join(sentences) + "\n")
-  config = f"--config={workdir}/config.py"
-  translate = [config, f"--workdir={workdir}", "--mode=translate",
+  translate = [f"--config={workdir}/config.py", f"--workdir={workdir}", "--mode=translate",
                f"--input={tmp_path / 'in.txt'}", f"--output={tmp_path / 'out.txt'}"]
   hf_stops = {"heuristic": {}, "exact": {"early_stopping": "never"},
               "first_k": {"early_stopping": True}}
   for beams, stop in ((1, "heuristic"), (4, "heuristic"), (4, "exact"), (4, "first_k")):
-    cli(shared, "transformer_jax.main", *translate, f"--config.decode.beam_size={beams}",
-        f"--config.decode.early_stopping={stop}")
+    if beams == 1:  # The work directory's own config.py through the command line.
+      cli(shared, "transformer_jax.main", *translate, f"--config.decode.beam_size={beams}",
+          f"--config.decode.early_stopping={stop}")
+    else:
+      settings = dataclasses.replace(config, decode=dataclasses.replace(
+          config.decode, beam_size=beams, early_stopping=stop))
+      translate_file(settings, Workdir(str(workdir)), Checkpoint(), str(tmp_path / "in.txt"),
+                     str(tmp_path / "out.txt"))
     got = (tmp_path / "out.txt").read_text().splitlines()
     want, lengths = hf_outputs(hf, hf_tokenizer, sentences, beams, **hf_stops[stop])
     assert got == want, (beams, stop)
     capped = sum(n == OPUS_MT_GENERATION["max_length"] - 1 for n in lengths)
     print(f"beam {beams} {stop}: {len(got)} lines equal, {capped} at the cap")
     assert 3 <= capped <= len(sentences) - 5  # Lines that end, and lines cut at the cap.
-  printed = cli(shared, "transformer_jax.main", config, f"--workdir={workdir}", "--mode=eval",
-                *data_flags(shared, decode__split="test"))
-  assert "test BLEU" in printed and "step 0" in printed
-  record = json.loads((workdir / "eval" / "test-step0-beam4.json").read_text())
-  assert record["sentences"] > 0
+  test_split = dataclasses.replace(
+      config, data=dataclasses.replace(config.data, name="embedded_tiny",
+                                       data_dir=str(shared / "tfds")),
+      decode=dataclasses.replace(config.decode, split="test"))
+  record = evaluate_split(test_split, Workdir(str(workdir)))
+  assert record == json.loads((workdir / "eval" / "test-step0-beam4.json").read_text())
+  assert record["sentences"] > 0 and record["step"] == 0 and 0 <= record["bleu"] <= 100
   assert (record["beam_size"], record["length_normalization"], record["alpha"],
           record["max_length"], record["force_eos"], record["renormalize"],
           record["early_stopping"]) == (4, "length", 1.0, 16, True, True, "heuristic")
@@ -303,18 +312,21 @@ def test_export_loads_in_hugging_face_with_equal_logits_and_imports_back_bit_ide
   assert difference <= 1e-5
 
   reimported = tmp_path / "reimported"
-  cli(shared, "transformer_jax.pretrained", "import", f"--marian={exported}",
-      f"--workdir={reimported}")
+  printed = cli(shared, "transformer_jax.pretrained", "import", f"--marian={exported}",
+                f"--workdir={reimported}")
+  assert printed.startswith("imported ") and f"--config={reimported}/config.py" in printed
   again = host_params(reimported, config_lib.parse(
       config_lib.load_file(str(reimported / "config.py"))))
   for want, got in zip(helpers.leaves(jax.device_get(params)), helpers.leaves(again), strict=True):
     np.testing.assert_array_equal(got, want)
 
-  error = cli(shared, "transformer_jax.pretrained", "export",
-              *helpers.flags(shared, **{**MARIAN_COMPATIBLE, "model__norm_epsilon": 1e-6}),
-              f"--workdir={trained}", f"--output={tmp_path / 'refused'}", status=1)
-  assert error.strip().splitlines()[-1] == (
-      "error: config.model.norm_epsilon=1e-06: a Marian model needs norm_epsilon = 1e-05")
+  with pytest.raises(FieldError) as refused:
+    convert.export_marian(config_of_flags(shared, {**MARIAN_COMPATIBLE,
+                                                   "model__norm_epsilon": 1e-6}),
+                          Workdir(str(trained)), str(tmp_path / "refused"))
+  assert config_lib.user_message(refused.value) == (
+      "config.model.norm_epsilon=1e-06: a Marian model needs norm_epsilon = 1e-05")
+  assert not (tmp_path / "refused").exists()
 
 
 def config_of_flags(shared, overrides):
@@ -425,10 +437,9 @@ def test_import_errors_on_the_command_line_are_one_line(imported, shared, tmp_pa
               f"--workdir={tmp_path / 'work'}", status=1)
   assert error.strip().splitlines()[-1] == f"error: {source} lacks the tokenizer files target.spm"
   assert "Traceback" not in error
-  error = cli(shared, "transformer_jax.pretrained", "import", f"--marian={source}",
-              f"--workdir={imported[2]}", status=1)
-  assert error.strip().splitlines()[-1] == (
-      f"error: {imported[2] / 'checkpoints'} exists: import into a new --workdir")
+  with pytest.raises(UserError, match=re.escape(
+      f"{imported[2] / 'checkpoints'} exists: import into a new --workdir")):
+    convert.import_marian(str(source), Workdir(str(imported[2])))
 
 
 def test_pytorch_bin_imports_like_safetensors_and_needs_torch(imported, tmp_path, monkeypatch):
@@ -470,13 +481,12 @@ def test_fine_tuning_an_imported_model_through_the_command_line_lowers_the_loss_
   assert helpers.committed_steps(workdir)[-1] == 10
 
   exported = tmp_path / "exported"  # The fine-tuned model, with the Marian tokenizer it came with.
-  cli(shared, "transformer_jax.pretrained", "export", f"--config={workdir}/config.py",
-      f"--workdir={workdir}", f"--output={exported}")
+  config = config_lib.parse(config_lib.load_file(str(workdir / "config.py")))
+  convert.export_marian(config, Workdir(str(workdir)), str(exported))
   for name in marian_vocab.FILES:
     assert (exported / name).read_bytes() == (imported[2] / "vocab" / "marian" / name).read_bytes()
   hf = transformers.MarianMTModel.from_pretrained(str(exported)).eval()
   hf_tokenizer = transformers.MarianTokenizer.from_pretrained(str(exported))
-  config = config_lib.parse(config_lib.load_file(str(workdir / "config.py")))
   reimported = generation.decode_fields(
       json.loads((exported / "generation_config.json").read_text()),
       pad_id=hf.config.pad_token_id, eos_id=0, positions=config.model.max_len)
