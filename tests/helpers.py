@@ -218,6 +218,15 @@ def environment(shared: pathlib.Path | None = None, devices: int = 1) -> dict:
   return env
 
 
+def python(*args, shared: pathlib.Path | None = None, devices: int = 1, cwd=REPO,
+           timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
+  """`python args...` run to its end in `environment(shared, devices)`, from the repository
+  (or `cwd`); its stdout and stderr as text. `kwargs` go to `subprocess.run` (`input`)."""
+  return subprocess.run([sys.executable, *map(str, args)], cwd=cwd,
+                        env=environment(shared, devices), capture_output=True, text=True,
+                        timeout=timeout, **kwargs)
+
+
 class Run:
   """One `python -m transformer_jax.main` process with a tiny run's flags (`flags`).
 

@@ -14,8 +14,6 @@ import dataclasses
 import os
 import pathlib
 import re
-import subprocess
-import sys
 from typing import Callable
 
 import jax
@@ -206,9 +204,7 @@ def _train_in_process(folder: pathlib.Path, overrides: dict) -> tuple[str, list[
 def _command_line(folder: pathlib.Path, arguments: list) -> tuple[str, int]:
   """(the `error:` line, 0) of `python -m transformer_jax.main`, which must exit with status 1
   and print nothing else that looks like an error or a compile."""
-  result = subprocess.run(
-      [sys.executable, "-m", "transformer_jax.main", f"--workdir={folder / 'run'}", *arguments],
-      cwd=helpers.REPO, env=helpers.environment(), capture_output=True, text=True, timeout=300)
+  result = helpers.python("-m", "transformer_jax.main", f"--workdir={folder / 'run'}", *arguments)
   output = result.stdout + result.stderr
   errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
   assert result.returncode == 1 and len(errors) == 1, output[-3000:]

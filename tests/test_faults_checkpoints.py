@@ -10,15 +10,13 @@ import os
 import pathlib
 import re
 import shutil
-import subprocess
-import sys
 
 import grain
 import jax
 import numpy as np
 import pytest
 
-from helpers import REPO, environment, make_trainer, random_state as _state
+from helpers import make_trainer, python, random_state as _state
 from transformer_jax.checkpoints import inspect as inspect_lib
 from transformer_jax.checkpoints import recovery
 from transformer_jax.checkpoints import store
@@ -206,9 +204,7 @@ def test_inspect_checkpoints_lists_the_steps_and_finds_the_broken_one(saved, tmp
   # The command line: the same lines, and status 1.
   workdir = tmp_path_factory.mktemp("inspect")
   shutil.copytree(saved, workdir / "checkpoints")
-  result = subprocess.run(
-      [sys.executable, "-m", "transformer_jax.checkpoints.inspect", f"--workdir={workdir}",
-       "--verify"], cwd=REPO, capture_output=True, text=True, timeout=300,
-      env=environment())
+  result = python("-m", "transformer_jax.checkpoints.inspect", f"--workdir={workdir}",
+                          "--verify")
   assert result.returncode == 1, result.stderr[-3000:]
   assert result.stdout.splitlines() == lines

@@ -14,10 +14,8 @@ import ast
 import json
 import pathlib
 import re
-import subprocess
-import sys
 
-from helpers import REPO, environment
+from helpers import REPO, python
 from transformer_jax import data
 
 RANKS = {"conventions": 0, "errors": 0, "schema": 1, "workdir": 1, "fileio": 1, "model": 2,
@@ -103,11 +101,12 @@ def test_the_guard_sees_an_import_that_goes_up(tmp_path):
 
 
 def test_the_data_pipeline_alone_does_not_load_flax_and_the_command_line_loads_no_torch():
-  result = subprocess.run(
-      [sys.executable, "-c", "import json, sys, transformer_jax.data\n"
-       "seen = lambda: sorted({m.split('.')[0] for m in sys.modules} | set(sys.modules))\n"
-       "print(json.dumps(seen())); import transformer_jax.main; print(json.dumps(seen()))"],
-      cwd=REPO, env=environment(), capture_output=True, text=True, timeout=300, check=True)
+  script = ("import json, sys, transformer_jax.data\n"
+            "seen = lambda: sorted({m.split('.')[0] for m in sys.modules} | set(sys.modules))\n"
+            "print(json.dumps(seen()))\n"
+            "import transformer_jax.main\n"
+            "print(json.dumps(seen()))\n")
+  result = python("-c", script, check=True)
   data_only, command_line = map(json.loads, result.stdout.splitlines()[-2:])
   assert "flax" not in data_only and "transformer_jax.model" not in data_only
   assert "flax" in command_line and "torch" not in command_line

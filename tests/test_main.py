@@ -7,8 +7,6 @@ Losses are read back from the TensorBoard event files a run writes.
 import os
 import re
 import signal
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -152,10 +150,9 @@ app.run(main.main)
     ("ValueError('a bug inside JAX')", False), ("errors.UserError('a user mistake')", True)])
 def test_through_the_command_line_a_bug_shows_its_traceback_and_a_mistake_one_line(
     shared, tmp_path, error, user_error):
-  result = subprocess.run(
-      [sys.executable, "-c", _FAILING_MAIN.format(error=error), "--config=experiments/default.py",
-       f"--workdir={tmp_path}"], cwd=helpers.REPO, env=helpers.environment(shared),
-      capture_output=True, text=True, timeout=120)
+  result = helpers.python("-c", _FAILING_MAIN.format(error=error),
+                          "--config=experiments/default.py", f"--workdir={tmp_path}",
+                          shared=shared, timeout=120)
   assert result.returncode == 1, result.stderr[-3000:]
   errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
   if user_error:

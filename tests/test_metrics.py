@@ -1,8 +1,6 @@
 """BLEU vs sacrebleu's command line, tokenization vs hand-tokenized text, the teacher-forced loss
 and perplexity vs numpy float64."""
 
-import subprocess
-import sys
 
 import flax.linen as nn
 import jax
@@ -51,9 +49,8 @@ def sacrebleu_cli(tmp_path, hypotheses, references, *options):
   """`sacrebleu REF < HYP` with the installed command line, score to 4 decimals."""
   ref = tmp_path / "ref.txt"
   ref.write_text("\n".join(references) + "\n", encoding="utf-8")
-  result = subprocess.run(
-      [sys.executable, "-m", "sacrebleu", str(ref), "-b", "-w", "4", *options],
-      input="\n".join(hypotheses) + "\n", capture_output=True, text=True, check=True)
+  result = helpers.python("-m", "sacrebleu", ref, "-b", "-w", "4", *options,
+                          input="\n".join(hypotheses) + "\n", check=True)
   return float(result.stdout)
 
 

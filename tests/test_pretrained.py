@@ -14,7 +14,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 
 from absl import flags as absl_flags
@@ -208,9 +207,7 @@ def test_tokenizer_ids_equal_marian_tokenizer(imported, corpus):
 
 def cli(shared, module, *args, status=0):
   """`python -m <module> args...` in a subprocess; its stdout (and stderr on failure)."""
-  result = subprocess.run([sys.executable, "-m", module, *map(str, args)], cwd=helpers.REPO,
-                          env=helpers.environment(shared), capture_output=True, text=True,
-                          timeout=600)
+  result = helpers.python("-m", module, *args, shared=shared, timeout=600)
   assert result.returncode == status, result.stderr[-4000:]
   return result.stdout if status == 0 else result.stderr
 

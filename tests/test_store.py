@@ -3,8 +3,6 @@ position, keep-last-K, and what a step is read to hold."""
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 
 import grain
@@ -12,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from helpers import REPO, environment, make_trainer as _trainer, random_state as _random_state
+from helpers import REPO, make_trainer as _trainer, python, random_state as _random_state
 from transformer_jax.checkpoints import store
 
 
@@ -74,8 +72,7 @@ def test_a_checkpoint_from_8_devices_loads_in_a_1_device_process(tmp_path):
                                     np.load({str(tmp_path / 'expected.npy')!r}))
       print("restored on", jax.devices())
   """)
-  result = subprocess.run([sys.executable, "-c", script], env=environment(), capture_output=True,
-                          text=True, timeout=300)
+  result = python("-c", script)
   assert result.returncode == 0, result.stderr[-3000:]
   assert "restored on [CpuDevice(id=0)]" in result.stdout
 

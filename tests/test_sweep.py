@@ -4,7 +4,6 @@ sweep in-process and one through the command line (no timing asserted)."""
 import json
 import struct
 import subprocess
-import sys
 
 import pytest
 
@@ -89,9 +88,7 @@ def test_run_sweep_times_every_point_on_one_state():
 
 
 def bench(*flags, cwd) -> subprocess.CompletedProcess:
-  return subprocess.run([sys.executable, "-m", "transformer_jax.tools.benchmark", *flags],
-                        cwd=cwd, env=helpers.environment(), capture_output=True, text=True,
-                        timeout=300)
+  return helpers.python("-m", "transformer_jax.tools.benchmark", *flags, cwd=cwd)
 
 
 @pytest.mark.slow
