@@ -3,19 +3,17 @@ FLOPs against the CPU's compile, the fit check and the command line's report.
 
 The compiles use XLA's own TPU compiler (libtpu) and the jax CUDA plugin with
 cuDNN, the `tpu` and `cuda` extras that CI installs; without them these tests
-are skipped. The paper's base model compiles with scanned layers (about 20 s
-a program on 2 cores); everything else is a small model.
+are skipped. The paper's base model compiles with scanned layers; everything
+else is a small model.
 """
 
 import importlib.util
 import json
-import subprocess
-import sys
 
 import jax
 import pytest
 
-from helpers import REPO, environment
+from helpers import REPO, python
 from transformer_jax import config as config_lib
 from transformer_jax.compile import analysis, experiment, table, targets
 from transformer_jax.errors import FieldError
@@ -92,10 +90,10 @@ def _batch_bytes_per_device(rows: int, length: int, shards: int) -> int:
 def test_the_base_train_step_compiles_for_v5e_8_with_12_bytes_a_parameter(rules):
   config = _paper_config("base", rules)
   compiler = experiment.Compiler(config, targets.parse_target("v5e-8"))
-  program = compiler.train(64, 32)
+  program = compiler.train(8, 32)
   model = compiler.model_config
   parameters = count_params(model)
-  state = program.cost.argument_bytes - _batch_bytes_per_device(64, 32, 8) - 12  # 3 counters
+  state = program.cost.argument_bytes - _batch_bytes_per_device(8, 32, 8) - 12  # 3 counters
   if rules == "dp":  # Replicated: 12 bytes a parameter (and 0.04% of TPU layout padding).
     expected = STATE_BYTES_PER_PARAMETER * parameters
   else:
@@ -109,6 +107,7 @@ def test_the_base_train_step_compiles_for_v5e_8_with_12_bytes_a_parameter(rules)
   assert program.cost.temp_bytes > 0 and program.cost.flops > 0
 
 
+@pytest.mark.slow
 @needs_tpu
 def test_the_beam_search_compiles_for_v5e_8():
   config = _paper_config("base", "dp")
@@ -127,16 +126,16 @@ def test_the_base_train_step_compiles_for_8_h100_with_cudnn_attention():
   config = _paper_config("base", "dp")
   compiler = experiment.Compiler(config, targets.parse_target("8xh100"))
   assert compiler.model_config.attention_impl == "cudnn"  # What a bfloat16 run on a GPU takes.
-  program = compiler.train(64, 32)
+  program = compiler.train(8, 32)
   assert program.cost.cudnn_attention_calls > 0
-  state = program.cost.argument_bytes - _batch_bytes_per_device(64, 32, 8) - 12  # 3 counters
+  state = program.cost.argument_bytes - _batch_bytes_per_device(8, 32, 8) - 12  # 3 counters
   assert state == STATE_BYTES_PER_PARAMETER * count_params(compiler.model_config)
   assert program.cost.optimal_seconds is None  # No cost analysis for a GPU without a device.
 
 
 def _small_config(*, mesh=None, eval_every_steps=0, **data):
   config = config_lib.default_config()
-  config.model = config_lib.model_fields("base", num_layers=2, d_model=64, d_ff=128,
+  config.model = config_lib.model_fields("base", num_layers=1, d_model=64, d_ff=128,
                                          num_heads=4, max_len=64, dtype="bfloat16")
   config.data.update({"vocab_size": 256, "max_source_length": 32, "max_target_length": 32,
                       **data})
@@ -145,13 +144,26 @@ def _small_config(*, mesh=None, eval_every_steps=0, **data):
   return config_lib.parse(config)
 
 
+def _report_config():
+  """The small model trained on 4 batch shapes and evaluated during training."""
+  return _small_config(tokens_per_batch=2048, eval_every_steps=100)
+
+
+@pytest.fixture(scope="module")
+def small_report():
+  """The record of every program of `_report_config()` compiled for v5e-8."""
+  if importlib.util.find_spec("libtpu") is None or not ON_CPU:
+    pytest.skip("needs the tpu extra (libtpu) and the CPU backend")
+  return experiment.compile_experiment(_report_config(), targets.parse_target("v5e-8"),
+                                       find_largest_batch=False).record()
+
+
 @pytest.mark.slow
 @needs_tpu
-def test_the_tpu_compile_counts_the_flops_of_the_cpu_compile():
-  config = _small_config()
-  target = targets.parse_target("v5e-8")
-  tpu = experiment.Compiler(config, target).train(64, 32).cost.flops
-  trainer, _ = experiment.make_trainer(config, vocab_size=256)  # The 8 simulated CPU devices.
+def test_the_tpu_compile_counts_the_flops_of_the_cpu_compile(small_report):
+  tpu, = [p["flops"] for p in small_report["programs"] if p["name"] == "train 64x32"]
+  # The same step on the 8 simulated CPU devices.
+  trainer, _ = experiment.make_trainer(_report_config(), vocab_size=256)
   batch = experiment.abstract_batch(trainer.placement, 64, 32)
   cpu = trainer.placement.run(lambda: trainer.jitted_step.lower(
       trainer.abstract_state, batch)).compile().cost_analysis()["flops"]
@@ -187,15 +199,6 @@ def test_the_estimate_adds_back_a_second_per_prefetch_and_respects_the_roofline(
       197e12)[0] is None
 
 
-@pytest.fixture(scope="module")
-def small_report():
-  if importlib.util.find_spec("libtpu") is None or not ON_CPU:
-    pytest.skip("needs the tpu extra (libtpu) and the CPU backend")
-  config = _small_config(tokens_per_batch=2048, eval_every_steps=100)
-  return experiment.compile_experiment(config, targets.parse_target("v5e-8"),
-                                       find_largest_batch=False).record()
-
-
 @pytest.mark.slow
 def test_the_report_has_every_program_and_the_documented_fields(small_report):
   record = small_report
@@ -222,18 +225,24 @@ def test_the_report_has_every_program_and_the_documented_fields(small_report):
   json.dumps(record)
 
 
+# The default experiment with 4M-token batches of 8 and 32 tokens, and one layer of d_model 16
+# with a vocabulary of 3.7M words: its logits (15 MB a token) make about 1024 rows of 8 the
+# largest batch that fits on a v5e, so that the search compiles only small programs.
+_TOO_LARGE = {"data.vocab_size": 3_700_000, "data.tokens_per_batch": 4194304,
+              "data.max_source_length": 32, "data.max_target_length": 32,
+              "data.bucket_growth": 4, "model.dtype": "bfloat16", "model.num_layers": 1,
+              "model.d_model": 16, "model.d_ff": 32}
+
+
 @pytest.mark.slow
 @needs_tpu
 def test_a_batch_that_cannot_fit_ends_the_command_naming_the_largest_batch_that_does(tmp_path):
   """The command compiles every program, finds the train step too large, then searches the
   largest batch that fits by compiling: within 1/16, so a batch 1/8 larger does not fit."""
-  args = [sys.executable, "-m", "transformer_jax.main", "--mode=compile", "--target=v5e-8",
-          f"--config={REPO}/experiments/default.py", f"--workdir={tmp_path}",
-          "--config.data.vocab_size=16384", "--config.data.tokens_per_batch=4194304",
-          "--config.data.max_source_length=32", "--config.data.max_target_length=32",
-          "--config.data.bucket_growth=4", "--config.model.dtype=bfloat16"]
-  result = subprocess.run(args, cwd=REPO, env=environment(), capture_output=True, text=True,
-                          timeout=900)
+  result = python("-m", "transformer_jax.main", "--mode=compile", "--target=v5e-8",
+                  f"--config={REPO}/experiments/default.py", f"--workdir={tmp_path}",
+                  *(f"--config.{field}={value}" for field, value in _TOO_LARGE.items()),
+                  timeout=900)
   assert result.returncode == 1, result.stderr[-3000:]
   assert "Traceback" not in result.stderr
   last = result.stderr.strip().splitlines()[-1]
@@ -247,8 +256,9 @@ def test_a_batch_that_cannot_fit_ends_the_command_naming_the_largest_batch_that_
   assert largest["program"]["total_bytes"] <= targets.CHIPS["v5e"].usable_bytes
   assert last.endswith(f"the largest data.tokens_per_batch that fits is {largest['value']}")
   config = config_lib.load_file(f"{REPO}/experiments/default.py")
-  config.data.update(vocab_size=16384, max_source_length=32, max_target_length=32)
-  config.model.dtype = "bfloat16"
+  for field, value in _TOO_LARGE.items():
+    section, name = field.split(".")
+    config[section][name] = value
   compiler = experiment.Compiler(config_lib.parse(config), targets.parse_target("v5e-8"))
   rows = largest["rows"]
   bigger = compiler.train(rows + max(8, rows // 8 // 8 * 8), largest["length"])
