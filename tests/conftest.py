@@ -1,6 +1,6 @@
-"""Test set-up: the CPU with 8 simulated devices for the sharding tests (unless $JAX_PLATFORMS
-names an accelerator, for the tests marked `device`), and the command line's compilation cache
-in the session's temporary directory.
+"""Test set-up: the CPU with 8 simulated devices for the sharding tests, compiling without
+LLVM's optimizations (unless $JAX_PLATFORMS names an accelerator, for the tests marked
+`device`), and the command line's compilation cache in the session's temporary directory.
 
 The flags must be set before jax is first imported, which is why they live here.
 """
@@ -11,10 +11,13 @@ import pytest
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 ON_CPU = os.environ["JAX_PLATFORMS"] == "cpu"
-if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = (
-      os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-  ).strip()
+# The tests' programs are tiny: compiling them, mostly LLVM's optimizations, costs more than
+# running them. Without those optimizations the HLO is the same and the numbers agree to within
+# the tests' tolerances (their bitwise comparisons compare runs compiled alike).
+if ON_CPU:
+  for flag in ("--xla_force_host_platform_device_count=8", "--xla_backend_optimization_level=0"):
+    if flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
+      os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
 
 
 @pytest.fixture(autouse=True, scope="session")

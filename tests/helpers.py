@@ -22,7 +22,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-from tensorboardX.proto import event_pb2
 
 from transformer_jax import config as config_lib
 from transformer_jax import data, sharding
@@ -206,12 +205,14 @@ def free_port() -> int:
 
 def environment(shared: pathlib.Path | None = None, devices: int = 1) -> dict:
   """The environment of a subprocess: the session's platform (on the CPU: with `devices`
-  devices), this repository importable, and (with `shared`) $JAX_COMPILATION_CACHE_DIR, the
+  devices, and the session's other XLA flags), this repository importable, and (with `shared`) $JAX_COMPILATION_CACHE_DIR, the
   session's cache for programs that do not go through the command line's
   `config.compilation_cache_dir`."""
   env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
   if env.setdefault("JAX_PLATFORMS", "cpu") == "cpu":
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    count = "--xla_force_host_platform_device_count"
+    env["XLA_FLAGS"] = " ".join([f"{count}={devices}", *(
+        flag for flag in env.get("XLA_FLAGS", "").split() if not flag.startswith(count))])
   if shared is not None:
     env.update(JAX_COMPILATION_CACHE_DIR=str(shared / "jax_cache"),
                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
@@ -315,6 +316,8 @@ def scalars_per_run(workdir, tag: str = "train/loss") -> list[dict]:
 
   A record cut short by a killed process ends its file's reading.
   """
+  # tensorboardX imports PyTorch where it is installed: only in the processes that read events.
+  from tensorboardX.proto import event_pb2  # pylint: disable=import-outside-toplevel
   runs = []
   for path in sorted(glob.glob(f"{workdir}/tensorboard/events.out.tfevents.*")):
     values = {}
