@@ -107,9 +107,10 @@ case "$mode" in
   setup) setup ;;
   test)
     setup
-    # Two worker processes, each taking whole test files (their module fixtures are made once);
-    # arguments after these win (-n 0: one process).
-    exec "$PY" -m pytest -q -n "${TJ_TEST_WORKERS:-2}" --dist=loadfile "$@"
+    # Two worker processes, each taking whole test files (their module fixtures are made once)
+    # in the order tests/conftest.py gives, the longest first; arguments after these win (-n 0:
+    # one process).
+    exec "$PY" -m pytest -q -n "${TJ_TEST_WORKERS:-2}" --dist=loadfile --no-loadscope-reorder "$@"
     ;;
   bench)
     setup

@@ -47,3 +47,15 @@ def shared(tmp_path_factory):
   """The session's corpus, vocabulary and compilation cache of tiny runs (`helpers.shared_dir`)."""
   import helpers  # pylint: disable=import-outside-toplevel  # It imports jax: after the flags.
   return helpers.shared_dir(tmp_path_factory)
+
+
+def pytest_collection_modifyitems(items):
+  """Whole files, the longest first (those with processes of a multi-process run, then by their
+  number of `slow` tests), so that the worker processes of `-n 2 --dist=loadfile` end together;
+  the order of the tests within a file stays."""
+  weight = {}
+  for item in items:
+    multiprocess, slow = weight.get(item.path, (0, 0))
+    weight[item.path] = (multiprocess or item.get_closest_marker("multiprocess") is not None,
+                         slow + (item.get_closest_marker("slow") is not None))
+  items.sort(key=lambda item: tuple(-w for w in weight[item.path]))
