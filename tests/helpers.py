@@ -205,9 +205,9 @@ def free_port() -> int:
 
 def environment(shared: pathlib.Path | None = None, devices: int = 1) -> dict:
   """The environment of a subprocess: the session's platform (on the CPU: with `devices`
-  devices, and the session's other XLA flags), this repository importable, and (with `shared`) $JAX_COMPILATION_CACHE_DIR, the
-  session's cache for programs that do not go through the command line's
-  `config.compilation_cache_dir`."""
+  devices, and the session's other XLA flags), this repository importable, and (with `shared`)
+  $JAX_COMPILATION_CACHE_DIR, the session's cache for programs that do not go through the
+  command line's `config.compilation_cache_dir`."""
   env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
   if env.setdefault("JAX_PLATFORMS", "cpu") == "cpu":
     count = "--xla_force_host_platform_device_count"
@@ -316,7 +316,8 @@ def scalars_per_run(workdir, tag: str = "train/loss") -> list[dict]:
 
   A record cut short by a killed process ends its file's reading.
   """
-  # tensorboardX imports PyTorch where it is installed: only in the processes that read events.
+  # tensorboardX imports PyTorch where it is installed: not in the processes that import
+  # helpers without reading events (those the tests start).
   from tensorboardX.proto import event_pb2  # pylint: disable=import-outside-toplevel
   runs = []
   for path in sorted(glob.glob(f"{workdir}/tensorboard/events.out.tfevents.*")):

@@ -205,6 +205,6 @@ def test_inspect_checkpoints_lists_the_steps_and_finds_the_broken_one(saved, tmp
   workdir = tmp_path_factory.mktemp("inspect")
   shutil.copytree(saved, workdir / "checkpoints")
   result = python("-m", "transformer_jax.checkpoints.inspect", f"--workdir={workdir}",
-                          "--verify")
+                  "--verify")
   assert result.returncode == 1, result.stderr[-3000:]
   assert result.stdout.splitlines() == lines

@@ -1,7 +1,6 @@
 """BLEU vs sacrebleu's command line, tokenization vs hand-tokenized text, the teacher-forced loss
 and perplexity vs numpy float64."""
 
-
 import flax.linen as nn
 import jax
 import numpy as np

@@ -1,4 +1,4 @@
-"""TensorBoard event files of scalars, written with the standard library alone.
+"""TensorBoard event files of scalars, written without protobuf, TensorFlow or PyTorch.
 
 An event file is a sequence of records: the little-endian uint64 length of
 the data, its masked CRC-32C, the data (one serialized `tensorflow.Event`
@@ -115,6 +115,7 @@ class EventWriter:
     self.flush()
 
   def scalar(self, tag: str, value: float, step: int):
+    """Add `tag` = `value` at `step`, written at the next `flush`."""
     self._pending += record(event(time.time(), step, tag=tag, value=float(value)))
 
   def flush(self):
