@@ -66,6 +66,8 @@ def test_a_mode_that_does_not_exist_is_named_with_the_modes_there_are():
       "compile, comma-separated")):
     main._known_modes(["train", "evaluate"])
   assert main._known_modes(["train", "average", "eval"])
+  # And it is what checks --mode when the flags are parsed.
+  assert [v.checker for v in flags.FLAGS["mode"].validators] == [main._known_modes]
 
 
 @pytest.mark.slow
