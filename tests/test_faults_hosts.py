@@ -4,13 +4,12 @@ Runs of 2 processes x 4 CPU devices (gloo collectives) through the command
 line, each process under its supervisor (`transformer_jax.supervisor`), with
 a checkpoint every 2 steps and a loss logged at every step. Every loss that
 any run logged must equal, bitwise, the loss of that step in one
-uninterrupted 2-process run: a fault loses nothing but the steps since the
-last committed checkpoint.
+uninterrupted 2-process run that saves no checkpoint before its end: a fault
+loses nothing but the steps since the last committed checkpoint.
 """
 
 import json
 import re
-import shutil
 import signal
 import time
 
@@ -20,7 +19,7 @@ import helpers
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
-STEPS = 8
+STEPS = 10
 TIMEOUT = 10  # config.host_timeout_seconds of these runs.
 
 
@@ -35,13 +34,13 @@ def _start(shared, workdir, **overrides) -> list[helpers.Run]:
 
 @pytest.fixture(scope="module")
 def reference(shared, tmp_path_factory):
-  """(workdir, {step: loss}) of an uninterrupted 2-process run."""
+  """{step: loss} of an uninterrupted 2-process run that saves no checkpoint before its end."""
   workdir = tmp_path_factory.mktemp("reference")
-  for run in _start(shared, workdir):
+  for run in _start(shared, workdir, checkpoint_every_steps=STEPS):
     run.succeed()
   (losses,) = helpers.scalars_per_run(workdir)  # Process 0 writes them.
   assert sorted(losses) == list(range(1, STEPS + 1))
-  return workdir, losses
+  return losses
 
 
 def _assert_losses_match(workdir, reference_losses, *, runs: int):
@@ -59,62 +58,51 @@ def _resumed_at(run: helpers.Run) -> int:
   return int(run.wait_for(r"resumed from \S+ at step (\d+)").group(1))
 
 
-def test_a_killed_process_is_named_by_the_survivor_and_a_restart_resumes(
+def test_a_preempted_a_killed_and_a_broken_run_in_turn_lose_only_the_steps_since_a_checkpoint(
     shared, reference, tmp_path):
+  """Three runs in one work directory, each ending in a fault that the next one recovers from:
+  SIGTERM to every process (each saves the same step and exits 0); a killed process (the survivor
+  names it); process 1's data position of the newest checkpoint altered (only process 1 reads it,
+  and every process skips that checkpoint)."""
+  # SIGTERM to every process.
   runs = _start(shared, tmp_path)
-  runs[1].wait_for(r"\] step 5/")
+  runs[0].wait_for(r"\] step 3/")
   lock = json.loads((tmp_path / "lock.json").read_text())  # One for the run, by process 0.
   assert lock["processes"] == 2 and lock["pid"] != runs[0].process.pid  # Its supervised child.
   assert sorted(p.name for p in (tmp_path / "hosts").glob("process_*")) == [
       "process_0.json", "process_1.json"]
-  runs[1].process.kill()
-  killed = time.monotonic()
-  error = runs[0].fail(timeout=120)
-  waited = time.monotonic() - killed
-  newest = helpers.committed_steps(tmp_path)[-1]
-  assert re.search(rf"lost contact with process 1 of 2 \(host \S+, pid \d+, since .*\): its "
-                   rf"heartbeat stopped; the newest committed checkpoint in \S+ is step {newest}\. "
-                   "Start all processes again", error), error
-  assert waited < TIMEOUT + 30, waited
-  restarted = _start(shared, tmp_path)
-  for run in restarted:
-    run.succeed()
-  assert {_resumed_at(run) for run in restarted} == {newest}
-  _assert_losses_match(tmp_path, reference[1], runs=2)
-
-
-def test_sigterm_to_every_process_saves_one_step_and_the_restart_continues(
-    shared, reference, tmp_path):
-  runs = _start(shared, tmp_path)
-  runs[0].wait_for(r"\] step 3/")
   for run in runs:
     run.process.send_signal(signal.SIGTERM)
   outputs = [run.succeed() for run in runs]
   stopped = {int(re.search(r"stopped at step (\d+) for preemption", out).group(1))
              for out in outputs}
-  assert len(stopped) == 1 and stopped <= set(helpers.committed_steps(tmp_path))
-  restarted = _start(shared, tmp_path)
-  for run in restarted:
-    run.succeed()
-  assert {_resumed_at(run) for run in restarted} == stopped
-  _assert_losses_match(tmp_path, reference[1], runs=2)
-
-
-def test_a_checkpoint_broken_for_one_process_is_skipped_by_all(shared, reference, tmp_path):
-  """Process 1's data position of the newest step altered: only process 1 reads it."""
-  shutil.copytree(reference[0] / "checkpoints", tmp_path / "checkpoints")
+  assert len(stopped) == 1 and stopped <= set(helpers.committed_steps(tmp_path)), stopped
+  (stopped,) = stopped
+  assert stopped + 2 < STEPS, stopped
+  # A killed process.
+  runs = _start(shared, tmp_path)
+  runs[1].wait_for(rf"\] step {stopped + 2}/")
+  runs[1].process.kill()
+  killed = time.monotonic()
+  error = runs[0].fail(timeout=120)
+  waited = time.monotonic() - killed
+  assert {_resumed_at(run) for run in runs} == {stopped}
   newest = helpers.committed_steps(tmp_path)[-1]
+  assert re.search(rf"lost contact with process 1 of 2 \(host \S+, pid \d+, since .*\): its "
+                   rf"heartbeat stopped; the newest committed checkpoint in \S+ is step {newest}\. "
+                   "Start all processes again", error), error
+  assert waited < TIMEOUT + 30, waited
+  # A checkpoint broken for process 1 only.
+  before = helpers.committed_steps(tmp_path)[-2]
   position = tmp_path / "checkpoints" / str(newest) / "data" / "process_1-of-2.json"
   state = json.loads(position.read_text())
   position.write_text(json.dumps({**state, "altered": 1}))
-  runs = _start(shared, tmp_path, num_train_steps=STEPS + 2)
+  runs = _start(shared, tmp_path)
   for run in runs:
     run.succeed()
-  before = helpers.committed_steps(reference[0])[-2]
   assert {_resumed_at(run) for run in runs} == {before}
   assert f"checkpoint {tmp_path / 'checkpoints' / str(newest)} is unusable" in runs[0].output
-  (losses,) = helpers.scalars_per_run(tmp_path)
-  assert all(losses[step] == reference[1][step] for step in range(before + 1, STEPS + 1))
+  _assert_losses_match(tmp_path, reference, runs=3)
 
 
 def test_a_second_run_on_a_work_directory_stops_and_a_stale_lock_is_taken_over(
