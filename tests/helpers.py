@@ -322,16 +322,29 @@ def scalars_per_run(workdir, tag: str = "train/loss") -> list[dict]:
   runs = []
   for path in sorted(glob.glob(f"{workdir}/tensorboard/events.out.tfevents.*")):
     values = {}
-    with open(path, "rb") as f:
-      while len(header := f.read(12)) == 12:  # uint64 length, uint32 length CRC
-        length = struct.unpack("<Q", header[:8])[0]
-        record = f.read(length)
-        if len(record) < length or len(f.read(4)) < 4:  # data CRC
-          break
-        event = event_pb2.Event.FromString(record)
-        values.update({event.step: v.simple_value for v in event.summary.value if v.tag == tag})
+    for record in tfrecords(path):
+      event = event_pb2.Event.FromString(record)
+      values.update({event.step: v.simple_value for v in event.summary.value if v.tag == tag})
     runs.append(values)
   return runs
+
+
+def tfrecords(path, masked_crc32c=None) -> list[bytes]:
+  """The data of each record of a TFRecord file; a record cut short (by a killed process) ends
+  the reading. With `masked_crc32c` (a reference implementation), both checksums of every record
+  must match it."""
+  out = []
+  with open(path, "rb") as f:
+    while len(header := f.read(12)) == 12:  # uint64 length, uint32 masked CRC of the length
+      (length,) = struct.unpack("<Q", header[:8])
+      data, crc = f.read(length), f.read(4)
+      if len(data) < length or len(crc) < 4:
+        break
+      if masked_crc32c is not None:
+        assert struct.unpack("<I", header[8:])[0] == masked_crc32c(header[:8])
+        assert struct.unpack("<I", crc)[0] == masked_crc32c(data)
+      out.append(data)
+  return out
 
 
 def scalars(workdir, tag: str = "train/loss") -> dict:

@@ -1,7 +1,5 @@
 """TensorBoard event files against tensorboardX's protocol buffers and checksums."""
 
-import struct
-
 import numpy as np
 import pytest
 from tensorboardX import record_writer
@@ -12,16 +10,8 @@ from transformer_jax.train import events
 
 
 def _records(path) -> list[bytes]:
-  """The data of each record of a TFRecord file, its two checksums verified."""
-  out, raw = [], path.read_bytes()
-  while raw:
-    header, raw = raw[:12], raw[12:]
-    (length,) = struct.unpack("<Q", header[:8])
-    assert struct.unpack("<I", header[8:])[0] == record_writer.masked_crc32c(header[:8])
-    data, crc, raw = raw[:length], raw[length:length + 4], raw[length + 4:]
-    assert struct.unpack("<I", crc)[0] == record_writer.masked_crc32c(data)
-    out.append(data)
-  return out
+  """The data of each record of a TFRecord file, its two checksums verified by tensorboardX's."""
+  return helpers.tfrecords(path, record_writer.masked_crc32c)
 
 
 def test_crc32c_has_the_standard_check_value_and_equals_tensorboardx():
@@ -41,7 +31,20 @@ def test_an_event_parses_as_the_protocol_buffer_it_encodes(step):
   assert start == event_pb2.Event(wall_time=2.0, step=step, session_log=event_pb2.SessionLog(
       status=event_pb2.SessionLog.START))
   with pytest.raises(ValueError, match="negative"):
-    events.event(0.0, -1)
+    events.event(0.0, -1, tag="a")
+  with pytest.raises(ValueError, match="exactly one of"):
+    events.event(0.0, step, tag="a", session_start=True)
+  with pytest.raises(ValueError, match="exactly one of"):
+    events.event(0.0, step)
+
+
+@pytest.mark.parametrize("value", [1e39, -1e300, float("inf"), float("nan"), 3.4e38])
+def test_a_scalar_is_stored_as_protobuf_stores_a_float(value):
+  read = event_pb2.Event.FromString(events.event(0.0, 1, tag="a", value=value))
+  expected = event_pb2.Event(summary=summary_pb2.Summary(
+      value=[summary_pb2.Summary.Value(tag="a", simple_value=value)]))
+  np.testing.assert_array_equal(read.summary.value[0].simple_value,
+                                expected.summary.value[0].simple_value)
 
 
 @pytest.mark.parametrize("appends", [True, False])
@@ -62,3 +65,11 @@ def test_a_writer_starts_with_the_version_and_the_purge_then_writes_scalars_at_f
   assert [(e.step, v.tag, v.simple_value) for e in read[2:] for v in e.summary.value] == [
       (5, "train/loss", 2.5), (6, "eval_valid/bleu", 31.25)]
   assert helpers.scalars(tmp_path) == {5: 2.5}
+
+
+def test_a_writer_without_a_purge_step_starts_with_the_version_alone(tmp_path):
+  events.EventWriter(str(tmp_path)).close()
+  (path,) = tmp_path.iterdir()
+  (version,) = [event_pb2.Event.FromString(data) for data in _records(path)]
+  assert version.file_version == "brain.Event:2" and version.step == 0
+  assert not version.HasField("session_log")

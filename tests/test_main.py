@@ -7,14 +7,16 @@ Losses are read back from the TensorBoard event files a run writes.
 import os
 import re
 import signal
+import sys
 
 import numpy as np
 import pytest
 from absl import flags
+from absl.testing import flagsaver
 
 import helpers
 from transformer_jax import config as config_lib
-from transformer_jax import data, main
+from transformer_jax import compilation_cache, data, main
 from transformer_jax.checkpoints import recovery, store
 from transformer_jax.errors import FieldError, UserError
 from transformer_jax.train.loop import NonFiniteError
@@ -68,6 +70,18 @@ def test_a_mode_that_does_not_exist_is_named_with_the_modes_there_are():
   assert main._known_modes(["train", "average", "eval"])
   # And it is what checks --mode when the flags are parsed.
   assert [v.checker for v in flags.FLAGS["mode"].validators] == [main._known_modes]
+
+
+def test_an_override_with_nothing_after_the_equals_sign_is_an_empty_setting(tmp_path, monkeypatch):
+  """`--config.compilation_cache_dir=` on the command line turns the compilation cache off."""
+  argv = ["main", "--config=experiments/default.py", f"--workdir={tmp_path}",
+          "--config.compilation_cache_dir="]
+  monkeypatch.setattr(sys, "argv", argv)  # Where ml_collections finds the overrides to define.
+  with flagsaver.flagsaver():
+    main.parse_flags(argv)
+    experiment = config_lib.parse(flags.FLAGS["config"].value)
+  assert experiment.compilation_cache_dir == ""
+  assert compilation_cache.directory(experiment.compilation_cache_dir) is None
 
 
 @pytest.mark.slow

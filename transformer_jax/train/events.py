@@ -12,6 +12,7 @@ are encoded by hand, so a run imports neither TensorFlow nor PyTorch:
   SessionLog: status = 1 (enum; START = 1)
 """
 
+import math
 import os
 import socket
 import struct
@@ -70,16 +71,27 @@ def _field(number: int, payload: bytes) -> bytes:
   return _varint(number << 3 | 2) + _varint(len(payload)) + payload
 
 
+def _float32(value: float) -> bytes:
+  """`value` as a little-endian float32; beyond its range an infinity, as protobuf stores it."""
+  try:
+    return struct.pack("<f", value)
+  except OverflowError:
+    return struct.pack("<f", math.copysign(math.inf, value))
+
+
 def event(wall_time: float, step: int = 0, *, file_version: str = "", tag: str = "",
           value: float = 0.0, session_start: bool = False) -> bytes:
-  """A serialized `Event`: a file version, a scalar `tag` = `value`, or a session start."""
+  """A serialized `Event` of one kind: a file version, a scalar `tag` = `value`, or a session
+  start."""
   if step < 0:
     raise ValueError(f"step {step} is negative")
+  if sum(map(bool, (file_version, tag, session_start))) != 1:
+    raise ValueError("an event holds exactly one of file_version, tag and session_start")
   out = b"\x09" + struct.pack("<d", wall_time) + b"\x10" + _varint(step)
   if file_version:
     out += _field(3, file_version.encode())
   if tag:
-    scalar = _field(1, tag.encode()) + b"\x15" + struct.pack("<f", value)
+    scalar = _field(1, tag.encode()) + b"\x15" + _float32(value)
     out += _field(5, _field(1, scalar))
   if session_start:
     out += _field(7, b"\x08\x01")
