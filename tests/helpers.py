@@ -331,14 +331,15 @@ def scalars_per_run(workdir, tag: str = "train/loss") -> list[dict]:
 
 def tfrecords(path, masked_crc32c=None) -> list[bytes]:
   """The data of each record of a TFRecord file; a record cut short (by a killed process) ends
-  the reading. With `masked_crc32c` (a reference implementation), both checksums of every record
-  must match it."""
+  the reading. With `masked_crc32c` (a reference implementation), every record must be whole and
+  both its checksums must match it."""
   out = []
   with open(path, "rb") as f:
-    while len(header := f.read(12)) == 12:  # uint64 length, uint32 masked CRC of the length
-      (length,) = struct.unpack("<Q", header[:8])
+    while header := f.read(12):  # uint64 length, uint32 masked CRC of the length
+      (length,) = struct.unpack("<Q", header[:8].ljust(8, b"\0"))
       data, crc = f.read(length), f.read(4)
-      if len(data) < length or len(crc) < 4:
+      if len(header) < 12 or len(data) < length or len(crc) < 4:
+        assert masked_crc32c is None, f"{path}: a record cut short"
         break
       if masked_crc32c is not None:
         assert struct.unpack("<I", header[8:])[0] == masked_crc32c(header[:8])

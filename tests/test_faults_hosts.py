@@ -101,7 +101,14 @@ def test_a_preempted_a_killed_and_a_broken_run_in_turn_lose_only_the_steps_since
   for run in runs:
     run.succeed()
   assert {_resumed_at(run) for run in runs} == {before}
-  assert f"checkpoint {tmp_path / 'checkpoints' / str(newest)} is unusable" in runs[0].output
+  # Unusable for the alteration alone (not for the kill): process 1 read a position that differs
+  # from the one saved, process 0 read its part and skipped the step for process 1.
+  path = tmp_path / "checkpoints" / str(newest)
+  unusable = f"checkpoint {path} is unusable, skipping it: CorruptCheckpointError: checkpoint {path}"
+  assert f"{unusable}: the data position read back differs from the one saved" in runs[1].output, (
+      runs[1].output[-3000:])
+  assert f"{unusable} cannot be read on process 1 (see its log)" in runs[0].output, (
+      runs[0].output[-3000:])
   _assert_losses_match(tmp_path, reference, runs=3)
 
 

@@ -82,8 +82,9 @@ def test_sigkill_at_random_moments_loses_only_the_steps_since_the_last_checkpoin
     committed, partial = helpers.committed_steps(tmp_path), helpers.partial_writes(tmp_path)
     run = helpers.Run(shared, tmp_path, num_train_steps=STEPS)
     directory = tmp_path / "checkpoints"
-    if moment == "during start-up":
-      time.sleep(rng.uniform(0.5, 8.0))
+    if moment == "during start-up":  # A random moment before its first step.
+      deadline = time.monotonic() + rng.uniform(0.5, 8.0)
+      _poll(lambda: time.monotonic() > deadline or helpers.logged_steps(run.output), run)
     else:  # Once this run has committed a checkpoint of its own (so that it made progress):
       newest = max(committed, default=0)
       _poll(lambda: max(helpers.committed_steps(tmp_path), default=0) > newest, run)
@@ -93,6 +94,7 @@ def test_sigkill_at_random_moments_loses_only_the_steps_since_the_last_checkpoin
       else:
         deleting = moment == "while an old checkpoint is deleted"
         _poll(lambda: _leftover(directory, deleting), run)
+    assert run.process.poll() is None, (moment, report, run.output[-3000:])  # Not ended yet.
     run.process.kill()
     run.finish()
     assert run.process.returncode == -signal.SIGKILL, run.output[-3000:]

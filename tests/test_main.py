@@ -74,8 +74,8 @@ def test_a_mode_that_does_not_exist_is_named_with_the_modes_there_are():
 
 def test_an_override_with_nothing_after_the_equals_sign_is_an_empty_setting(tmp_path, monkeypatch):
   """`--config.compilation_cache_dir=` on the command line turns the compilation cache off."""
-  argv = ["main", "--config=experiments/default.py", f"--workdir={tmp_path}",
-          "--config.compilation_cache_dir="]
+  argv = ["main", f"--config={helpers.REPO / 'experiments' / 'default.py'}",
+          f"--workdir={tmp_path}", "--config.compilation_cache_dir="]
   monkeypatch.setattr(sys, "argv", argv)  # Where ml_collections finds the overrides to define.
   with flagsaver.flagsaver():
     main.parse_flags(argv)
