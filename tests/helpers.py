@@ -336,9 +336,12 @@ def tfrecords(path, masked_crc32c=None) -> list[bytes]:
   out = []
   with open(path, "rb") as f:
     while header := f.read(12):  # uint64 length, uint32 masked CRC of the length
-      (length,) = struct.unpack("<Q", header[:8].ljust(8, b"\0"))
-      data, crc = f.read(length), f.read(4)
-      if len(header) < 12 or len(data) < length or len(crc) < 4:
+      whole = len(header) == 12
+      if whole:
+        (length,) = struct.unpack("<Q", header[:8])
+        data, crc = f.read(length), f.read(4)
+        whole = len(data) == length and len(crc) == 4
+      if not whole:
         assert masked_crc32c is None, f"{path}: a record cut short"
         break
       if masked_crc32c is not None:

@@ -94,7 +94,8 @@ def test_a_preempted_a_killed_and_a_broken_run_in_turn_lose_only_the_steps_since
   assert waited < TIMEOUT + 30, waited
   # A checkpoint broken for process 1 only.
   before = helpers.committed_steps(tmp_path)[-2]
-  position = tmp_path / "checkpoints" / str(newest) / "data" / "process_1-of-2.json"
+  path = tmp_path / "checkpoints" / str(newest)
+  position = path / "data" / "process_1-of-2.json"
   state = json.loads(position.read_text())
   position.write_text(json.dumps({**state, "altered": 1}))
   runs = _start(shared, tmp_path)
@@ -103,7 +104,6 @@ def test_a_preempted_a_killed_and_a_broken_run_in_turn_lose_only_the_steps_since
   assert {_resumed_at(run) for run in runs} == {before}
   # Unusable for the alteration alone (not for the kill): process 1 read a position that differs
   # from the one saved, process 0 read its part and skipped the step for process 1.
-  path = tmp_path / "checkpoints" / str(newest)
   unusable = f"checkpoint {path} is unusable, skipping it: CorruptCheckpointError: checkpoint {path}"
   assert f"{unusable}: the data position read back differs from the one saved" in runs[1].output, (
       runs[1].output[-3000:])
