@@ -24,6 +24,12 @@
 #                                        install -e '.[hf]'; without it they are skipped)
 #   ./launch.sh bench [FLAGS...]         python -m transformer_jax.tools.benchmark (--config=small|base|big,
 #                                        --vs=torch needs: .venv/bin/pip install -e '.[bench]')
+#   ./launch.sh device-bundle DIR        download here the wheels a GPU machine's image lacks
+#                                        (CPython 3.12, Linux x86-64) into DIR (docs/gpu.md)
+#   ./launch.sh device-report --out=DIR [--bundle=DIR] [--deadline=480]
+#                                        measure the project on this machine's accelerator: every
+#                                        stage's JSON and report.md in DIR (docs/gpu.md); with
+#                                        --bundle, the machine's own python3 (no set-up, no network)
 #   ./launch.sh setup                    only create/refresh the virtual environment
 #
 # FLAGS are transformer_jax.main's: --config=experiments/wmt14.py:base,
@@ -115,6 +121,18 @@ case "$mode" in
   bench)
     setup
     exec "$PY" -m transformer_jax.tools.benchmark "$@"
+    ;;
+  device-bundle)
+    setup
+    exec "$PY" -m transformer_jax.tools.device_report.bundle "$@"
+    ;;
+  device-report)
+    # A GPU machine without network has no venv to make: the bundle brings what it lacks.
+    for arg in "$@"; do
+      [[ "$arg" == --bundle=* || "$arg" == --bundle ]] && exec "${TJ_PYTHON:-python3}" -m transformer_jax.tools.device_report "$@"
+    done
+    setup
+    exec "$PY" -m transformer_jax.tools.device_report "$@"
     ;;
   import|export)
     setup

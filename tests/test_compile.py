@@ -23,7 +23,7 @@ ON_CPU = jax.default_backend() == "cpu"  # Compiling for a target runs on the CP
 needs_tpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None or not ON_CPU,
                                reason="needs the tpu extra (libtpu) and the CPU backend")
 needs_cuda = pytest.mark.skipif(
-    importlib.util.find_spec("jax_plugins.xla_cuda12") is None or not ON_CPU,
+    all(importlib.util.find_spec(m) is None for m in targets.CUDA_PLUGINS) or not ON_CPU,
     reason="needs the cuda extra (jax CUDA plugin) and the CPU backend")
 STATE_BYTES_PER_PARAMETER = 12  # float32 parameters, Adam's two float32 moments.
 

@@ -22,6 +22,11 @@ _PREFETCH = re.compile(r'custom_call_target="ConcatBitcast"')
 _CUDNN_ATTENTION = re.compile(r'custom_call_target="__cudnn\$fmha')
 
 
+def cudnn_attention_calls(hlo_text: str) -> int:
+  """How many cuDNN fused attention kernels (forward and backward) a compiled module calls."""
+  return len(_CUDNN_ATTENTION.findall(hlo_text))
+
+
 @dataclasses.dataclass(frozen=True)
 class ProgramCost:
   """Per-device bytes of a compiled program and the compiler's cost figures (None: not given)."""
@@ -96,14 +101,18 @@ def compile_and_measure(lowered, compiler_options=None) -> ProgramCost:
     if refused is None:
       raise
     return refused
-  seconds = time.perf_counter() - start
+  return measure_compiled(compiled, time.perf_counter() - start)
+
+
+def measure_compiled(compiled, compile_seconds: float) -> ProgramCost:
+  """The `ProgramCost` of a `jax.stages.Compiled` that took `compile_seconds` to compile."""
   memory = compiled.memory_analysis()
   cost = compiled.cost_analysis() or {}
   if isinstance(cost, list):  # Older JAX: one dict per module.
     cost = cost[0] if cost else {}
   text = compiled.as_text()
   return ProgramCost(
-      compile_seconds=seconds,
+      compile_seconds=compile_seconds,
       argument_bytes=int(memory.argument_size_in_bytes),
       output_bytes=int(memory.output_size_in_bytes),
       alias_bytes=int(memory.alias_size_in_bytes),
@@ -113,5 +122,5 @@ def compile_and_measure(lowered, compiler_options=None) -> ProgramCost:
       bytes_accessed=cost.get("bytes accessed"),
       optimal_seconds=cost.get("optimal_seconds"),
       prefetch_calls=len(_PREFETCH.findall(text)),
-      cudnn_attention_calls=len(_CUDNN_ATTENTION.findall(text)),
+      cudnn_attention_calls=cudnn_attention_calls(text),
   )

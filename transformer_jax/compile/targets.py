@@ -156,8 +156,12 @@ def _quiet_compilers() -> None:
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
 
-def _require(module: str, target: Target, what: str) -> None:
-  if importlib.util.find_spec(module) is None:
+# The jax CUDA plugins, either of which compiles for a GPU target.
+CUDA_PLUGINS = ("jax_plugins.xla_cuda13", "jax_plugins.xla_cuda12")
+
+
+def _require(modules: tuple[str, ...], target: Target, what: str) -> None:
+  if all(importlib.util.find_spec(module) is None for module in modules):
     raise TargetError(f"--target={target.name} needs {what}: pip install -e '.[{target.extra}]' "
                       f"(or ./.venv/bin/pip install -e '.[{target.extra}]')")
 
@@ -177,14 +181,14 @@ def compile_devices(target: Target) -> list:
     raise TargetError(f"--target={target.name}: compiling for a target runs on the CPU backend; "
                       f"set JAX_PLATFORMS=cpu (this process has {jax.default_backend()})")
   if target.platform == "tpu":
-    _require("libtpu", target, "XLA's TPU compiler (libtpu)")
+    _require(("libtpu",), target, "XLA's TPU compiler (libtpu)")
     options = dict(_TOPOLOGY_OPTIONS.get(target.generation, {}))
     if target.generation in _SINGLE_HOST_8 and target.chips == 8:
       options["chips_per_host_bounds"] = (2, 4, 1)
     describe = lambda: topologies.get_topology_desc(
         topology_name=target.topology, platform="tpu", **options)
   else:
-    _require("jax_plugins.xla_cuda12", target, "the jax CUDA plugin")
+    _require(CUDA_PLUGINS, target, "the jax CUDA plugin")
     describe = lambda: topologies.get_topology_desc(
         target.generation, "cuda", target_config=gpu_spec(target.generation),
         topology=target.topology)

@@ -1,0 +1,162 @@
+"""Stage b, correct on the device: the fused attention against the reference path, then the tests
+marked `device`.
+
+The fused path (cuDNN on a GPU, XLA's fused attention elsewhere) runs in
+bfloat16 with padding, causal and packed-segment masks; its output and its
+gradients are compared with the reference path in float32 on the same
+(upcast) inputs by ||fused - reference|| / ||reference||. Rows whose keys are
+all masked must give exactly zero, and nothing may be NaN, gradients
+included. On a GPU the compiled programs must call cuDNN's fused attention.
+"""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transformer_jax.compile.analysis import cudnn_attention_calls
+from transformer_jax.model import attention
+from transformer_jax.tools.device_report import bundle
+
+# bfloat16 operands land between 1e-3 and 1e-2 against a float32 reference; their gradients (a
+# bfloat16 backward pass) somewhat above.
+OUTPUT_TOLERANCE, GRADIENT_TOLERANCE = 1e-2, 2e-2
+PYTEST_LOG_ENV = "TJ_REPORT_PYTEST_LOG"
+
+
+def _masks(batch: int, length: int, rng: np.random.Generator) -> dict:
+  """Boolean masks `[batch, 1, length, length]` (causal: broadcast) and the rows they leave
+  without any key, for each case."""
+  lengths = rng.integers(length // 2, length, batch)
+  lengths[0] = length  # One row without padding.
+  tokens = np.where(np.arange(length)[None] < lengths[:, None], 5, 0)
+  segments = np.zeros((batch, length), np.int32)
+  for row in range(batch):  # Pairs of random lengths, packed until the row's real length.
+    start, segment = 0, 1
+    while start < lengths[row]:
+      end = min(lengths[row], start + int(rng.integers(1, max(2, length // 3))))
+      segments[row, start:end] = segment
+      start, segment = end, segment + 1
+  padding = attention.padding_mask(tokens, tokens)
+  causal = attention.causal_mask(length)
+  packed = attention.segment_mask(segments, segments)
+  return {"padding": padding, "causal": padding & causal, "packed": packed,
+          "packed_causal": packed & causal}
+
+
+def _relative_error(value, reference) -> float:
+  value, reference = np.asarray(value, np.float64), np.asarray(reference, np.float64)
+  return float(np.linalg.norm(value - reference) / max(np.linalg.norm(reference), 1e-30))
+
+
+def check_attention(shape, platform: str, seed: int = 0) -> dict:
+  """The fused attention against the reference, per mask case; `ok` when every figure holds."""
+  batch, length, heads, size = shape
+  rng = np.random.default_rng(seed)
+  fused = "cudnn" if platform == "gpu" else "xla"
+  q, k, v, cotangent = (jnp.asarray(rng.standard_normal((batch, length, heads, size)),
+                                    jnp.bfloat16) for _ in range(4))
+
+  def loss(implementation, dtype):
+    def f(q, k, v, mask):
+      out = attention.dot_product_attention(q.astype(dtype), k.astype(dtype), v.astype(dtype),
+                                            mask, implementation=implementation)
+      return jnp.sum(out.astype(jnp.float32) * cotangent.astype(jnp.float32)), out
+    return f
+
+  fused_fn = jax.jit(jax.value_and_grad(loss(fused, jnp.bfloat16), argnums=(0, 1, 2),
+                                        has_aux=True))
+  reference_fn = jax.jit(jax.value_and_grad(loss("reference", jnp.float32), argnums=(0, 1, 2),
+                                            has_aux=True))
+  cases = {}
+  for name, mask in _masks(batch, length, rng).items():
+    (_, out), grads = fused_fn(q, k, v, mask)
+    with jax.default_matmul_precision("highest"):
+      (_, ref_out), ref_grads = reference_fn(q, k, v, mask)
+    empty = ~np.asarray(jnp.any(jnp.broadcast_to(mask, (batch, 1, length, length)), axis=-1))[:, 0]
+    arrays = [np.asarray(a, np.float32) for a in (out, *grads)]
+    case = {
+        "output_error": _relative_error(out, ref_out),
+        "gradient_errors": {n: _relative_error(g, r) for n, g, r in zip("qkv", grads, ref_grads)},
+        "empty_rows": int(empty.sum()),
+        "empty_rows_zero": bool(np.all(np.asarray(out, np.float32)[empty] == 0)),
+        "empty_rows_zero_dq": bool(np.all(np.asarray(grads[0], np.float32)[empty] == 0)),
+        "finite": bool(all(np.all(np.isfinite(a)) for a in arrays)),
+    }
+    case["ok"] = (case["output_error"] <= OUTPUT_TOLERANCE and case["finite"]
+                  and max(case["gradient_errors"].values()) <= GRADIENT_TOLERANCE
+                  and case["empty_rows_zero"] and case["empty_rows_zero_dq"])
+    cases[name] = case
+  text = fused_fn.lower(q, k, v, _masks(batch, length, rng)["packed_causal"]).compile().as_text()
+  calls = cudnn_attention_calls(text)
+  record = {"implementation": fused, "shape": list(shape), "dtype": "bfloat16",
+            "reference": "float32 on the same inputs, matmuls at highest precision",
+            "tolerance": {"output": OUTPUT_TOLERANCE, "gradients": GRADIENT_TOLERANCE},
+            "cases": cases, "cudnn_calls_in_hlo": calls}
+  ok = all(case["ok"] for case in cases.values())
+  if platform == "gpu":
+    ok = ok and calls >= 2  # forward and backward
+  else:
+    record["cudnn"] = f"not applicable on {platform}: cuDNN runs on NVIDIA GPUs (checked: XLA's)"
+  record["ok"] = ok
+  return record
+
+
+def run_device_tests(arguments, seconds: float, log_path: pathlib.Path,
+                     test_timeout: int, platform: str) -> dict:
+  """The tests `arguments` select (pytest, one process, on `platform`), stopped after `seconds`:
+  counts of each outcome, the failures' names and whether they all ran."""
+  env = dict(os.environ, **{PYTEST_LOG_ENV: str(log_path)})
+  env["JAX_PLATFORMS"] = {"gpu": "cuda"}.get(platform, platform)
+  command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
+             "transformer_jax.tools.device_report.pytest_log", *arguments]
+  if _has_module("pytest_timeout"):
+    command.append(f"--timeout={test_timeout}")
+  if _has_module("xdist"):
+    command += ["-p", "no:xdist"]
+  log_path.unlink(missing_ok=True)
+  try:
+    completed = subprocess.run(command, env=env, cwd=bundle.REPO, timeout=max(seconds, 1.0),
+                               check=False)
+    status, code = "finished", completed.returncode
+  except subprocess.TimeoutExpired:
+    status, code = f"stopped after {seconds:.0f} s", None
+  return {"command": " ".join(command[1:]), "status": status, "exit_status": code,
+          **pytest_log_summary(log_path)}
+
+
+def pytest_log_summary(path: pathlib.Path) -> dict:
+  """Counts by outcome, the tests collected and the failures, from the pytest_log plugin's file."""
+  import json  # pylint: disable=import-outside-toplevel
+  counts, failures, collected = {}, [], None
+  lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+  for line in lines:
+    entry = json.loads(line)
+    if "collected" in entry:
+      collected = entry["collected"]
+      continue
+    counts[entry["outcome"]] = counts.get(entry["outcome"], 0) + 1
+    if entry["outcome"] in ("failed", "error"):
+      failures.append({"test": entry["nodeid"], "message": entry.get("message", "")})
+  return {"collected": collected, "counts": counts, "failures": failures[:50]}
+
+
+def _has_module(name: str) -> bool:
+  import importlib.util  # pylint: disable=import-outside-toplevel
+  return importlib.util.find_spec(name) is not None
+
+
+def run(plan, step, result, context) -> None:
+  del step
+  platform = jax.default_backend()
+  result.put(attention=check_attention(plan.attention_shape, platform))
+  tests = run_device_tests(plan.device_tests, result.left() - 2.0,
+                           context.work / "pytest_log.jsonl", plan.test_timeout_seconds, platform)
+  result.put(device_tests=tests)
+  passed = (result.record["attention"]["ok"] and tests["status"] == "finished"
+            and tests["exit_status"] == 0)
+  result.put(status="ok" if passed else "problems found")

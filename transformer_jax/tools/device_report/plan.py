@@ -1,0 +1,119 @@
+"""What the device report measures, at full size on an accelerator or tiny for a CPU dry run: the
+steps of each stage, their time caps and every shape."""
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+  """One process of a stage: `name` (`stage` or `stage:part`), where it runs ("device": the
+  report's platform; "cpu": the CPU backend, for the compile mode) and its time cap."""
+
+  name: str
+  runs_on: str
+  cap_seconds: float
+
+  @property
+  def stage(self) -> str:
+    return self.name.split(":")[0]
+
+  @property
+  def part(self) -> str:
+    return self.name.partition(":")[2]
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """The shapes and time caps of one report."""
+
+  name: str
+  steps: tuple[Step, ...]
+  # The train-step variants: name -> (experiment file, --config. overrides).
+  variants: dict
+  rows: int  # packed rows of the train step's batch
+  length: int  # tokens per row
+  timed_steps: int
+  warmup_steps: int
+  matmul_size: int
+  attention_shape: tuple[int, int, int, int]  # batch, length, heads, head size
+  device_tests: tuple[str, ...]  # pytest arguments that select the tests marked `device`
+  test_timeout_seconds: int
+  predicted: tuple[str, ...]  # the variants the prediction step compiles for the target
+  fit_search: bool  # whether it then looks for the largest batch of `base`
+  decode_sentences: int
+  decode_source_length: int
+  decode_output_length: int
+  decode_runs: int
+  end_to_end: tuple[str, dict]  # experiment file and its overrides
+
+  def step(self, name: str) -> Step:
+    return next(s for s in self.steps if s.name == name)
+
+  def to_json(self) -> dict:
+    return dataclasses.asdict(self)
+
+  @classmethod
+  def from_json(cls, record: dict) -> "Plan":
+    """The plan `to_json` wrote (how the runner hands it to each step's process)."""
+    fields = dict(record, steps=tuple(Step(**s) for s in record["steps"]))
+    fields["variants"] = {k: tuple(v) for k, v in record["variants"].items()}
+    for name in ("attention_shape", "device_tests", "predicted", "end_to_end"):
+      fields[name] = tuple(fields[name])
+    return cls(**fields)
+
+
+STAGES = ("environment", "correctness", "speed", "prediction", "decoding", "end_to_end")
+WMT14 = "experiments/wmt14.py"
+
+
+def _variants(shrink: dict) -> dict:
+  return {"base": (f"{WMT14}:base", dict(shrink)),
+          "big": (f"{WMT14}:big", dict(shrink)),
+          "base_xla": (f"{WMT14}:base", {**shrink, "model.attention_impl": "xla"}),
+          "base_remat": (f"{WMT14}:base", {**shrink, "model.remat": "full"})}
+
+
+def _steps(caps: dict) -> tuple[Step, ...]:
+  cpu = {"prediction:compile"}
+  return tuple(Step(name, "cpu" if name in cpu else "device", cap) for name, cap in caps.items())
+
+
+# Caps in seconds. They add up to more than the default deadline: each step gets at most what is
+# left of it, so a stage that ends early leaves its time to the next.
+FULL = Plan(
+    name="full",
+    steps=_steps({"environment": 40, "correctness": 130, "speed:base": 60, "speed:big": 75,
+                  "speed:base_xla": 45, "speed:base_remat": 50, "prediction:compile": 300,
+                  "prediction:largest": 50, "decoding": 60, "end_to_end": 150}),
+    variants=_variants({}),
+    rows=104, length=256, timed_steps=20, warmup_steps=3, matmul_size=8192,
+    attention_shape=(4, 512, 8, 64), device_tests=("tests", "-m", "device"),
+    test_timeout_seconds=60, predicted=("base", "big", "base_xla", "base_remat"), fit_search=True,
+    decode_sentences=128, decode_source_length=32, decode_output_length=48, decode_runs=5,
+    end_to_end=("experiments/default.py", {"model.dtype": "bfloat16"}),
+)
+
+_TINY_MODEL = {"model.num_layers": 1, "model.d_model": 32, "model.d_ff": 64,
+               "model.num_heads": 4, "model.max_len": 64, "data.vocab_size": 128,
+               "data.max_length": 32, "data.max_source_length": 32, "data.max_target_length": 32}
+TINY = Plan(
+    name="tiny",
+    steps=_steps({"environment": 30, "correctness": 40, "speed:base": 20, "speed:big": 20,
+                  "speed:base_xla": 20, "speed:base_remat": 20, "prediction:compile": 40,
+                  "prediction:largest": 20, "decoding": 20, "end_to_end": 60}),
+    variants=_variants(_TINY_MODEL),
+    rows=8, length=32, timed_steps=3, warmup_steps=1, matmul_size=256,
+    attention_shape=(2, 16, 2, 8),
+    device_tests=("tests/test_mask_properties.py", "-m", "device"),
+    test_timeout_seconds=60, predicted=("base",), fit_search=False,
+    decode_sentences=8, decode_source_length=8, decode_output_length=8, decode_runs=2,
+    end_to_end=("experiments/default.py", {
+        "model.dtype": "bfloat16", "model.num_layers": 1, "model.d_model": 32, "model.d_ff": 64,
+        "model.num_heads": 4, "model.max_len": 256, "data.name": "embedded_tiny",
+        "data.vocab_size": 128, "data.batch_mode": "packed", "data.batch_size": 8,
+        "data.max_length": 128, "num_train_steps": 6, "warmup_steps": 2,
+        "checkpoint_every_steps": 3, "keep_checkpoints": 2, "average_last": 2,
+        "log_every_steps": 3, "decode.beam_size": 2, "decode.max_length": 12,
+        "decode.batch_size": 64}),
+)
+PLANS = {"full": FULL, "tiny": TINY}

@@ -1,0 +1,32 @@
+"""Stage d, the prediction beside the measurement: the compile mode's per-device memory of the
+train steps that stage c runs, compiled on the CPU for the one-GPU target of this device
+(`--target=1xh100`, or `1xh200`), and the largest batch it says fits (its fit search).
+
+Stage c's records carry the other prediction, the compiler's for the local
+device; `prediction:largest` then runs the train step at the largest batch.
+"""
+
+from transformer_jax.compile import experiment as compile_experiment
+from transformer_jax.compile import targets
+from transformer_jax.tools.device_report.speed import experiment_of
+
+
+def run(plan, step, result, context) -> None:
+  del step
+  target = targets.parse_target(context.target)
+  try:
+    targets.compile_devices(target)
+  except targets.TargetError as error:
+    result.not_applicable(str(error))
+    return
+  result.put(target=context.target, usable_bytes=target.chip.usable_bytes)
+  programs, compilers = {}, {}
+  for name in plan.predicted:
+    spec, overrides = plan.variants[name]
+    compilers[name] = compile_experiment.Compiler(experiment_of(spec, overrides), target)
+    programs[name] = compilers[name].train(plan.rows, plan.length)
+    result.put(programs={n: p.record(target) for n, p in programs.items()})
+  if plan.fit_search:
+    largest = compile_experiment.largest_batch(compilers["base"], programs["base"])
+    result.put(largest_batch={k: v for k, v in largest.items() if k != "program"},
+               largest_program=largest.get("program"))

@@ -1,0 +1,215 @@
+"""The report's stages, each step a child process under its own time limit within one deadline.
+
+Every step runs as `python -m transformer_jax.tools.device_report.stage`, so a
+step that crashes, runs out of memory or out of time ends alone: the runner
+kills its process group at its limit, keeps what it had written (`Result`)
+and goes on with the next. `<out>/<stage>.json` is written the moment each of
+its steps ends; `<out>/log.txt` holds every step's output; `<out>/report.md`
+comes last. Nothing here imports JAX.
+"""
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+from transformer_jax.tools.device_report import bundle, markdown
+from transformer_jax.tools.device_report.plan import STAGES, Plan, Step
+
+RESERVE_SECONDS = 5.0  # kept back from the deadline for report.md
+MIN_STEP_SECONDS = 3.0  # a step offered less is skipped
+LOG_NAME, REPORT_NAME, PLAN_NAME = "log.txt", "report.md", "plan.json"
+MAX_LOG_BYTES = 15 * 2**20
+
+
+def write_json(path: pathlib.Path, record: dict) -> None:
+  """Write `record` to `path` whole (a reader sees the old file or the new one)."""
+  temporary = path.with_name(f".{path.name}.{os.getpid()}")
+  temporary.write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")
+  os.replace(temporary, path)
+
+
+def read_json(path: pathlib.Path) -> dict | None:
+  try:
+    return json.loads(path.read_text(encoding="utf-8"))
+  except (OSError, ValueError):
+    return None
+
+
+def _status(code: int | None, timed_out: bool, result: dict | None) -> str:
+  if result and result.get("not_applicable"):
+    return "not applicable"
+  if result and result.get("skipped"):
+    return "skipped"
+  if timed_out:
+    return "timed out"
+  if code:
+    return f"failed (exit status {code})"
+  if not result or not result.get("complete"):
+    return "failed (no complete result)"
+  return result.get("status", "ok")
+
+
+class _Child:
+  """One step's process: its whole process group is killed at `limit` seconds after its start;
+  its output goes to `log_path`."""
+
+  def __init__(self, command: list[str], env: dict, limit: float, log_path: pathlib.Path):
+    self.limit, self.log_path = limit, log_path
+    self.start = time.monotonic()
+    with open(log_path, "a", encoding="utf-8") as log:
+      self.process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                      start_new_session=True, cwd=bundle.REPO)
+
+  def wait(self) -> tuple[int | None, bool]:
+    """(exit status, timed out), once it has ended or been stopped."""
+    try:
+      return self.process.wait(timeout=max(0.0, self.start + self.limit - time.monotonic())), False
+    except subprocess.TimeoutExpired:
+      os.killpg(self.process.pid, signal.SIGTERM)
+      try:
+        self.process.wait(timeout=5)
+      except subprocess.TimeoutExpired:
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+      return None, True
+
+
+class Runner:
+  """Runs the steps of a `Plan` into `out` before `deadline` (a time.monotonic() value)."""
+
+  def __init__(self, plan: Plan, out: str, *, deadline: float, platform: str,
+               stages=STAGES, bundle_record: dict | None = None, extra_path: str = "",
+               target: str | None = None):
+    self.plan, self.deadline, self.platform = plan, deadline, platform
+    self.out = pathlib.Path(out).resolve()
+    self.out.mkdir(parents=True, exist_ok=True)
+    self.work = pathlib.Path(tempfile.mkdtemp(prefix="transformer_jax_report_"))
+    write_json(self.work / PLAN_NAME, plan.to_json())
+    self.stages = [s for s in STAGES if s in stages]
+    self.bundle_record, self.target = bundle_record, target
+    self.records: dict[str, dict] = {}
+    self.env = dict(os.environ, PYTHONUNBUFFERED="1")
+    self.env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(bundle.REPO), extra_path, os.environ.get("PYTHONPATH", "")) if p)
+    self.stop_reason = ""
+
+  def _child_env(self, step: Step) -> dict:
+    env = dict(self.env)
+    if step.runs_on == "cpu" or self.platform == "cpu":
+      env["JAX_PLATFORMS"] = "cpu"
+    elif self.platform != "auto":
+      env["JAX_PLATFORMS"] = self.platform
+    return env
+
+  def _result_path(self, step: Step) -> pathlib.Path:
+    return self.work / f"{step.name.replace(':', '_')}.json"
+
+  def _start(self, step: Step, log_path: pathlib.Path) -> _Child | dict:
+    """The process of `step`, started; or its record when there is no time (or reason) left."""
+    left = self.deadline - time.monotonic() - RESERVE_SECONDS
+    if self.stop_reason or left < MIN_STEP_SECONDS:
+      reason = self.stop_reason or f"no time left under the deadline ({left:.0f} s)"
+      return {"status": "skipped", "reason": reason, "seconds": 0.0, "limit_seconds": 0.0}
+    limit = min(step.cap_seconds, left)
+    command = [sys.executable, "-m", "transformer_jax.tools.device_report.stage",
+               "--step", step.name, "--work", str(self.work),
+               "--result", str(self._result_path(step)), "--seconds", f"{limit:.1f}"]
+    if self.target:
+      command += ["--target", self.target]
+    with open(log_path, "a", encoding="utf-8") as log:
+      log.write(f"\n===== {step.name} (limit {limit:.0f} s) =====\n")
+    return _Child(command, self._child_env(step), limit, log_path)
+
+  def _finish(self, step: Step, child: _Child | dict) -> dict:
+    """The record of `step` once its process `child` has ended (or was stopped)."""
+    if isinstance(child, dict):
+      return child
+    code, timed_out = child.wait()
+    result = read_json(self._result_path(step)) or {}
+    record = {"status": _status(code, timed_out, result),
+              "seconds": round(time.monotonic() - child.start, 2),
+              "limit_seconds": round(child.limit, 1),
+              **{k: v for k, v in result.items() if k != "complete"}}
+    if timed_out:
+      record["reason"] = f"ran past its limit of {child.limit:.0f} s and was stopped"
+    if child.log_path != self.out / LOG_NAME:  # A background step's own log, now appended.
+      with open(self.out / LOG_NAME, "a", encoding="utf-8") as log:
+        log.write(child.log_path.read_text(encoding="utf-8"))
+    return record
+
+  def run_step(self, step: Step) -> dict:
+    """Run `step` to its end and return its record: status, seconds, limit and what it wrote."""
+    return self._finish(step, self._start(step, self.out / LOG_NAME))
+
+  def run(self) -> dict:
+    """Every step of the selected stages, in order; then report.md. Returns the stage records.
+
+    The steps that run on the CPU backend (the compile mode's) start in the
+    background once the environment is known, beside the device's steps, and
+    are collected in their turn.
+    """
+    background = {}
+    try:
+      for step in (s for s in self.plan.steps if s.stage in self.stages):
+        if step.stage != "environment" and not self.records.keys() - {"environment"}:
+          background = {s.name: self._start(s, self.work / f"{s.name.replace(':', '_')}.log")
+                        for s in self.plan.steps if s.runs_on == "cpu" and s.stage in self.stages}
+        if step.name in background:
+          record = self._finish(step, background.pop(step.name))
+          if record["status"] != "skipped":
+            record["ran_beside_other_steps"] = True
+        else:
+          record = self.run_step(step)
+        stage = self.records.setdefault(step.stage, {"stage": step.stage, "steps": {}})
+        stage["steps"][step.part or step.stage] = record
+        stage["status"] = _stage_status(stage["steps"])
+        if step.stage == "environment":
+          self._after_environment(record)
+        write_json(self.out / f"{step.stage}.json", stage)
+    finally:
+      for child in background.values():  # Only if a step above raised.
+        if isinstance(child, _Child):
+          child.limit = 0.0
+          child.wait()
+    self.finish()
+    return self.records
+
+  def _after_environment(self, record: dict) -> None:
+    if self.bundle_record is not None:
+      record["bundle"] = self.bundle_record
+    backend = record.get("backend")
+    if self.platform == "auto" and backend == "cpu" and self.plan.name == "full":
+      self.stop_reason = ("JAX found no accelerator and runs on the CPU; the full report needs "
+                          "one (for a dry run on the CPU: --platform=cpu --tiny)")
+    if record.get("status") != "ok" and not backend:
+      self.stop_reason = "the environment stage failed: JAX may not start here (see log.txt)"
+    if not self.target:
+      self.target = target_for(record.get("device_kind", ""))
+
+  def finish(self) -> None:
+    """report.md from the records; log.txt cut to its last MAX_LOG_BYTES."""
+    log = self.out / LOG_NAME
+    if log.exists() and log.stat().st_size > MAX_LOG_BYTES:
+      data = log.read_bytes()[-MAX_LOG_BYTES:]
+      log.write_bytes(b"[... the beginning was cut ...]\n" + data)
+    (self.out / REPORT_NAME).write_text(markdown.render(self.records, self.plan),
+                                        encoding="utf-8")
+
+
+def _stage_status(steps: dict) -> str:
+  statuses = {s["status"] for s in steps.values()}
+  if statuses <= {"ok"}:
+    return "ok"
+  if statuses <= {"ok", "not applicable"}:
+    return "ok" if "ok" in statuses else "not applicable"
+  return "incomplete"
+
+
+def target_for(device_kind: str) -> str:
+  """The compile mode's one-GPU target for a device of `device_kind` (an H200 or else an H100)."""
+  return "1xh200" if "h200" in device_kind.lower() else "1xh100"

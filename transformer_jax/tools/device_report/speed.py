@@ -1,0 +1,198 @@
+"""Stages c and e, fast on the device: the train steps of `experiments/wmt14.py` on packed batches,
+the largest batch the compile mode says fits, and decoding.
+
+A train step is compiled ahead of time (its compile time, and the compiler's
+per-device memory for this device: the local prediction), run once, then
+`warmup_steps` untimed and `timed_steps` timed steps, each to its end on the
+device. Throughput counts the batch's non-padding target tokens; MFU is the
+model's FLOPs (`train.objective.train_flops`) against a bf16 matmul measured
+in the same process and against the chip's datasheet peak. Peak memory is the
+device's own count (`memory_stats()`), one process per variant so that it is
+that variant's.
+"""
+
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transformer_jax import config as config_lib
+from transformer_jax.compile import analysis, targets
+from transformer_jax.conventions import EOS_ID, UNK_ID
+from transformer_jax.experiment import Experiment, make_trainer
+from transformer_jax.tools import decode_benchmark
+from transformer_jax.tools.timing import batch_flops, summary, timed
+
+
+def experiment_of(spec: str, overrides: dict) -> Experiment:
+  """The experiment of config file `spec` with `overrides` ({"model.remat": "full", ...})."""
+  config = config_lib.load_file(spec)
+  for path, value in overrides.items():
+    *sections, field = path.split(".")
+    node = config
+    for section in sections:
+      node = node[section]
+    node[field] = value
+  return config_lib.parse(config)
+
+
+def packed_batch(rows: int, length: int, vocab_size: int, seed: int = 0,
+                 pair_lengths=(8, 64), tries: int = 8) -> dict:
+  """A packed batch of random pairs (each side `pair_lengths[0]` to `[1]` tokens, EOS last): a row
+  takes pairs until `tries` draws in a row fit it on neither side; padding after them."""
+  rng = np.random.default_rng(seed)
+  batch = {key: np.zeros((rows, length), np.int32) for key in (
+      "inputs", "targets", "inputs_segmentation", "targets_segmentation", "inputs_position",
+      "targets_position")}
+  for row in range(rows):
+    used, segment, misses = {"inputs": 0, "targets": 0}, 1, 0
+    while misses < tries:
+      sizes = {side: int(rng.integers(pair_lengths[0], pair_lengths[1] + 1)) for side in used}
+      if any(used[side] + sizes[side] > length for side in used):
+        misses += 1
+        continue
+      for side, size in sizes.items():
+        span = slice(used[side], used[side] + size)
+        batch[side][row, span] = rng.integers(UNK_ID + 1, vocab_size, size)
+        batch[side][row, span.stop - 1] = EOS_ID
+        batch[f"{side}_segmentation"][row, span] = segment
+        batch[f"{side}_position"][row, span] = np.arange(size)
+        used[side] += size
+      segment, misses = segment + 1, 0
+  return batch
+
+
+def matmul_rate(size: int, runs: int = 10, dtype=jnp.bfloat16) -> float:
+  """FLOP/s of a `size`^3 matmul of random `dtype` matrices: the median of `runs` after two."""
+  keys = jax.random.split(jax.random.key(0))
+  a, b = (jax.random.normal(key, (size, size), dtype) for key in keys)
+  matmul = jax.jit(jnp.matmul)
+  for _ in range(2):
+    matmul(a, b).block_until_ready()
+  return 2.0 * size**3 / statistics.median(timed(lambda: matmul(a, b)) for _ in range(runs))
+
+
+def chip_of(device_kind: str) -> targets.Chip | None:
+  """The datasheet chip of a device (None: not one the compile mode knows)."""
+  kind = device_kind.lower()
+  return next((chip for name, chip in targets.CHIPS.items()
+               if chip.platform == "gpu" and name in kind), None)
+
+
+def peak_device_bytes() -> int | None:
+  """The device's peak bytes in use so far in this process (None where it does not count)."""
+  stats = jax.local_devices()[0].memory_stats() or {}
+  return stats.get("peak_bytes_in_use")
+
+
+def train_speed(experiment: Experiment, rows: int, length: int, *, timed_steps: int,
+                warmup_steps: int, matmul: float) -> dict:
+  """Compile, run and time the train step of `experiment` on a packed `rows` x `length` batch."""
+  trainer, _ = make_trainer(experiment, vocab_size=experiment.data.vocab_size)
+  placement = trainer.placement
+  cfg = placement.model.config
+  local = packed_batch(rows, length, cfg.vocab_size)
+  state = trainer.init()
+  batch = placement.global_batch(local)
+  start = time.perf_counter()
+  compiled = placement.run(lambda: trainer.jitted_step.lower(state, batch).compile())
+  predicted = analysis.measure_compiled(compiled, time.perf_counter() - start)
+  losses = []
+
+  def step():
+    nonlocal state
+    state, metrics = compiled(state, batch)
+    losses.append(metrics)
+    return state, metrics
+
+  first = timed(step)
+  for _ in range(warmup_steps):
+    jax.block_until_ready(step())
+  times = [timed(step) for _ in range(timed_steps)]
+  per_token = [float(m["loss"]) / max(float(m["tokens"]), 1.0) for m in (losses[0], losses[-1])]
+  target_tokens = int(np.sum(local["targets_segmentation"] > 0))
+  flops = batch_flops(cfg, local)
+  median = statistics.median(times)
+  chip = chip_of(jax.local_devices()[0].device_kind)
+  peak = peak_device_bytes()
+  return {
+      "model": {"d_model": cfg.d_model, "num_layers": cfg.num_layers, "heads": cfg.num_heads,
+                "d_ff": cfg.d_ff, "vocab_size": cfg.vocab_size, "dtype": cfg.dtype,
+                "attention": cfg.attention_impl, "remat": cfg.remat},
+      "rows": rows, "length": length,
+      "target_tokens": target_tokens,
+      "real_fraction": float(np.mean(local["targets_segmentation"] > 0)),
+      "compile_seconds": predicted.compile_seconds, "first_step_seconds": first,
+      "step_seconds": summary(times), "timed_steps": len(times),
+      "target_tokens_per_second": target_tokens / median,
+      "model_flops_per_step": flops,
+      "mfu_vs_measured_matmul": flops / median / matmul,
+      "mfu_vs_spec": flops / median / chip.peak_flops if chip else None,
+      "loss_first_last": per_token,
+      "peak_bytes": peak,
+      "predicted_local": {"total_bytes": predicted.total_bytes,
+                          "temp_bytes": predicted.temp_bytes,
+                          "argument_bytes": predicted.argument_bytes,
+                          "cudnn_attention_calls": predicted.cudnn_attention_calls},
+  }
+
+
+def _speed(plan, name: str, rows: int, length: int, result) -> None:
+  spec, overrides = plan.variants[name]
+  rate = matmul_rate(plan.matmul_size)
+  chip = chip_of(jax.local_devices()[0].device_kind)
+  result.put(variant=name, experiment=spec, overrides=overrides, matmul_size=plan.matmul_size,
+             matmul_flops_per_second=rate, spec_flops_per_second=chip.peak_flops if chip else None,
+             device_kind=jax.local_devices()[0].device_kind)
+  result.put(**train_speed(experiment_of(spec, overrides), rows, length,
+                           timed_steps=plan.timed_steps, warmup_steps=plan.warmup_steps,
+                           matmul=rate))
+
+
+def _largest(plan, result, context) -> None:
+  if not plan.fit_search:
+    result.not_applicable(f"the {plan.name} plan does not search for the largest batch")
+    return
+  found = context.earlier("prediction:compile").get("largest_batch")
+  if not found or not found.get("rows"):
+    result.put(skipped="the prediction step found no largest batch (see prediction.compile)",
+               complete=True)
+    return
+  result.put(compile_mode_says=found)
+  try:
+    _speed(plan, "base", found["rows"], found["length"], result)
+    result.put(ran=True)
+  except jax.errors.JaxRuntimeError as error:  # Out of memory: the prediction was wrong.
+    result.put(ran=False, status="did not fit", error=str(error).splitlines()[0][:500])
+
+
+def _decoding(plan, result) -> None:
+  experiment = experiment_of(*plan.variants["base"])
+  trainer, _ = make_trainer(experiment, vocab_size=experiment.data.vocab_size)
+  params = trainer.init().params
+  times = decode_benchmark.measure_decoding(
+      trainer.placement.model, params, plan.decode_runs, sentences=plan.decode_sentences,
+      source_length=plan.decode_source_length, output_length=plan.decode_output_length)
+  searches = {}
+  for name, figures in times.items():
+    searches[name] = {"compile_and_first_seconds": figures["first"],
+                      "seconds": {k: figures[k] for k in ("median", "min", "max")},
+                      "sentences_per_second": plan.decode_sentences / figures["median"],
+                      "tokens_per_second": (plan.decode_sentences * plan.decode_output_length
+                                            / figures["median"])}
+  result.put(model="base", sentences=plan.decode_sentences,
+             source_length=plan.decode_source_length, output_length=plan.decode_output_length,
+             alpha=0.6, runs=plan.decode_runs, searches=searches,
+             attention=trainer.placement.model.config.attention_impl)
+
+
+def run(plan, step, result, context) -> None:
+  if step.stage == "decoding":
+    _decoding(plan, result)
+  elif step.name == "prediction:largest":
+    _largest(plan, result, context)
+  else:
+    _speed(plan, step.part, plan.rows, plan.length, result)
+

@@ -1,0 +1,94 @@
+"""One step of the device report, in its own process (the runner starts it):
+
+    python -m transformer_jax.tools.device_report.stage --step=speed:base --work=DIR \
+        --result=FILE --seconds=60
+
+The plan is the runner's, read from DIR/plan.json.
+
+Each step writes its figures to FILE as it gets them (`Result`), so a step
+stopped at its limit leaves the ones it had; `complete` marks a step that ran
+to its end.
+"""
+
+import argparse
+import dataclasses
+import importlib
+import logging
+import pathlib
+import sys
+import time
+import traceback
+
+from transformer_jax.tools.device_report.plan import Plan
+from transformer_jax.tools.device_report.runner import PLAN_NAME, read_json, write_json
+
+
+@dataclasses.dataclass
+class Result:
+  """A step's JSON record, written whole at every `put`; `until` is its time.monotonic() end."""
+
+  path: pathlib.Path
+  until: float
+  record: dict = dataclasses.field(default_factory=dict)
+
+  def put(self, **fields) -> None:
+    self.record.update(fields)
+    write_json(self.path, self.record)
+
+  def left(self) -> float:
+    """Seconds left before the step's limit."""
+    return self.until - time.monotonic()
+
+  def not_applicable(self, reason: str) -> None:
+    self.put(not_applicable=reason, complete=True)
+
+
+# The module of each step, or else of its stage; its `run(plan, step, result, context)` runs it.
+_MODULES = {"environment": "environment", "correctness": "correctness", "speed": "speed",
+            "prediction": "prediction", "prediction:largest": "speed", "decoding": "speed",
+            "end_to_end": "end_to_end"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+  """What a step knows beyond its plan: the runner's work directory and the compile target."""
+
+  work: pathlib.Path
+  target: str
+
+  def earlier(self, step: str) -> dict:
+    """What an earlier step of this report wrote (empty if it wrote nothing)."""
+    return read_json(self.work / f"{step.replace(':', '_')}.json") or {}
+
+
+def main(argv: list[str]) -> int:
+  parser = argparse.ArgumentParser(prog="transformer_jax.tools.device_report.stage")
+  parser.add_argument("--step", required=True)
+  parser.add_argument("--work", required=True)
+  parser.add_argument("--result", required=True)
+  parser.add_argument("--seconds", type=float, required=True)
+  parser.add_argument("--target", default="1xh100")
+  args = parser.parse_args(argv)
+  logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+  for noisy in ("orbax", "grain", "absl", "jax", "asyncio"):
+    logging.getLogger(noisy).setLevel(logging.WARNING)
+  plan = Plan.from_json(read_json(pathlib.Path(args.work) / PLAN_NAME))
+  step = plan.step(args.step)
+  result = Result(pathlib.Path(args.result), time.monotonic() + args.seconds - 1.0)
+  result.put(step=step.name)
+  module = importlib.import_module(
+      f"transformer_jax.tools.device_report.{_MODULES.get(step.name, _MODULES[step.stage])}")
+  try:
+    module.run(plan, step, result, Context(pathlib.Path(args.work), args.target))
+  except Exception as error:  # pylint: disable=broad-except  # Recorded, then the status says so.
+    result.put(error=f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}",
+               traceback=traceback.format_exc()[-4000:])
+    traceback.print_exc()
+    return 1
+  if "complete" not in result.record:
+    result.put(complete=True)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))
