@@ -13,6 +13,10 @@ import pytest
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 ON_CPU = os.environ["JAX_PLATFORMS"] == "cpu"
+if not ON_CPU:
+  # The processes the tests start (the command line) share the accelerator with this one, which
+  # would otherwise hold 75% of its memory from the first computation on.
+  os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 # The tests' programs are tiny: compiling them costs more than running them. Without LLVM's
 # optimizations, without the CPU's newer fusion emitters and without splitting code generation
 # across threads (two test workers keep both cores busy), the HLO is the same, compiling takes

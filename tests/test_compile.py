@@ -20,10 +20,10 @@ from transformer_jax.errors import FieldError
 from transformer_jax.model.transformer import count_params
 
 ON_CPU = jax.default_backend() == "cpu"  # Compiling for a target runs on the CPU backend.
-needs_tpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None or not ON_CPU,
+needs_tpu = pytest.mark.skipif(not targets.installed("libtpu") or not ON_CPU,
                                reason="needs the tpu extra (libtpu) and the CPU backend")
 needs_cuda = pytest.mark.skipif(
-    all(importlib.util.find_spec(m) is None for m in targets.CUDA_PLUGINS) or not ON_CPU,
+    not any(targets.installed(m) for m in targets.CUDA_PLUGINS) or not ON_CPU,
     reason="needs the cuda extra (jax CUDA plugin) and the CPU backend")
 STATE_BYTES_PER_PARAMETER = 12  # float32 parameters, Adam's two float32 moments.
 

@@ -14,7 +14,6 @@ from transformer_jax.tools.device_report import plan as plan_lib
 from transformer_jax.tools.device_report import speed, stage
 from transformer_jax.tools.device_report.runner import Runner
 
-pytestmark = pytest.mark.slow
 STAGE_FILES = [f"{s}.json" for s in plan_lib.STAGES]
 
 
@@ -22,6 +21,7 @@ def _steps(out: pathlib.Path, stage_name: str) -> dict:
   return json.loads((out / f"{stage_name}.json").read_text())["steps"]
 
 
+@pytest.mark.slow
 def test_the_cpu_dry_run_runs_every_stage_and_reports_them(tmp_path):
   out = tmp_path / "out"
   run = helpers.python("-m", "transformer_jax.tools.device_report", f"--out={out}",
@@ -34,13 +34,13 @@ def test_the_cpu_dry_run_runs_every_stage_and_reports_them(tmp_path):
   assert environment["status"] == "ok" and environment["backend"] == "cpu"
   assert environment["versions"]["jax"] and environment["device_count"] == 1
 
-  correctness = _steps(out, "correctness")["correctness"]
-  assert correctness["status"] == "ok", correctness
-  attention = correctness["attention"]
+  correctness = _steps(out, "correctness")
+  assert correctness["attention"]["status"] == correctness["tests"]["status"] == "ok", correctness
+  attention = correctness["attention"]["attention"]
   assert attention["ok"] and attention["implementation"] == "xla"
   assert "not applicable on cpu" in attention["cudnn"]
   assert set(attention["cases"]) == {"padding", "causal", "packed", "packed_causal"}
-  tests = correctness["device_tests"]
+  tests = correctness["tests"]["device_tests"]
   assert tests["status"] == "finished" and tests["exit_status"] == 0
   assert tests["counts"].get("passed", 0) == tests["collected"] > 0 and not tests["failures"]
 
@@ -90,6 +90,7 @@ def test_the_cpu_dry_run_runs_every_stage_and_reports_them(tmp_path):
   assert "===== end_to_end" in (out / "log.txt").read_text()
 
 
+@pytest.mark.slow
 def test_a_step_that_fails_or_runs_out_of_time_leaves_the_others(tmp_path):
   tiny = plan_lib.TINY
   spec, overrides = tiny.variants["base"]
@@ -128,6 +129,7 @@ def test_a_step_past_the_deadline_is_skipped(tmp_path):
   assert record["status"] == "skipped" and "no time left under the deadline" in record["reason"]
 
 
+@pytest.mark.slow
 def test_the_largest_step_trains_at_the_batch_the_compile_mode_found(tmp_path):
   plan = dataclasses.replace(plan_lib.TINY, fit_search=True)
   found = {"field": "data.batch_size", "value": 16, "rows": 16, "length": 32}
@@ -146,3 +148,24 @@ def test_the_plan_reaches_each_step_whole():
     assert plan_lib.Plan.from_json(json.loads(json.dumps(plan.to_json()))) == plan
     assert [s.stage for s in plan.steps] == sorted(
         (s.stage for s in plan.steps), key=plan_lib.STAGES.index)
+
+
+@pytest.mark.parametrize("name", sorted(plan_lib.FULL.variants))
+def test_the_full_plans_models_are_the_papers_in_bfloat16(name):
+  spec, overrides = plan_lib.FULL.variants[name]
+  settings = speed.experiment_of(spec, overrides)
+  model = settings.model
+  assert (model.d_model, model.num_layers, model.dtype) == (
+      (1024 if name == "big" else 512), 6, "bfloat16")
+  assert settings.data.vocab_size == 37000
+  assert plan_lib.FULL.length <= model.max_len
+  assert model.attention_impl == ("xla" if name == "base_xla" else "auto")
+  assert model.remat == ("full" if name == "base_remat" else "none")
+
+
+def test_the_full_plans_end_to_end_run_is_the_default_experiment_in_bfloat16():
+  spec, overrides = plan_lib.FULL.end_to_end
+  settings = speed.experiment_of(spec, overrides)
+  default = speed.experiment_of(spec, {})
+  assert settings.model.dtype == "bfloat16" and default.model.dtype == "float32"
+  assert settings.fit == default.fit and settings.data == default.data

@@ -160,8 +160,16 @@ def _quiet_compilers() -> None:
 CUDA_PLUGINS = ("jax_plugins.xla_cuda13", "jax_plugins.xla_cuda12")
 
 
+def installed(module: str) -> bool:
+  """Whether `module` can be imported (for `a.b`: False also when `a` is missing)."""
+  try:
+    return importlib.util.find_spec(module) is not None
+  except ModuleNotFoundError:
+    return False
+
+
 def _require(modules: tuple[str, ...], target: Target, what: str) -> None:
-  if all(importlib.util.find_spec(module) is None for module in modules):
+  if not any(installed(module) for module in modules):
     raise TargetError(f"--target={target.name} needs {what}: pip install -e '.[{target.extra}]' "
                       f"(or ./.venv/bin/pip install -e '.[{target.extra}]')")
 

@@ -46,7 +46,9 @@ def main(argv):
       record = bundle.install(_BUNDLE.value, _BUNDLE_TARGET.value)
     except bundle.BundleError as error:
       sys.exit(f"error: {error}")
-    record["unmet"] = bundle.unmet(bundle.project_requirements(), [_BUNDLE_TARGET.value])
+    record["unmet"] = bundle.unmet(
+        bundle.project_requirements() + bundle.bundled_requirements([_BUNDLE_TARGET.value]),
+        [_BUNDLE_TARGET.value])
     extra_path = _BUNDLE_TARGET.value
     print(f"installed {len(record['wheels'])} wheels into {record['target']} in "
           f"{record['seconds']:.1f} s", flush=True)

@@ -215,6 +215,11 @@ def install(directory: str, target: str) -> dict:
   return {**record, "target": target, "seconds": time.perf_counter() - start, "python": python}
 
 
+def bundled_requirements(paths: list[str]) -> list[str]:
+  """What the distributions installed in `paths` (a bundle's target) require in turn."""
+  return [r for dist in importlib.metadata.distributions(path=paths) for r in dist.requires or ()]
+
+
 def unmet(requirements: list[str], paths: list[str]) -> list[str]:
   """Which of `requirements` the distributions on `paths` (then this interpreter's) do not meet:
   'name (missing)' or 'name>=x (found y)'. Empty where `packaging` is not installed."""
@@ -226,9 +231,9 @@ def unmet(requirements: list[str], paths: list[str]) -> list[str]:
   for dist in importlib.metadata.distributions(path=[*paths, *sys.path]):
     found.setdefault(normalize(dist.metadata["Name"]), dist.version)
   problems = []
-  for text in requirements:
+  for text in dict.fromkeys(requirements):
     requirement = Requirement(text)
-    if requirement.marker is not None and not requirement.marker.evaluate():
+    if requirement.marker is not None and not requirement.marker.evaluate({"extra": ""}):
       continue
     version = found.get(normalize(requirement.name))
     if version is None:

@@ -1,5 +1,5 @@
-"""Stage b, correct on the device: the fused attention against the reference path, then the tests
-marked `device`.
+"""Stage b, correct on the device: the fused attention against the reference path
+(`correctness:attention`), then the tests marked `device` (`correctness:tests`).
 
 The fused path (cuDNN on a GPU, XLA's fused attention elsewhere) runs in
 bfloat16 with padding, causal and packed-segment masks; its output and its
@@ -112,6 +112,8 @@ def run_device_tests(arguments, seconds: float, log_path: pathlib.Path,
   counts of each outcome, the failures' names and whether they all ran."""
   env = dict(os.environ, **{PYTEST_LOG_ENV: str(log_path)})
   env["JAX_PLATFORMS"] = {"gpu": "cuda"}.get(platform, platform)
+  # Tests that start the command line share the device with the test process.
+  env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
   command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
              "transformer_jax.tools.device_report.pytest_log", *arguments]
   if _has_module("pytest_timeout"):
@@ -151,12 +153,14 @@ def _has_module(name: str) -> bool:
 
 
 def run(plan, step, result, context) -> None:
-  del step
-  platform = jax.default_backend()
-  result.put(attention=check_attention(plan.attention_shape, platform))
+  if step.part == "attention":
+    record = check_attention(plan.attention_shape, jax.default_backend())
+    result.put(attention=record, status="ok" if record["ok"] else "problems found")
+    return
+  # The tests get the device alone: this process does not start JAX's backends, and reads the
+  # platform off the environment step.
+  platform = context.earlier("environment").get("backend") or "cpu"
   tests = run_device_tests(plan.device_tests, result.left() - 2.0,
                            context.work / "pytest_log.jsonl", plan.test_timeout_seconds, platform)
-  result.put(device_tests=tests)
-  passed = (result.record["attention"]["ok"] and tests["status"] == "finished"
-            and tests["exit_status"] == 0)
-  result.put(status="ok" if passed else "problems found")
+  passed = tests["status"] == "finished" and tests["exit_status"] == 0
+  result.put(device_tests=tests, status="ok" if passed else "problems found")

@@ -33,8 +33,11 @@ def nvidia_smi() -> dict | None:
   if shutil.which("nvidia-smi") is None:
     return None
   fields = "name,driver_version,memory.total,clocks.max.sm,power.limit"
-  result = subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"],
-                          capture_output=True, text=True, check=False, timeout=30)
+  try:
+    result = subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"],
+                            capture_output=True, text=True, check=False, timeout=30)
+  except subprocess.TimeoutExpired:
+    return {"gpus": [], "error": "nvidia-smi did not answer in 30 s"}
   rows = [dict(zip(fields.split(","), (v.strip() for v in line.split(","))))
           for line in result.stdout.strip().splitlines()]
   return {"gpus": rows, "error": result.stderr.strip()[-500:] or None}

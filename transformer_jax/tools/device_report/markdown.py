@@ -103,9 +103,9 @@ def _train_rows(records: dict) -> list[str]:
 
 
 def _correctness(records: dict) -> list[str]:
-  step = _get(records, "correctness", "steps", "correctness") or {}
+  steps = _get(records, "correctness", "steps") or {}
   lines = ["", "## Correct on the device", ""]
-  attention = step.get("attention")
+  attention = _get(steps, "attention", "attention")
   if attention:
     lines.append(f"Fused attention ({attention['implementation']}, bf16, shape "
                  f"{attention['shape']}) against {attention['reference']}; cuDNN calls in the "
@@ -118,7 +118,7 @@ def _correctness(records: dict) -> list[str]:
       lines.append(f"| {name} | {case['output_error']:.2e} | {grads} | "
                    f"{case['empty_rows_zero'] and case['empty_rows_zero_dq']} "
                    f"({case['empty_rows']} rows) | {case['finite']} |")
-  tests = step.get("device_tests")
+  tests = _get(steps, "tests", "device_tests")
   if tests:
     counts = ", ".join(f"{v} {k}" for k, v in sorted(tests["counts"].items())) or "none ran"
     lines += ["", f"Tests marked `device`: {counts} of {tests['collected']} collected "

@@ -82,7 +82,7 @@ def _steps(caps: dict) -> tuple[Step, ...]:
 # left of it, so a stage that ends early leaves its time to the next.
 FULL = Plan(
     name="full",
-    steps=_steps({"environment": 40, "correctness": 130, "speed:base": 60, "speed:big": 75,
+    steps=_steps({"environment": 40, "correctness:attention": 40, "correctness:tests": 120, "speed:base": 60, "speed:big": 75,
                   "speed:base_xla": 45, "speed:base_remat": 50, "prediction:compile": 300,
                   "prediction:largest": 50, "decoding": 60, "end_to_end": 150}),
     variants=_variants({}),
@@ -98,7 +98,7 @@ _TINY_MODEL = {"model.num_layers": 1, "model.d_model": 32, "model.d_ff": 64,
                "data.max_length": 32, "data.max_source_length": 32, "data.max_target_length": 32}
 TINY = Plan(
     name="tiny",
-    steps=_steps({"environment": 30, "correctness": 40, "speed:base": 20, "speed:big": 20,
+    steps=_steps({"environment": 30, "correctness:attention": 20, "correctness:tests": 40, "speed:base": 20, "speed:big": 20,
                   "speed:base_xla": 20, "speed:base_remat": 20, "prediction:compile": 40,
                   "prediction:largest": 20, "decoding": 20, "end_to_end": 60}),
     variants=_variants(_TINY_MODEL),

@@ -132,7 +132,8 @@ class Runner:
     code, timed_out = child.wait()
     result = read_json(self._result_path(step)) or {}
     record = {"status": _status(code, timed_out, result),
-              "seconds": round(time.monotonic() - child.start, 2),
+              # A background step may have ended well before it is collected.
+              "seconds": round(result.get("process_seconds", time.monotonic() - child.start), 2),
               "limit_seconds": round(child.limit, 1),
               **{k: v for k, v in result.items() if k != "complete"}}
     if timed_out:

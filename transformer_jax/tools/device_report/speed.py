@@ -131,6 +131,7 @@ def train_speed(experiment: Experiment, rows: int, length: int, *, timed_steps: 
       "mfu_vs_measured_matmul": flops / median / matmul,
       "mfu_vs_spec": flops / median / chip.peak_flops if chip else None,
       "loss_first_last": per_token,
+      "nonfinite_steps": int(sum(float(m["nonfinite"]) for m in losses)),
       "peak_bytes": peak,
       "predicted_local": {"total_bytes": predicted.total_bytes,
                           "temp_bytes": predicted.temp_bytes,

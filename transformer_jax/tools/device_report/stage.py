@@ -62,6 +62,7 @@ class Context:
 
 
 def main(argv: list[str]) -> int:
+  started = time.monotonic()
   parser = argparse.ArgumentParser(prog="transformer_jax.tools.device_report.stage")
   parser.add_argument("--step", required=True)
   parser.add_argument("--work", required=True)
@@ -76,17 +77,17 @@ def main(argv: list[str]) -> int:
   step = plan.step(args.step)
   result = Result(pathlib.Path(args.result), time.monotonic() + args.seconds - 1.0)
   result.put(step=step.name)
-  module = importlib.import_module(
-      f"transformer_jax.tools.device_report.{_MODULES.get(step.name, _MODULES[step.stage])}")
-  try:
+  try:  # The import too: it fails where a package is missing.
+    module = importlib.import_module(
+        f"transformer_jax.tools.device_report.{_MODULES.get(step.name, _MODULES[step.stage])}")
     module.run(plan, step, result, Context(pathlib.Path(args.work), args.target))
   except Exception as error:  # pylint: disable=broad-except  # Recorded, then the status says so.
     result.put(error=f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}",
-               traceback=traceback.format_exc()[-4000:])
+               traceback=traceback.format_exc()[-4000:],
+               process_seconds=time.monotonic() - started)
     traceback.print_exc()
     return 1
-  if "complete" not in result.record:
-    result.put(complete=True)
+  result.put(process_seconds=time.monotonic() - started, complete=True)
   return 0
 
 
