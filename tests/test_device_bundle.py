@@ -103,6 +103,7 @@ def test_an_image_like_python_installs_the_bundle_offline_and_imports_every_modu
       timeout=600, check=False)
   assert report.returncode == 0, report.stdout + report.stderr
   assert f"installed {len(record['wheels'])} wheels into {target}" in report.stdout
+  assert "(already here: none)" in report.stdout
   environment = json.loads((tmp_path / "out" / "environment.json").read_text())
   step = environment["steps"]["environment"]
   assert step["bundle"]["unmet"] == [] and step["versions"]["grain"] is not None
@@ -143,6 +144,7 @@ def test_requirements_apply_by_the_target_pythons_markers():
   extra = Requirement('gcsfs; extra == "gcs"')
   assert not bundle._applies(extra, "3.12")  # pylint: disable=protected-access
   assert bundle._applies(extra, "3.12", {"gcs"})  # pylint: disable=protected-access
-  assert bundle.unmet(["jax>=0.1", "no-such-distribution", "numpy<1"], []) == [
-      "no-such-distribution (missing)",
-      f"numpy<1 (found {importlib.metadata.version('numpy')})"]
+  requirements = [("jax>=0.1", "a"), ("no-such-distribution", "b"), ("numpy<1", "c")]
+  assert bundle.unmet(requirements, []) == [
+      "b: no-such-distribution (missing)",
+      f"c: numpy<1 (found {importlib.metadata.version('numpy')})"]

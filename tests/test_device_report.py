@@ -11,7 +11,7 @@ import helpers
 import pytest
 
 from transformer_jax.tools.device_report import plan as plan_lib
-from transformer_jax.tools.device_report import speed, stage
+from transformer_jax.tools.device_report import largest, speed, stage
 from transformer_jax.tools.device_report.runner import Runner
 
 STAGE_FILES = [f"{s}.json" for s in plan_lib.STAGES]
@@ -135,7 +135,7 @@ def test_the_largest_step_trains_at_the_batch_the_compile_mode_found(tmp_path):
   found = {"field": "data.batch_size", "value": 16, "rows": 16, "length": 32}
   (tmp_path / "prediction_compile.json").write_text(json.dumps({"largest_batch": found}))
   result = stage.Result(tmp_path / "largest.json", time.monotonic() + 300)
-  speed.run(plan, plan.step("prediction:largest"), result,
+  largest.run(plan, plan.step("prediction:largest"), result,
             stage.Context(tmp_path, "1xh100"))
   record = json.loads((tmp_path / "largest.json").read_text())
   assert record["compile_mode_says"] == found and record["ran"]
@@ -146,8 +146,10 @@ def test_the_largest_step_trains_at_the_batch_the_compile_mode_found(tmp_path):
 def test_the_plan_reaches_each_step_whole():
   for plan in plan_lib.PLANS.values():
     assert plan_lib.Plan.from_json(json.loads(json.dumps(plan.to_json()))) == plan
-    assert [s.stage for s in plan.steps] == sorted(
-        (s.stage for s in plan.steps), key=plan_lib.STAGES.index)
+    assert plan.steps[0].name == "environment"
+    assert {s.stage for s in plan.steps} == set(plan_lib.STAGES)
+    assert len({s.name for s in plan.steps}) == len(plan.steps)
+    assert plan.predicted[0] == "base" and set(plan.predicted) <= set(plan.variants)
 
 
 @pytest.mark.parametrize("name", sorted(plan_lib.FULL.variants))

@@ -4,7 +4,8 @@ under one deadline, with an offline bundle of the wheels such a machine lacks (d
   plan.py         what is measured, full size or tiny, and each step's time cap
   runner.py       each step a process under its limit; the stages' JSON files, log.txt
   stage.py        one step's process, writing its figures as it gets them
-  environment.py, correctness.py, speed.py, prediction.py, end_to_end.py   the stages
+  environment.py, correctness.py, speed.py, prediction.py, largest.py, decoding.py,
+  end_to_end.py   the stages and their steps
   markdown.py     report.md
   pytest_log.py   a pytest plugin: each test's outcome as it ends
   bundle.py       the wheels a GPU image lacks: made here, installed there offline

@@ -46,12 +46,13 @@ def main(argv):
       record = bundle.install(_BUNDLE.value, _BUNDLE_TARGET.value)
     except bundle.BundleError as error:
       sys.exit(f"error: {error}")
-    record["unmet"] = bundle.unmet(
-        bundle.project_requirements() + bundle.bundled_requirements([_BUNDLE_TARGET.value]),
-        [_BUNDLE_TARGET.value])
+    ours = [(r, "transformer-jax") for r in bundle.project_requirements()]
+    record["unmet"] = bundle.unmet(ours + bundle.bundled_requirements([_BUNDLE_TARGET.value]),
+                                   [_BUNDLE_TARGET.value])
     extra_path = _BUNDLE_TARGET.value
     print(f"installed {len(record['wheels'])} wheels into {record['target']} in "
-          f"{record['seconds']:.1f} s", flush=True)
+          f"{record['seconds']:.1f} s (already here: "
+          f"{', '.join(record['skipped']) or 'none'})", flush=True)
   platform = {"gpu": "cuda"}.get(_PLATFORM.value, _PLATFORM.value)
   runner = Runner(PLANS["tiny" if _TINY.value else "full"], _OUT.value, deadline=deadline,
                   platform=platform, stages=_STAGES.value, bundle_record=record,

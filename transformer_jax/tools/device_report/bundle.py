@@ -20,6 +20,7 @@ import json
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -72,7 +73,8 @@ def normalize(name: str) -> str:
 
 
 def project_requirements(repo: pathlib.Path = REPO) -> list[str]:
-  """The requirement strings of the project and of its EXTRAS, from pyproject.toml."""
+  """The requirement strings of the project and of its EXTRAS, from pyproject.toml (Python 3.11
+  or later: tomllib)."""
   import tomllib  # pylint: disable=import-outside-toplevel  # Only where bundles are made.
   project = tomllib.loads((repo / "pyproject.toml").read_text(encoding="utf-8"))["project"]
   extras = project.get("optional-dependencies", {})
@@ -196,33 +198,44 @@ def read(directory: str) -> dict:
 
 
 def install(directory: str, target: str) -> dict:
-  """Install the bundle in `directory` into the private directory `target` (made afresh unless it
-  already holds this very bundle) with pip, offline and without dependencies. Returns the list
-  with `target`, `seconds` and `python` (the version here); BundleError when pip fails."""
+  """Install the bundle in `directory` into the private directory `target` with pip, offline and
+  without dependencies; a wheel of a distribution this Python already has is left out, so the
+  machine's own stays in use. The directory is made afresh unless it already holds this very
+  bundle. Returns the list with `target`, `skipped` (name: version found), `seconds` and `python`
+  (this one's version); BundleError when pip fails."""
   record = read(directory)
-  digest = hashlib.sha256(json.dumps(record["wheels"], sort_keys=True).encode()).hexdigest()
+  found = {normalize(d.metadata["Name"]): d.version for d in importlib.metadata.distributions()
+           if str(d.locate_file("")).rstrip("/") != str(pathlib.Path(target).resolve())}
+  skipped = {w["name"]: found[normalize(w["name"])] for w in record["wheels"]
+             if normalize(w["name"]) in found}
+  wanted = [w for w in record["wheels"] if w["name"] not in skipped]
+  digest = hashlib.sha256(json.dumps(wanted, sort_keys=True).encode()).hexdigest()
   done = pathlib.Path(target) / ".bundle-installed"
   start = time.perf_counter()
   if not (done.is_file() and done.read_text(encoding="utf-8") == digest):
-    wheels = [str(pathlib.Path(directory) / w["file"]) for w in record["wheels"]]
+    shutil.rmtree(target, ignore_errors=True)
+    wheels = [str(pathlib.Path(directory) / w["file"]) for w in wanted]
     command = [sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps",
-               "--disable-pip-version-check", "--upgrade", "--target", target, *wheels]
+               "--disable-pip-version-check", "--target", target, *wheels]
     result = subprocess.run(command, capture_output=True, text=True, check=False)
     if result.returncode:
       raise BundleError(f"installing the bundle into {target} failed:\n{result.stderr.strip()}")
     done.write_text(digest, encoding="utf-8")
   python = f"{sys.version_info.major}.{sys.version_info.minor}"
-  return {**record, "target": target, "seconds": time.perf_counter() - start, "python": python}
+  return {**record, "wheels": wanted, "skipped": skipped, "target": target,
+          "seconds": time.perf_counter() - start, "python": python}
 
 
-def bundled_requirements(paths: list[str]) -> list[str]:
-  """What the distributions installed in `paths` (a bundle's target) require in turn."""
-  return [r for dist in importlib.metadata.distributions(path=paths) for r in dist.requires or ()]
+def bundled_requirements(paths: list[str]) -> list[tuple[str, str]]:
+  """(requirement, the distribution that has it) of every distribution installed in `paths`."""
+  return [(r, dist.metadata["Name"]) for dist in importlib.metadata.distributions(path=paths)
+          for r in dist.requires or ()]
 
 
-def unmet(requirements: list[str], paths: list[str]) -> list[str]:
-  """Which of `requirements` the distributions on `paths` (then this interpreter's) do not meet:
-  'name (missing)' or 'name>=x (found y)'. Empty where `packaging` is not installed."""
+def unmet(requirements: list[tuple[str, str]], paths: list[str]) -> list[str]:
+  """Which of `requirements` ((requirement, whose)) the distributions on `paths` (then this
+  interpreter's) do not meet: 'whose: name (missing)' or 'whose: name>=x (found y)'. Extras are
+  not followed. Empty where `packaging` is not installed."""
   try:
     from packaging.requirements import Requirement  # pylint: disable=import-outside-toplevel
   except ImportError:
@@ -231,15 +244,15 @@ def unmet(requirements: list[str], paths: list[str]) -> list[str]:
   for dist in importlib.metadata.distributions(path=[*paths, *sys.path]):
     found.setdefault(normalize(dist.metadata["Name"]), dist.version)
   problems = []
-  for text in dict.fromkeys(requirements):
+  for text, whose in dict.fromkeys(requirements):
     requirement = Requirement(text)
     if requirement.marker is not None and not requirement.marker.evaluate({"extra": ""}):
       continue
     version = found.get(normalize(requirement.name))
     if version is None:
-      problems.append(f"{requirement.name} (missing)")
+      problems.append(f"{whose}: {requirement.name} (missing)")
     elif not requirement.specifier.contains(version, prereleases=True):
-      problems.append(f"{requirement.name}{requirement.specifier} (found {version})")
+      problems.append(f"{whose}: {requirement.name}{requirement.specifier} (found {version})")
   return problems
 
 

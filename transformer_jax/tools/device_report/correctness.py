@@ -9,8 +9,10 @@ all masked must give exactly zero, and nothing may be NaN, gradients
 included. On a GPU the compiled programs must call cuDNN's fused attention.
 """
 
+import importlib.util
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 
@@ -20,12 +22,11 @@ import numpy as np
 
 from transformer_jax.compile.analysis import cudnn_attention_calls
 from transformer_jax.model import attention
-from transformer_jax.tools.device_report import bundle
+from transformer_jax.tools.device_report import bundle, pytest_log
 
 # bfloat16 operands land between 1e-3 and 1e-2 against a float32 reference; their gradients (a
 # bfloat16 backward pass) somewhat above.
 OUTPUT_TOLERANCE, GRADIENT_TOLERANCE = 1e-2, 2e-2
-PYTEST_LOG_ENV = "TJ_REPORT_PYTEST_LOG"
 
 
 def _masks(batch: int, length: int, rng: np.random.Generator) -> dict:
@@ -106,11 +107,17 @@ def check_attention(shape, platform: str, seed: int = 0) -> dict:
   return record
 
 
+def device_test_files(tests: pathlib.Path) -> list[str]:
+  """The test files that mark tests `device` (collecting only these spares importing the rest)."""
+  return sorted(str(p.relative_to(tests.parent)) for p in tests.glob("test_*.py")
+                if "mark.device" in p.read_text(encoding="utf-8"))
+
+
 def run_device_tests(arguments, seconds: float, log_path: pathlib.Path,
                      test_timeout: int, platform: str) -> dict:
-  """The tests `arguments` select (pytest, one process, on `platform`), stopped after `seconds`:
-  counts of each outcome, the failures' names and whether they all ran."""
-  env = dict(os.environ, **{PYTEST_LOG_ENV: str(log_path)})
+  """The tests `arguments` select (pytest, one process, on `platform`), stopped after `seconds`
+  with everything it started: counts of each outcome, the failures and whether they all ran."""
+  env = dict(os.environ, **{pytest_log.ENV: str(log_path)})
   env["JAX_PLATFORMS"] = {"gpu": "cuda"}.get(platform, platform)
   # Tests that start the command line share the device with the test process.
   env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
@@ -121,34 +128,21 @@ def run_device_tests(arguments, seconds: float, log_path: pathlib.Path,
   if _has_module("xdist"):
     command += ["-p", "no:xdist"]
   log_path.unlink(missing_ok=True)
+  process = subprocess.Popen(command, env=env, cwd=bundle.REPO, start_new_session=True)
   try:
-    completed = subprocess.run(command, env=env, cwd=bundle.REPO, timeout=max(seconds, 1.0),
-                               check=False)
-    status, code = "finished", completed.returncode
+    status, code = "finished", process.wait(timeout=max(seconds, 1.0))
   except subprocess.TimeoutExpired:
     status, code = f"stopped after {seconds:.0f} s", None
+  try:
+    os.killpg(process.pid, signal.SIGKILL)
+  except ProcessLookupError:
+    pass
+  process.wait()
   return {"command": " ".join(command[1:]), "status": status, "exit_status": code,
-          **pytest_log_summary(log_path)}
-
-
-def pytest_log_summary(path: pathlib.Path) -> dict:
-  """Counts by outcome, the tests collected and the failures, from the pytest_log plugin's file."""
-  import json  # pylint: disable=import-outside-toplevel
-  counts, failures, collected = {}, [], None
-  lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
-  for line in lines:
-    entry = json.loads(line)
-    if "collected" in entry:
-      collected = entry["collected"]
-      continue
-    counts[entry["outcome"]] = counts.get(entry["outcome"], 0) + 1
-    if entry["outcome"] in ("failed", "error"):
-      failures.append({"test": entry["nodeid"], "message": entry.get("message", "")})
-  return {"collected": collected, "counts": counts, "failures": failures[:50]}
+          **pytest_log.summary(log_path)}
 
 
 def _has_module(name: str) -> bool:
-  import importlib.util  # pylint: disable=import-outside-toplevel
   return importlib.util.find_spec(name) is not None
 
 
@@ -160,7 +154,8 @@ def run(plan, step, result, context) -> None:
   # The tests get the device alone: this process does not start JAX's backends, and reads the
   # platform off the environment step.
   platform = context.earlier("environment").get("backend") or "cpu"
-  tests = run_device_tests(plan.device_tests, result.left() - 2.0,
+  files = list(plan.device_test_files) or device_test_files(bundle.REPO / "tests")
+  tests = run_device_tests([*files, "-m", "device"], result.left() - 2.0,
                            context.work / "pytest_log.jsonl", plan.test_timeout_seconds, platform)
   passed = tests["status"] == "finished" and tests["exit_status"] == 0
   result.put(device_tests=tests, status="ok" if passed else "problems found")

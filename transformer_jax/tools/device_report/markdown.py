@@ -86,7 +86,8 @@ def _train_rows(records: dict) -> list[str]:
     mode = _get(predicted, name, "total_bytes") if name != "largest" else _get(
         records, "prediction", "steps", "compile", "largest_program", "total_bytes")
     peak = step.get("peak_bytes")
-    ratio = f"{peak / mode:.2f}" if peak and mode else "-"
+    ratio = (f"{peak / mode:.2f} ({'within' if abs(peak / mode - 1) <= MEMORY_GOAL else 'outside'}"
+             f" {MEMORY_GOAL:.0%})" if peak and mode else "-")
     goal = GOALS.get(name)
     lines.append(
         f"| {_VARIANT_NAMES.get(name, name)} | {step['status']} | {batch} | "
@@ -148,8 +149,39 @@ def _decoding_and_end_to_end(records: dict) -> list[str]:
   return lines
 
 
+def _verdict(value, goal, at_least: bool = True) -> str:
+  if value is None:
+    return "not measured"
+  return "met" if (value >= goal if at_least else value <= goal) else "not met"
+
+
+def _goals(records: dict) -> list[str]:
+  """Each goal of docs/gpu.md with what was measured and whether it is met (on an H100)."""
+  speed = _get(records, "speed", "steps") or {}
+  attention = _get(records, "correctness", "steps", "attention", "attention") or {}
+  predicted = _get(records, "prediction", "steps", "compile", "programs") or {}
+  kind = _get(records, "environment", "steps", "environment", "device_kind") or ""
+  lines = ["", "## Goals (one H100)", "", "| goal | measured | verdict |", "|---|---|---|"]
+  for name, goal in GOALS.items():
+    tokens = _get(speed, name, "target_tokens_per_second")
+    verdict = _verdict(tokens, goal) if "H100" in kind else f"for an H100, not {kind or '?'}"
+    lines.append(f"| `{name}` at least {goal:,} target tokens/s | {_number(tokens)} | "
+                 f"{verdict} |")
+  ok = attention.get("ok")
+  lines.append(f"| fused attention equal to the reference | "
+               f"{'-' if ok is None else 'within tolerance' if ok else 'outside tolerance'} | "
+               f"{'not measured' if ok is None else 'met' if ok else 'not met'} |")
+  for name in GOALS:
+    peak, mode = _get(speed, name, "peak_bytes"), _get(predicted, name, "total_bytes")
+    off = abs(peak / mode - 1) if peak and mode else None
+    lines.append(f"| `{name}` peak memory within {MEMORY_GOAL:.0%} of the compile mode's | "
+                 f"{'-' if off is None else f'{off:.1%} off'} | "
+                 f"{_verdict(off, MEMORY_GOAL, at_least=False)} |")
+  return lines
+
+
 def render(records: dict, plan) -> str:
   """The whole page."""
-  lines = (_header(records, plan) + _stage_table(records) + _train_rows(records)
-           + _correctness(records) + _decoding_and_end_to_end(records))
+  lines = (_header(records, plan) + _stage_table(records) + _goals(records)
+           + _train_rows(records) + _correctness(records) + _decoding_and_end_to_end(records))
   return "\n".join(lines) + "\n"

@@ -34,9 +34,10 @@ class Plan:
   length: int  # tokens per row
   timed_steps: int
   warmup_steps: int
+  largest_timed_steps: int  # at the largest batch, whose steps are several times longer
   matmul_size: int
   attention_shape: tuple[int, int, int, int]  # batch, length, heads, head size
-  device_tests: tuple[str, ...]  # pytest arguments that select the tests marked `device`
+  device_test_files: tuple[str, ...]  # whose tests marked `device` run (empty: every such file)
   test_timeout_seconds: int
   predicted: tuple[str, ...]  # the variants the prediction step compiles for the target
   fit_search: bool  # whether it then looks for the largest batch of `base`
@@ -57,7 +58,7 @@ class Plan:
     """The plan `to_json` wrote (how the runner hands it to each step's process)."""
     fields = dict(record, steps=tuple(Step(**s) for s in record["steps"]))
     fields["variants"] = {k: tuple(v) for k, v in record["variants"].items()}
-    for name in ("attention_shape", "device_tests", "predicted", "end_to_end"):
+    for name in ("attention_shape", "device_test_files", "predicted", "end_to_end"):
       fields[name] = tuple(fields[name])
     return cls(**fields)
 
@@ -74,23 +75,28 @@ def _variants(shrink: dict) -> dict:
 
 
 def _steps(caps: dict) -> tuple[Step, ...]:
+  """The steps, in the order they run, with their caps in seconds."""
   cpu = {"prediction:compile"}
   return tuple(Step(name, "cpu" if name in cpu else "device", cap) for name, cap in caps.items())
 
 
 # Caps in seconds. They add up to more than the default deadline: each step gets at most what is
-# left of it, so a stage that ends early leaves its time to the next.
+# left of it, so a step that ends early leaves its time to the next. The order puts first what a
+# short window must bring back (the attention check, then the train steps); the tests marked
+# `device` come last, since a run of them stopped early still counts what ended.
 FULL = Plan(
     name="full",
-    steps=_steps({"environment": 40, "correctness:attention": 40, "correctness:tests": 120, "speed:base": 60, "speed:big": 75,
-                  "speed:base_xla": 45, "speed:base_remat": 50, "prediction:compile": 300,
-                  "prediction:largest": 50, "decoding": 60, "end_to_end": 150}),
+    steps=_steps({"environment": 40, "correctness:attention": 40, "speed:base": 60,
+                  "speed:big": 75, "speed:base_xla": 45, "speed:base_remat": 50,
+                  "prediction:compile": 300, "prediction:largest": 50, "decoding": 60,
+                  "end_to_end": 120, "correctness:tests": 120}),
     variants=_variants({}),
-    rows=104, length=256, timed_steps=20, warmup_steps=3, matmul_size=8192,
-    attention_shape=(4, 512, 8, 64), device_tests=("tests", "-m", "device"),
+    rows=104, length=256, timed_steps=20, warmup_steps=3, largest_timed_steps=5,
+    matmul_size=8192, attention_shape=(4, 512, 8, 64), device_test_files=(),
     test_timeout_seconds=60, predicted=("base", "big", "base_xla", "base_remat"), fit_search=True,
     decode_sentences=128, decode_source_length=32, decode_output_length=48, decode_runs=5,
-    end_to_end=("experiments/default.py", {"model.dtype": "bfloat16"}),
+    # Decoding batches of 128 (the CPU's 8 would decode the test split in 250 batches).
+    end_to_end=("experiments/default.py", {"model.dtype": "bfloat16", "decode.batch_size": 128}),
 )
 
 _TINY_MODEL = {"model.num_layers": 1, "model.d_model": 32, "model.d_ff": 64,
@@ -98,13 +104,14 @@ _TINY_MODEL = {"model.num_layers": 1, "model.d_model": 32, "model.d_ff": 64,
                "data.max_length": 32, "data.max_source_length": 32, "data.max_target_length": 32}
 TINY = Plan(
     name="tiny",
-    steps=_steps({"environment": 30, "correctness:attention": 20, "correctness:tests": 40, "speed:base": 20, "speed:big": 20,
+    steps=_steps({"environment": 30, "correctness:attention": 20, "speed:base": 20,
+                  "speed:big": 20,
                   "speed:base_xla": 20, "speed:base_remat": 20, "prediction:compile": 40,
-                  "prediction:largest": 20, "decoding": 20, "end_to_end": 60}),
+                  "prediction:largest": 20, "decoding": 20, "end_to_end": 60,
+                  "correctness:tests": 60}),
     variants=_variants(_TINY_MODEL),
-    rows=8, length=32, timed_steps=3, warmup_steps=1, matmul_size=256,
-    attention_shape=(2, 16, 2, 8),
-    device_tests=("tests/test_mask_properties.py", "-m", "device"),
+    rows=8, length=32, timed_steps=3, warmup_steps=1, largest_timed_steps=2, matmul_size=256,
+    attention_shape=(2, 16, 2, 8), device_test_files=("tests/test_mask_properties.py",),
     test_timeout_seconds=60, predicted=("base",), fit_search=False,
     decode_sentences=8, decode_source_length=8, decode_output_length=8, decode_runs=2,
     end_to_end=("experiments/default.py", {

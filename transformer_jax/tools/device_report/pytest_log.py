@@ -4,12 +4,13 @@ as it ends, one JSON line each, so that a run stopped at its time limit still sa
 
 import json
 import os
+import pathlib
 
-_ENV = "TJ_REPORT_PYTEST_LOG"
+ENV = "TJ_REPORT_PYTEST_LOG"
 
 
 def _append(entry: dict) -> None:
-  path = os.environ.get(_ENV)
+  path = os.environ.get(ENV)
   if path:
     with open(path, "a", encoding="utf-8") as file:
       file.write(json.dumps(entry) + "\n")
@@ -27,3 +28,22 @@ def pytest_runtest_logreport(report):
     if report.failed:
       entry["message"] = str(report.longrepr)[-1500:]
     _append(entry)
+
+
+def summary(path: pathlib.Path) -> dict:
+  """Counts by outcome, the tests collected and the failures, from the file this plugin wrote (a
+  line cut short by a stopped run is left out)."""
+  counts, failures, collected = {}, [], None
+  lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+  for line in lines:
+    try:
+      entry = json.loads(line)
+    except ValueError:
+      continue
+    if "collected" in entry:
+      collected = entry["collected"]
+      continue
+    counts[entry["outcome"]] = counts.get(entry["outcome"], 0) + 1
+    if entry["outcome"] in ("failed", "error"):
+      failures.append({"test": entry["nodeid"], "message": entry.get("message", "")})
+  return {"collected": collected, "counts": counts, "failures": failures[:50]}

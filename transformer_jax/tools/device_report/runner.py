@@ -2,8 +2,9 @@
 
 Every step runs as `python -m transformer_jax.tools.device_report.stage`, so a
 step that crashes, runs out of memory or out of time ends alone: the runner
-kills its process group at its limit, keeps what it had written (`Result`)
-and goes on with the next. `<out>/<stage>.json` is written the moment each of
+kills its process group at its limit (and when it ends, so that nothing it
+started keeps the device), keeps what it had written (`Result`) and goes on
+with the next. `<out>/<stage>.json` is written the moment each of
 its steps ends; `<out>/log.txt` holds every step's output; `<out>/report.md`
 comes last. Nothing here imports JAX.
 """
@@ -15,12 +16,14 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 from transformer_jax.tools.device_report import bundle, markdown
 from transformer_jax.tools.device_report.plan import STAGES, Plan, Step
 
-RESERVE_SECONDS = 5.0  # kept back from the deadline for report.md
+RESERVE_SECONDS = 15.0  # kept back from the deadline: a stopped step's grace, then report.md
+GRACE_SECONDS = 5.0  # between SIGTERM and SIGKILL
 MIN_STEP_SECONDS = 3.0  # a step offered less is skipped
 LOG_NAME, REPORT_NAME, PLAN_NAME = "log.txt", "report.md", "plan.json"
 MAX_LOG_BYTES = 15 * 2**20
@@ -66,17 +69,40 @@ class _Child:
                                       start_new_session=True, cwd=bundle.REPO)
 
   def wait(self) -> tuple[int | None, bool]:
-    """(exit status, timed out), once it has ended or been stopped."""
+    """(exit status, timed out), once it has ended or been stopped; either way, then, whatever
+    is left of its process group is killed."""
     try:
-      return self.process.wait(timeout=max(0.0, self.start + self.limit - time.monotonic())), False
+      code = self.process.wait(timeout=max(0.0, self.start + self.limit - time.monotonic()))
+      timed_out = False
     except subprocess.TimeoutExpired:
-      os.killpg(self.process.pid, signal.SIGTERM)
+      _signal_group(self.process.pid, signal.SIGTERM)
       try:
-        self.process.wait(timeout=5)
+        self.process.wait(timeout=GRACE_SECONDS)
       except subprocess.TimeoutExpired:
-        os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait()
-      return None, True
+        pass
+      code, timed_out = None, True
+    _signal_group(self.process.pid, signal.SIGKILL)
+    self.process.wait()
+    return code, timed_out
+
+  def stop(self) -> None:
+    _signal_group(self.process.pid, signal.SIGKILL)
+
+
+class Stopped(Exception):
+  """The report was told to stop (SIGTERM)."""
+
+
+def _raise_stopped(signum, frame):
+  del signum, frame
+  raise Stopped()
+
+
+def _signal_group(pid: int, signum: int) -> None:
+  try:
+    os.killpg(pid, signum)
+  except ProcessLookupError:  # Already gone, with everything it started.
+    pass
 
 
 class Runner:
@@ -90,13 +116,15 @@ class Runner:
     self.out.mkdir(parents=True, exist_ok=True)
     self.work = pathlib.Path(tempfile.mkdtemp(prefix="transformer_jax_report_"))
     write_json(self.work / PLAN_NAME, plan.to_json())
-    self.stages = [s for s in STAGES if s in stages]
+    # The environment always runs: the other steps need its platform and device.
+    self.stages = [s for s in STAGES if s in stages or s == "environment"]
     self.bundle_record, self.target = bundle_record, target
     self.records: dict[str, dict] = {}
     self.env = dict(os.environ, PYTHONUNBUFFERED="1")
     self.env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(bundle.REPO), extra_path, os.environ.get("PYTHONPATH", "")) if p)
     self.stop_reason = ""
+    self._live: set[_Child] = set()
 
   def _child_env(self, step: Step) -> dict:
     env = dict(self.env)
@@ -123,13 +151,16 @@ class Runner:
       command += ["--target", self.target]
     with open(log_path, "a", encoding="utf-8") as log:
       log.write(f"\n===== {step.name} (limit {limit:.0f} s) =====\n")
-    return _Child(command, self._child_env(step), limit, log_path)
+    child = _Child(command, self._child_env(step), limit, log_path)
+    self._live.add(child)
+    return child
 
   def _finish(self, step: Step, child: _Child | dict) -> dict:
     """The record of `step` once its process `child` has ended (or was stopped)."""
     if isinstance(child, dict):
       return child
     code, timed_out = child.wait()
+    self._live.discard(child)
     result = read_json(self._result_path(step)) or {}
     record = {"status": _status(code, timed_out, result),
               # A background step may have ended well before it is collected.
@@ -152,33 +183,41 @@ class Runner:
 
     The steps that run on the CPU backend (the compile mode's) start in the
     background once the environment is known, beside the device's steps, and
-    are collected in their turn.
+    are collected in their turn. SIGTERM stops every step's process group and
+    still writes report.md.
     """
-    background = {}
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _raise_stopped) if main else None
     try:
-      for step in (s for s in self.plan.steps if s.stage in self.stages):
-        if step.stage != "environment" and not self.records.keys() - {"environment"}:
-          background = {s.name: self._start(s, self.work / f"{s.name.replace(':', '_')}.log")
-                        for s in self.plan.steps if s.runs_on == "cpu" and s.stage in self.stages}
-        if step.name in background:
-          record = self._finish(step, background.pop(step.name))
-          if record["status"] != "skipped":
-            record["ran_beside_other_steps"] = True
-        else:
-          record = self.run_step(step)
-        stage = self.records.setdefault(step.stage, {"stage": step.stage, "steps": {}})
-        stage["steps"][step.part or step.stage] = record
-        stage["status"] = _stage_status(stage["steps"])
-        if step.stage == "environment":
-          self._after_environment(record)
-        write_json(self.out / f"{step.stage}.json", stage)
+      self._run_steps()
+    except Stopped:
+      self.stop_reason = "the report was stopped (SIGTERM)"
     finally:
-      for child in background.values():  # Only if a step above raised.
-        if isinstance(child, _Child):
-          child.limit = 0.0
-          child.wait()
-    self.finish()
+      for child in self._live:
+        child.stop()
+      if main:
+        signal.signal(signal.SIGTERM, previous)
+      self.finish()
     return self.records
+
+  def _run_steps(self) -> None:
+    background = {}
+    for step in (s for s in self.plan.steps if s.stage in self.stages):
+      if step.stage != "environment" and not self.records.keys() - {"environment"}:
+        background = {s.name: self._start(s, self.work / f"{s.name.replace(':', '_')}.log")
+                      for s in self.plan.steps if s.runs_on == "cpu" and s.stage in self.stages}
+      if step.name in background:
+        record = self._finish(step, background.pop(step.name))
+        if record["status"] != "skipped":
+          record["ran_beside_other_steps"] = True
+      else:
+        record = self.run_step(step)
+      stage = self.records.setdefault(step.stage, {"stage": step.stage, "steps": {}})
+      stage["steps"][step.part or step.stage] = record
+      stage["status"] = _stage_status(stage["steps"])
+      if step.stage == "environment":
+        self._after_environment(record)
+      write_json(self.out / f"{step.stage}.json", stage)
 
   def _after_environment(self, record: dict) -> None:
     if self.bundle_record is not None:
@@ -187,7 +226,7 @@ class Runner:
     if self.platform == "auto" and backend == "cpu" and self.plan.name == "full":
       self.stop_reason = ("JAX found no accelerator and runs on the CPU; the full report needs "
                           "one (for a dry run on the CPU: --platform=cpu --tiny)")
-    if record.get("status") != "ok" and not backend:
+    if record.get("status") not in ("ok", "skipped") and not backend:
       self.stop_reason = "the environment stage failed: JAX may not start here (see log.txt)"
     if not self.target:
       self.target = target_for(record.get("device_kind", ""))

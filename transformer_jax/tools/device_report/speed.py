@@ -1,5 +1,4 @@
-"""Stages c and e, fast on the device: the train steps of `experiments/wmt14.py` on packed batches,
-the largest batch the compile mode says fits, and decoding.
+"""Stage c, fast on the device: the train steps of `experiments/wmt14.py` on packed batches.
 
 A train step is compiled ahead of time (its compile time, and the compiler's
 per-device memory for this device: the local prediction), run once, then
@@ -8,7 +7,7 @@ device. Throughput counts the batch's non-padding target tokens; MFU is the
 model's FLOPs (`train.objective.train_flops`) against a bf16 matmul measured
 in the same process and against the chip's datasheet peak. Peak memory is the
 device's own count (`memory_stats()`), one process per variant so that it is
-that variant's.
+that variant's, read before the matmul is measured.
 """
 
 import statistics
@@ -22,7 +21,6 @@ from transformer_jax import config as config_lib
 from transformer_jax.compile import analysis, targets
 from transformer_jax.conventions import EOS_ID, UNK_ID
 from transformer_jax.experiment import Experiment, make_trainer
-from transformer_jax.tools import decode_benchmark
 from transformer_jax.tools.timing import batch_flops, summary, timed
 
 
@@ -74,11 +72,16 @@ def matmul_rate(size: int, runs: int = 10, dtype=jnp.bfloat16) -> float:
   return 2.0 * size**3 / statistics.median(timed(lambda: matmul(a, b)) for _ in range(runs))
 
 
+# The device kinds (as JAX names them) of the parts whose datasheet figures targets.CHIPS holds:
+# the SXM boards, not the PCIe or NVL ones, whose peaks are lower.
+_SXM_KINDS = {"NVIDIA H100 80GB HBM3": "h100", "NVIDIA H200": "h200",
+              "NVIDIA A100-SXM4-80GB": "a100"}
+
+
 def chip_of(device_kind: str) -> targets.Chip | None:
-  """The datasheet chip of a device (None: not one the compile mode knows)."""
-  kind = device_kind.lower()
-  return next((chip for name, chip in targets.CHIPS.items()
-               if chip.platform == "gpu" and name in kind), None)
+  """The datasheet chip of a device (None: not one whose peak is known here)."""
+  name = _SXM_KINDS.get(device_kind.strip())
+  return targets.CHIPS[name] if name else None
 
 
 def peak_device_bytes() -> int | None:
@@ -88,8 +91,9 @@ def peak_device_bytes() -> int | None:
 
 
 def train_speed(experiment: Experiment, rows: int, length: int, *, timed_steps: int,
-                warmup_steps: int, matmul: float) -> dict:
-  """Compile, run and time the train step of `experiment` on a packed `rows` x `length` batch."""
+                warmup_steps: int) -> dict:
+  """Compile, run and time the train step of `experiment` on a packed `rows` x `length` batch;
+  the device's peak memory is read right after."""
   trainer, _ = make_trainer(experiment, vocab_size=experiment.data.vocab_size)
   placement = trainer.placement
   cfg = placement.model.config
@@ -99,39 +103,34 @@ def train_speed(experiment: Experiment, rows: int, length: int, *, timed_steps: 
   start = time.perf_counter()
   compiled = placement.run(lambda: trainer.jitted_step.lower(state, batch).compile())
   predicted = analysis.measure_compiled(compiled, time.perf_counter() - start)
-  losses = []
+  metrics = []
 
   def step():
     nonlocal state
-    state, metrics = compiled(state, batch)
-    losses.append(metrics)
-    return state, metrics
+    state, step_metrics = compiled(state, batch)
+    metrics.append(step_metrics)
+    return state, step_metrics
 
   first = timed(step)
   for _ in range(warmup_steps):
     jax.block_until_ready(step())
   times = [timed(step) for _ in range(timed_steps)]
-  per_token = [float(m["loss"]) / max(float(m["tokens"]), 1.0) for m in (losses[0], losses[-1])]
-  target_tokens = int(np.sum(local["targets_segmentation"] > 0))
-  flops = batch_flops(cfg, local)
-  median = statistics.median(times)
-  chip = chip_of(jax.local_devices()[0].device_kind)
   peak = peak_device_bytes()
+  per_token = [float(m["loss"]) / max(float(m["tokens"]), 1.0) for m in (metrics[0], metrics[-1])]
+  target_tokens = int(np.sum(local["targets_segmentation"] > 0))
+  median = statistics.median(times)
   return {
       "model": {"d_model": cfg.d_model, "num_layers": cfg.num_layers, "heads": cfg.num_heads,
                 "d_ff": cfg.d_ff, "vocab_size": cfg.vocab_size, "dtype": cfg.dtype,
                 "attention": cfg.attention_impl, "remat": cfg.remat},
-      "rows": rows, "length": length,
-      "target_tokens": target_tokens,
+      "rows": rows, "length": length, "target_tokens": target_tokens,
       "real_fraction": float(np.mean(local["targets_segmentation"] > 0)),
       "compile_seconds": predicted.compile_seconds, "first_step_seconds": first,
       "step_seconds": summary(times), "timed_steps": len(times),
       "target_tokens_per_second": target_tokens / median,
-      "model_flops_per_step": flops,
-      "mfu_vs_measured_matmul": flops / median / matmul,
-      "mfu_vs_spec": flops / median / chip.peak_flops if chip else None,
+      "model_flops_per_step": batch_flops(cfg, local),
       "loss_first_last": per_token,
-      "nonfinite_steps": int(sum(float(m["nonfinite"]) for m in losses)),
+      "nonfinite_steps": int(sum(float(m["nonfinite"]) for m in metrics)),
       "peak_bytes": peak,
       "predicted_local": {"total_bytes": predicted.total_bytes,
                           "temp_bytes": predicted.temp_bytes,
@@ -140,60 +139,24 @@ def train_speed(experiment: Experiment, rows: int, length: int, *, timed_steps: 
   }
 
 
-def _speed(plan, name: str, rows: int, length: int, result) -> None:
+def measure(plan, name: str, rows: int, length: int, timed_steps: int, result) -> None:
+  """The train step of variant `name` at `rows` x `length`, then the matmul rate (after the peak
+  memory was read) and the MFU against it and against the chip's datasheet peak."""
   spec, overrides = plan.variants[name]
+  kind = jax.local_devices()[0].device_kind
+  result.put(variant=name, experiment=spec, overrides=overrides, device_kind=kind)
+  figures = train_speed(experiment_of(spec, overrides), rows, length, timed_steps=timed_steps,
+                        warmup_steps=plan.warmup_steps)
+  result.put(**figures)
   rate = matmul_rate(plan.matmul_size)
-  chip = chip_of(jax.local_devices()[0].device_kind)
-  result.put(variant=name, experiment=spec, overrides=overrides, matmul_size=plan.matmul_size,
-             matmul_flops_per_second=rate, spec_flops_per_second=chip.peak_flops if chip else None,
-             device_kind=jax.local_devices()[0].device_kind)
-  result.put(**train_speed(experiment_of(spec, overrides), rows, length,
-                           timed_steps=plan.timed_steps, warmup_steps=plan.warmup_steps,
-                           matmul=rate))
-
-
-def _largest(plan, result, context) -> None:
-  if not plan.fit_search:
-    result.not_applicable(f"the {plan.name} plan does not search for the largest batch")
-    return
-  found = context.earlier("prediction:compile").get("largest_batch")
-  if not found or not found.get("rows"):
-    result.put(skipped="the prediction step found no largest batch (see prediction.compile)",
-               complete=True)
-    return
-  result.put(compile_mode_says=found)
-  try:
-    _speed(plan, "base", found["rows"], found["length"], result)
-    result.put(ran=True)
-  except jax.errors.JaxRuntimeError as error:  # Out of memory: the prediction was wrong.
-    result.put(ran=False, status="did not fit", error=str(error).splitlines()[0][:500])
-
-
-def _decoding(plan, result) -> None:
-  experiment = experiment_of(*plan.variants["base"])
-  trainer, _ = make_trainer(experiment, vocab_size=experiment.data.vocab_size)
-  params = trainer.init().params
-  times = decode_benchmark.measure_decoding(
-      trainer.placement.model, params, plan.decode_runs, sentences=plan.decode_sentences,
-      source_length=plan.decode_source_length, output_length=plan.decode_output_length)
-  searches = {}
-  for name, figures in times.items():
-    searches[name] = {"compile_and_first_seconds": figures["first"],
-                      "seconds": {k: figures[k] for k in ("median", "min", "max")},
-                      "sentences_per_second": plan.decode_sentences / figures["median"],
-                      "tokens_per_second": (plan.decode_sentences * plan.decode_output_length
-                                            / figures["median"])}
-  result.put(model="base", sentences=plan.decode_sentences,
-             source_length=plan.decode_source_length, output_length=plan.decode_output_length,
-             alpha=0.6, runs=plan.decode_runs, searches=searches,
-             attention=trainer.placement.model.config.attention_impl)
+  chip = chip_of(kind)
+  flops_per_second = figures["model_flops_per_step"] / figures["step_seconds"]["median"]
+  result.put(matmul_size=plan.matmul_size, matmul_flops_per_second=rate,
+             spec_flops_per_second=chip.peak_flops if chip else None,
+             mfu_vs_measured_matmul=flops_per_second / rate,
+             mfu_vs_spec=flops_per_second / chip.peak_flops if chip else None)
 
 
 def run(plan, step, result, context) -> None:
-  if step.stage == "decoding":
-    _decoding(plan, result)
-  elif step.name == "prediction:largest":
-    _largest(plan, result, context)
-  else:
-    _speed(plan, step.part, plan.rows, plan.length, result)
-
+  del context
+  measure(plan, step.part, plan.rows, plan.length, plan.timed_steps, result)

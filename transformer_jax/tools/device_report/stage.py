@@ -14,6 +14,7 @@ import argparse
 import dataclasses
 import importlib
 import logging
+import os
 import pathlib
 import sys
 import time
@@ -45,7 +46,7 @@ class Result:
 
 # The module of each step, or else of its stage; its `run(plan, step, result, context)` runs it.
 _MODULES = {"environment": "environment", "correctness": "correctness", "speed": "speed",
-            "prediction": "prediction", "prediction:largest": "speed", "decoding": "speed",
+            "prediction": "prediction", "prediction:largest": "largest", "decoding": "decoding",
             "end_to_end": "end_to_end"}
 
 
@@ -59,6 +60,14 @@ class Context:
   def earlier(self, step: str) -> dict:
     """What an earlier step of this report wrote (empty if it wrote nothing)."""
     return read_json(self.work / f"{step.replace(':', '_')}.json") or {}
+
+
+def _keep_to_a_quarter_of_the_cores() -> None:
+  """On a machine of 8 cores or more, run on the last quarter of them (XLA sizes its thread pools
+  by them), leaving the rest to the device's steps, which run beside this one."""
+  cores = sorted(os.sched_getaffinity(0))
+  if len(cores) >= 8:
+    os.sched_setaffinity(0, cores[-(len(cores) // 4):])
 
 
 def main(argv: list[str]) -> int:
@@ -75,6 +84,8 @@ def main(argv: list[str]) -> int:
     logging.getLogger(noisy).setLevel(logging.WARNING)
   plan = Plan.from_json(read_json(pathlib.Path(args.work) / PLAN_NAME))
   step = plan.step(args.step)
+  if step.runs_on == "cpu":
+    _keep_to_a_quarter_of_the_cores()
   result = Result(pathlib.Path(args.result), time.monotonic() + args.seconds - 1.0)
   result.put(step=step.name)
   try:  # The import too: it fails where a package is missing.
