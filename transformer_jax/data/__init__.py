@@ -26,8 +26,8 @@ from transformer_jax.data.pipeline import make_train_loader
 from transformer_jax.data.pipeline import padded_length
 from transformer_jax.data.pipeline import rows_multiple
 from transformer_jax.data.pipeline import train_batch_shapes
-from transformer_jax.data.sources import DataError
-from transformer_jax.data.sources import DataUnavailableError
+from transformer_jax.data.errors import DataError
+from transformer_jax.data.errors import DataUnavailableError
 from transformer_jax.data.sources import open_split
 from transformer_jax.data.sources import split_texts
 from transformer_jax.data.tokenizer import Tokenizer

@@ -12,6 +12,8 @@ DATASETS = {
     "wmt14_translate/de-en": ("de", "en"),
     "wmt14_translate/fr-en": ("fr", "en"),
     "wmt17_translate/de-en": ("de", "en"),
+    "multi30k": ("en", "de", "fr", "cs"),  # a copy of github.com/multi30k/dataset in manual_dir
+    "multi30k_tok": ("en", "de", "fr", "cs"),
     "text": None,  # any two languages: files <prefix>.<source_lang>, <prefix>.<target_lang>
 }
 BATCH_MODES = ("tokens", "packed", "padded")
@@ -28,7 +30,8 @@ class DataConfig:
   target_lang: str = schema.text("sy", "into this one (swap the two to reverse the direction)")
   data_dir: str = schema.text("", "TFDS data dir ('' = $TFDS_DATA_DIR or ~/tensorflow_datasets)")
   manual_dir: str = schema.text("", "WMT files downloaded by hand ('' = "
-                                "<data_dir>/downloads/manual)")
+                                "<data_dir>/downloads/manual); 'multi30k', 'multi30k_tok': the "
+                                "root of a clone of github.com/multi30k/dataset")
   text_train: str = schema.text("", "'text': path prefix of the training files <prefix>.<lang>")
   text_validation: str = schema.text("", "'text': path prefix of the validation files")
   text_test: str = schema.text("", "'text': path prefix of the test files ('' = no test split)")

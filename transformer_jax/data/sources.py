@@ -12,7 +12,9 @@ Three kinds, chosen by `data.name` (no TensorFlow anywhere):
     identical files are errors; a line pair with bytes that are not UTF-8,
     with a line over MAX_LINE_BYTES bytes, or with a side that is empty (or
     only white space) is skipped at conversion, and the skips are counted and
-    logged with their line numbers.
+    logged with their line numbers;
+  * 'multi30k', 'multi30k_tok': a copy of the Multi30k repository in
+    data.manual_dir, converted once the same way (see `multi30k.py`).
 `open_split` returns a `ParallelSource`: random access to (source, target) strings.
 Several processes may prepare the same dataset at once (hosts sharing a data dir).
 """
@@ -30,8 +32,10 @@ import urllib.parse
 import tensorflow_datasets as tfds
 
 from transformer_jax.data import embedded
+from transformer_jax.data import multi30k
 from transformer_jax.data.config import DataConfig
-from transformer_jax.errors import FieldError, UserError
+from transformer_jax.data.errors import DataError, DataUnavailableError
+from transformer_jax.errors import FieldError
 
 log = logging.getLogger(__name__)
 
@@ -41,14 +45,6 @@ _WMT_MODULES = {
     "wmt14_translate": "tensorflow_datasets.translate.wmt14",
     "wmt17_translate": "tensorflow_datasets.translate.wmt17",
 }
-
-
-class DataError(UserError):
-  """The user's data cannot be used: the message names the file or split and what is wrong."""
-
-
-class DataUnavailableError(UserError):
-  """A dataset is not prepared and cannot be made: the message says how to provide it."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -311,6 +307,12 @@ def get_builder(c: DataConfig):
         _check_files(path_a, path_b)
       if not _prepare(builder):
         return get_builder(c)
+  elif c.name in multi30k.NAMES:
+    builder = multi30k.builder(c)
+    if not builder.is_prepared():
+      multi30k.check_files(builder)
+      if not _prepare(builder):
+        return get_builder(c)
   else:
     # TFDS registers the WMT builders only when their module is imported.
     importlib.import_module(_WMT_MODULES[c.name.split("/")[0]])
@@ -331,6 +333,8 @@ def split_texts(c: DataConfig, split) -> tuple[list[str], list[str]]:
 
 def open_split(c: DataConfig, split):
   """The `split` of dataset `data.name` as a ParallelSource in the configured direction."""
+  if c.name in multi30k.NAMES:
+    split = multi30k.stored_split(c, split)
   builder = get_builder(c)
   if split not in builder.info.splits:
     if c.name == "text" and split in ("validation", "test"):
