@@ -72,6 +72,41 @@ def test_tokenized_bleu_matches_command_line_on_hand_tokenized_text(tmp_path):
   assert got != pytest.approx(metrics.bleu(HYPOTHESES, REFERENCES), abs=0.1)
 
 
+def _bleu_float64(hypotheses, references) -> float:
+  """Corpus BLEU-4 of whitespace tokens by its definition (Papineni et al. 2002): clipped n-gram
+  precisions, their geometric mean, the brevity penalty; no smoothing."""
+  matches, totals = np.zeros(4), np.zeros(4)
+  hyp_length = ref_length = 0
+  for hyp, ref in zip(hypotheses, references):
+    h, r = hyp.split(), ref.split()
+    hyp_length, ref_length = hyp_length + len(h), ref_length + len(r)
+    for n in range(1, 5):
+      grams = [tuple(h[i:i + n]) for i in range(len(h) - n + 1)]
+      ref_grams = [tuple(r[i:i + n]) for i in range(len(r) - n + 1)]
+      matches[n - 1] += sum(min(grams.count(g), ref_grams.count(g)) for g in set(grams))
+      totals[n - 1] += len(grams)
+  precision = np.exp(np.mean(np.log(matches / totals)))
+  return 100 * precision * min(1.0, np.exp(1 - ref_length / hyp_length))
+
+
+def test_bleu_as_is_scores_tokenized_text_split_at_spaces_alone():
+  references = ["a man in a red shirt is climbing a rock .",
+                "two dogs play in the snow near a fence .",
+                "a woman &apos;s bag lies on the bench ."]
+  hypotheses = ["a man in a red shirt climbs a rock .",
+                "two dogs are playing in the snow near a fence .",
+                "a woman &apos;s bag is on a bench ."]
+  got = metrics.bleu_as_is(hypotheses, references)
+  assert got == pytest.approx(_bleu_float64(hypotheses, references), abs=1e-9)
+  assert metrics.bleu_as_is(references, references) == pytest.approx(100.0)
+  # Punctuation glued to a word is one token as it is; 13a splits it off.
+  glued = [h.replace(" .", ".") for h in hypotheses]
+  assert metrics.bleu_as_is(glued, references) < got - 1
+  assert metrics.bleu(glued, references) == pytest.approx(metrics.bleu(hypotheses, references))
+  with pytest.raises(ValueError, match="one hypothesis per reference"):
+    metrics.bleu_as_is(hypotheses[:2], references)
+
+
 def test_split_compounds_follows_the_perl_one_liner():
   assert metrics.split_compounds("Ende-zu-Ende") == "Ende ##AT##-##AT## zu ##AT##-##AT## Ende"
   assert metrics.split_compounds("a - b") == "a - b"  # a free-standing dash stays

@@ -61,7 +61,9 @@ def test_average_then_eval_write_hypotheses_and_their_bleu(run, caplog):
   averaged = experiment_lib.average(experiment, _workdir(run))
   assert averaged["steps"] == [10, STEPS]
   assert averaged["directory"] == str(workdir / "averaged" / str(STEPS))
-  returned = experiment_lib.evaluate_split(experiment, _workdir(run), Checkpoint.parse("averaged"))
+  scored = dataclasses.replace(experiment, decode=dataclasses.replace(
+      experiment.decode, tokenized_bleu=True, as_is_bleu=True))
+  returned = experiment_lib.evaluate_split(scored, _workdir(run), Checkpoint.parse("averaged"))
   assert "could not be restored" not in caplog.text  # Orbax's noise about unread items.
   record = json.loads((workdir / "eval" / "test-averaged-beam4.json").read_text())
   assert record == json.loads(json.dumps(returned))
@@ -71,6 +73,10 @@ def test_average_then_eval_write_hypotheses_and_their_bleu(run, caplog):
   references = [target for _, target in split.pairs(range(len(split)))]
   assert len(hypotheses) == len(references) == record["sentences"] == 200
   assert record["bleu"] == pytest.approx(metrics.bleu(hypotheses, references), abs=1e-9)
+  assert record["bleu_as_is"] == pytest.approx(metrics.bleu_as_is(hypotheses, references))
+  assert record["bleu_tokenized"] == pytest.approx(
+      metrics.bleu(hypotheses, references, tokenized=True))
+  assert set(record["bleu_methods"]) == {"bleu", "bleu_tokenized", "bleu_as_is"}
   assert record["checkpoint"] == f"averaged 10-{STEPS} (2 checkpoints)"
   assert record["beam_size"] == 4 and record["alpha"] == 0.6 and record["max_extra"] == 50
   assert 1.0 < record["perplexity"] < 200.0

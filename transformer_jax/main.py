@@ -298,6 +298,7 @@ def run_mode(mode: str, experiment: experiment_lib.Experiment, workdir: Workdir,
                                            experiment_lib.Checkpoint.parse(_CHECKPOINT.value))
     print(f"{record['split']} BLEU {record['bleu']:.2f}" + (
         f" (tokenized {record['bleu_tokenized']:.2f})" if "bleu_tokenized" in record else "")
+        + (f" (as is {record['bleu_as_is']:.2f})" if "bleu_as_is" in record else "")
         + f" | perplexity {record['perplexity']:.3f} | {record['checkpoint']} | "
         f"{record['sentences']} sentences, {record['sentences_per_second']:.1f}/s | "
         f"{record['hypotheses']}")

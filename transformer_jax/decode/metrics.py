@@ -39,6 +39,13 @@ def paper_tokenize(line: str) -> str:
   return split_compounds(_TOKENIZE_13A(line))
 
 
+def _check_one_per_reference(hypotheses: Sequence[str], references: Sequence[str]) -> None:
+  if len(hypotheses) != len(references):
+    raise ValueError(
+        f"bleu needs one hypothesis per reference; got {len(hypotheses)} hypotheses "
+        f"and {len(references)} references")
+
+
 def bleu(hypotheses: Sequence[str], references: Sequence[str], *, tokenized: bool = False) -> float:
   """Corpus BLEU (0-100) of one hypothesis per reference line.
 
@@ -46,16 +53,32 @@ def bleu(hypotheses: Sequence[str], references: Sequence[str], *, tokenized: boo
   `paper_tokenize`, then BLEU on whitespace tokens without smoothing
   (multi-bleu.perl's definition).
   """
-  if len(hypotheses) != len(references):
-    raise ValueError(
-        f"bleu needs one hypothesis per reference; got {len(hypotheses)} hypotheses "
-        f"and {len(references)} references")
+  _check_one_per_reference(hypotheses, references)
   if not tokenized:
     return BLEU().corpus_score(list(hypotheses), [list(references)]).score
   hypotheses = [paper_tokenize(h) for h in hypotheses]
   references = [paper_tokenize(r) for r in references]
   metric = BLEU(tokenize="none", smooth_method="none")
   return metric.corpus_score(hypotheses, [references]).score
+
+
+def bleu_as_is(hypotheses: Sequence[str], references: Sequence[str]) -> float:
+  """Corpus BLEU (0-100) on the text as it is, split at spaces, without smoothing: what
+  multi-bleu.perl and fairseq report on text that is already tokenized (Multi30k's
+  lc.norm.tok files)."""
+  _check_one_per_reference(hypotheses, references)
+  metric = BLEU(tokenize="none", smooth_method="none")
+  return metric.corpus_score(list(hypotheses), [list(references)]).score
+
+
+# What each BLEU of an eval record is (`--mode=eval`'s JSON says it beside the figures).
+BLEU_METHODS = {
+    "bleu": "sacreBLEU, 13a tokenization, mixed case, on the decoded text",
+    "bleu_tokenized": "the paper's: 13a tokenization and compound splitting, then BLEU on "
+                      "tokens without smoothing (decode.tokenized_bleu)",
+    "bleu_as_is": "BLEU on the decoded text split at spaces, without smoothing, as "
+                  "multi-bleu.perl and fairseq score tokenized text (decode.as_is_bleu)",
+}
 
 
 class TeacherForcedLoss:

@@ -58,6 +58,9 @@ class DecodeSettings:
                               lambda v: isinstance(v, str) and v != "",
                               "the split --mode=eval decodes")
   tokenized_bleu: bool = schema.flag(False, "--mode=eval also reports the paper's tokenized BLEU")
+  as_is_bleu: bool = schema.flag(False, "--mode=eval also reports BLEU on the text as it is, "
+                                 "split at spaces (multi-bleu.perl, fairseq): for corpora "
+                                 "already tokenized, such as multi30k_tok")
 
   def __post_init__(self):
     schema.check(self, "decode")

@@ -207,6 +207,9 @@ def evaluate_split(experiment: Experiment, workdir: Workdir,
   }
   if experiment.decode.tokenized_bleu:
     record["bleu_tokenized"] = metrics.bleu(hypotheses, references, tokenized=True)
+  if experiment.decode.as_is_bleu:
+    record["bleu_as_is"] = metrics.bleu_as_is(hypotheses, references)
+  record["bleu_methods"] = {k: v for k, v in metrics.BLEU_METHODS.items() if k in record}
   stem = loaded.workdir.eval_file(f"{split}-{loaded.label}-{settings.search}")
   record["hypotheses"] = stem + ".txt"
   files.write_lines(stem + ".txt", hypotheses)
