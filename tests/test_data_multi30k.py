@@ -12,7 +12,7 @@ import pytest
 
 from transformer_jax import data
 from transformer_jax.data import config as data_config
-from transformer_jax.data import multi30k
+from transformer_jax.data import multi30k, parallel_text
 from transformer_jax.data import sources
 from transformer_jax.errors import FieldError
 
@@ -108,7 +108,7 @@ def test_converted_once_then_reused(repo, tmp_path, monkeypatch):
   def fail(*args, **kwargs):
     raise AssertionError("prepared again")
 
-  monkeypatch.setattr(multi30k.TransformerJaxMulti30k, "download_and_prepare", fail)
+  monkeypatch.setattr(parallel_text.TransformerJaxParallelText, "download_and_prepare", fail)
   assert data.open_split(c, "test").pairs([1]) == [
       (lines["multi30k", "test_2016_flickr", "en"][1],
        lines["multi30k", "test_2016_flickr", "de"][1])]

@@ -12,7 +12,7 @@ import sentencepiece as spm
 import tensorflow_datasets as tfds
 
 from transformer_jax import data
-from transformer_jax.data import embedded
+from transformer_jax.data import embedded, parallel_text
 from transformer_jax.data import sources
 from transformer_jax.data import tokenizer
 from transformer_jax.errors import FieldError
@@ -49,7 +49,7 @@ def test_text_conversion_is_reused_not_repeated(tmp_path, monkeypatch):
   def fail(*args, **kwargs):
     raise AssertionError("prepared again")
 
-  monkeypatch.setattr(sources.TransformerJaxParallelText, "download_and_prepare", fail)
+  monkeypatch.setattr(parallel_text.TransformerJaxParallelText, "download_and_prepare", fail)
   assert sources.open_split(c, "train").pairs([1]) == [("b", "y")]
 
 

@@ -1,28 +1,26 @@
 """Parallel-text sources, all prepared as ArrayRecord and read through TFDS data sources.
 
-Three kinds, chosen by `data.name` (no TensorFlow anywhere):
+Four kinds, chosen by `data.name` (no TensorFlow anywhere):
   * 'embedded' / 'embedded_tiny': the synthetic corpus of `embedded.py`, a TFDS
     builder in this package, generated into the data dir on first use;
   * 'wmt14_translate/de-en', 'wmt14_translate/fr-en', 'wmt17_translate/de-en':
     TFDS's WMT builders (download, or TFDS's manual dir, then prepare once);
   * 'text': the user's files `<prefix>.<lang>` (one sentence per line),
-    converted once into the same form. Lines end at '\n' or '\r\n', the last
-    one may lack it, and a UTF-8 byte-order mark at the start of a file is
-    dropped. Missing or empty files, files of different line counts and two
-    identical files are errors; a line pair with bytes that are not UTF-8,
-    with a line over MAX_LINE_BYTES bytes, or with a side that is empty (or
-    only white space) is skipped at conversion, and the skips are counted and
-    logged with their line numbers;
+    converted once into the same form (`parallel_text.py`). Lines end at '\n'
+    or '\r\n', the last one may lack it, and a UTF-8 byte-order mark at the
+    start of a file is dropped. Missing or empty files, files of different
+    line counts and two identical files are errors; a line pair with bytes
+    that are not UTF-8, with a line over `parallel_text.MAX_LINE_BYTES` bytes,
+    or with a side that is empty (or only white space) is skipped at
+    conversion, and the skips are counted and logged with their line numbers;
   * 'multi30k', 'multi30k_tok': a copy of the Multi30k repository in
     data.manual_dir, converted once the same way (see `multi30k.py`).
 `open_split` returns a `ParallelSource`: random access to (source, target) strings.
 Several processes may prepare the same dataset at once (hosts sharing a data dir).
 """
 
-import codecs
 import dataclasses
 import glob
-import hashlib
 import importlib
 import logging
 import os
@@ -31,15 +29,13 @@ import urllib.parse
 
 import tensorflow_datasets as tfds
 
-from transformer_jax.data import embedded
-from transformer_jax.data import multi30k
+from transformer_jax.data import embedded, multi30k, parallel_text
 from transformer_jax.data.config import DataConfig
 from transformer_jax.data.errors import DataError, DataUnavailableError
 from transformer_jax.errors import FieldError
 
 log = logging.getLogger(__name__)
 
-MAX_LINE_BYTES = 16_384  # Far beyond any sentence; longer lines are not sentences.
 
 _WMT_MODULES = {
     "wmt14_translate": "tensorflow_datasets.translate.wmt14",
@@ -113,65 +109,6 @@ class TransformerJaxEmbedded(tfds.core.GeneratorBasedBuilder):
       yield i, {embedded.SOURCE_LANG: src, embedded.TARGET_LANG: tgt}
 
 
-class ParallelTextConfig(tfds.core.BuilderConfig):
-  """The files of a 'text' dataset: {split: (file of lang_a, file of lang_b)}."""
-
-  def __init__(self, *, files, languages):
-    identity = repr((sorted(files.items()), languages,
-                     [(os.path.getsize(p), os.path.getmtime(p))
-                      for pair in files.values() for p in pair]))
-    super().__init__(name=hashlib.sha1(identity.encode()).hexdigest()[:16],
-                     version=tfds.core.Version("1.1.0"))  # 1.1: BOM dropped, empty sides skipped
-    self.files = files
-    self.languages = languages
-
-
-class TransformerJaxParallelText(tfds.core.GeneratorBasedBuilder):
-  """Plain parallel text files (line i of one file translates line i of the other)."""
-
-
-  def _info(self):
-    return tfds.core.DatasetInfo(
-        builder=self,
-        description="Parallel text files: " + repr(self.builder_config.files),
-        features=tfds.features.Translation(languages=self.builder_config.languages),
-        disable_shuffling=True)  # keep the file order
-
-  def _split_generators(self, dl_manager):
-    del dl_manager
-    return {split: self._generate_examples(paths)
-            for split, paths in self.builder_config.files.items()}
-
-  def _generate_examples(self, paths):
-    lang_a, lang_b = self.builder_config.languages
-    too_long = f"with a line over {MAX_LINE_BYTES} bytes"
-    skipped = {too_long: [], "not UTF-8": [], "with an empty side": []}
-    kept = 0
-    with open(paths[0], "rb") as fa, open(paths[1], "rb") as fb:  # lines end at \n only
-      for i, (a, b) in enumerate(zip(fa, fb, strict=True)):
-        if i == 0:
-          a, b = a.removeprefix(codecs.BOM_UTF8), b.removeprefix(codecs.BOM_UTF8)
-        if max(len(a), len(b)) > MAX_LINE_BYTES:
-          skipped[too_long].append(i + 1)
-          continue
-        try:
-          texts = a.decode("utf-8").rstrip("\r\n"), b.decode("utf-8").rstrip("\r\n")
-        except UnicodeDecodeError:
-          skipped["not UTF-8"].append(i + 1)
-          continue
-        if not (texts[0].strip() and texts[1].strip()):
-          skipped["with an empty side"].append(i + 1)
-          continue
-        kept += 1
-        yield i, {lang_a: texts[0], lang_b: texts[1]}
-    for reason, lines in skipped.items():
-      if lines:
-        log.warning("%s, %s: skipped %d line pairs %s (lines %s%s)", *paths, len(lines),
-                    reason, ", ".join(map(str, lines[:10])), ", ..." * (len(lines) > 10))
-    if not kept:
-      raise DataError(f"{paths[0]}, {paths[1]}: no usable line pairs (see the warnings above).")
-
-
 def _text_builder(c: DataConfig):
   languages = tuple(sorted((c.source_lang, c.target_lang)))
   files = {}
@@ -187,38 +124,7 @@ def _text_builder(c: DataConfig):
                          "<prefix>.<lang> for data.source_lang and data.target_lang; "
                          f"{'found ' + ', '.join(found) if found else 'no <prefix>.* exists'}).")
     files[split] = paths
-  config = ParallelTextConfig(files=files, languages=languages)
-  return TransformerJaxParallelText(config=config, data_dir=c.data_dir or None,
-                                    file_format="array_record")
-
-
-def _digest_and_count(path):
-  """(SHA-1 of the file's bytes, its number of lines)."""
-  digest, count = hashlib.sha1(), 0
-  with open(path, "rb") as f:
-    for line in f:
-      digest.update(line)
-      count += 1
-  return digest.digest(), count
-
-
-def _check_files(path_a, path_b):
-  """DataError if a file of a pair is unreadable or empty, if their line counts differ, or if
-  they are the same text."""
-  try:
-    contents = [_digest_and_count(path_a), _digest_and_count(path_b)]
-  except OSError as error:
-    raise DataError(f"cannot read {error.filename}: {error.strerror}") from None
-  counts = [count for _, count in contents]
-  for path, count in zip((path_a, path_b), counts):
-    if not count:
-      raise DataError(f"{path} is empty: a text dataset needs one sentence per line.")
-  if counts[0] != counts[1]:
-    raise DataError(f"{path_a} has {counts[0]} lines but {path_b} has {counts[1]}: "
-                     "line i of one file must translate line i of the other.")
-  if contents[0] == contents[1]:
-    raise DataError(f"{path_a} and {path_b} are the same text: the file of each language "
-                    "must hold its own side of the translation.")
+  return parallel_text.builder(files, languages, c.data_dir)
 
 
 def _wmt_downloads(builder):
@@ -304,13 +210,14 @@ def get_builder(c: DataConfig):
     builder = _text_builder(c)
     if not builder.is_prepared():
       for path_a, path_b in builder.builder_config.files.values():
-        _check_files(path_a, path_b)
+        parallel_text.check_files(path_a, path_b)
       if not _prepare(builder):
         return get_builder(c)
   elif c.name in multi30k.NAMES:
     builder = multi30k.builder(c)
     if not builder.is_prepared():
-      multi30k.check_files(builder)
+      for path_a, path_b in builder.builder_config.files.values():
+        parallel_text.check_files(path_a, path_b)
       if not _prepare(builder):
         return get_builder(c)
   else:
