@@ -9,7 +9,6 @@ all masked must give exactly zero, and nothing may be NaN, gradients
 included. On a GPU the compiled programs must call cuDNN's fused attention.
 """
 
-import importlib.util
 import os
 import pathlib
 import signal
@@ -20,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from transformer_jax.compile import targets
 from transformer_jax.compile.analysis import cudnn_attention_calls
 from transformer_jax.model import attention
 from transformer_jax.tools.device_report import bundle, pytest_log
@@ -123,9 +123,9 @@ def run_device_tests(arguments, seconds: float, log_path: pathlib.Path,
   env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
   command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
              "transformer_jax.tools.device_report.pytest_log", *arguments]
-  if _has_module("pytest_timeout"):
+  if targets.installed("pytest_timeout"):
     command.append(f"--timeout={test_timeout}")
-  if _has_module("xdist"):
+  if targets.installed("xdist"):
     command += ["-p", "no:xdist"]
   log_path.unlink(missing_ok=True)
   process = subprocess.Popen(command, env=env, cwd=bundle.REPO, start_new_session=True)
@@ -140,10 +140,6 @@ def run_device_tests(arguments, seconds: float, log_path: pathlib.Path,
   process.wait()
   return {"command": " ".join(command[1:]), "status": status, "exit_status": code,
           **pytest_log.summary(log_path)}
-
-
-def _has_module(name: str) -> bool:
-  return importlib.util.find_spec(name) is not None
 
 
 def run(plan, step, result, context) -> None:

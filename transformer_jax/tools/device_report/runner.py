@@ -36,6 +36,11 @@ def write_json(path: pathlib.Path, record: dict) -> None:
   os.replace(temporary, path)
 
 
+def step_file(work: pathlib.Path, step_name: str, suffix: str = ".json") -> pathlib.Path:
+  """Where step `step_name` writes its result (or, with `suffix` '.log', its output) in `work`."""
+  return work / f"{step_name.replace(':', '_')}{suffix}"
+
+
 def read_json(path: pathlib.Path) -> dict | None:
   try:
     return json.loads(path.read_text(encoding="utf-8"))
@@ -135,7 +140,7 @@ class Runner:
     return env
 
   def _result_path(self, step: Step) -> pathlib.Path:
-    return self.work / f"{step.name.replace(':', '_')}.json"
+    return step_file(self.work, step.name)
 
   def _start(self, step: Step, log_path: pathlib.Path) -> _Child | dict:
     """The process of `step`, started; or its record when there is no time (or reason) left."""
@@ -204,7 +209,7 @@ class Runner:
     background = {}
     for step in (s for s in self.plan.steps if s.stage in self.stages):
       if step.stage != "environment" and not self.records.keys() - {"environment"}:
-        background = {s.name: self._start(s, self.work / f"{s.name.replace(':', '_')}.log")
+        background = {s.name: self._start(s, step_file(self.work, s.name, ".log"))
                       for s in self.plan.steps if s.runs_on == "cpu" and s.stage in self.stages}
       if step.name in background:
         record = self._finish(step, background.pop(step.name))

@@ -21,7 +21,7 @@ from transformer_jax import config as config_lib
 from transformer_jax.compile import analysis, targets
 from transformer_jax.conventions import EOS_ID, UNK_ID
 from transformer_jax.experiment import Experiment, make_trainer
-from transformer_jax.tools.timing import batch_flops, summary, timed
+from transformer_jax.tools.timing import batch_flops, peak_memory_bytes, summary, timed
 
 
 def experiment_of(spec: str, overrides: dict) -> Experiment:
@@ -84,12 +84,6 @@ def chip_of(device_kind: str) -> targets.Chip | None:
   return targets.CHIPS[name] if name else None
 
 
-def peak_device_bytes() -> int | None:
-  """The device's peak bytes in use so far in this process (None where it does not count)."""
-  stats = jax.local_devices()[0].memory_stats() or {}
-  return stats.get("peak_bytes_in_use")
-
-
 def train_speed(experiment: Experiment, rows: int, length: int, *, timed_steps: int,
                 warmup_steps: int) -> dict:
   """Compile, run and time the train step of `experiment` on a packed `rows` x `length` batch;
@@ -115,7 +109,8 @@ def train_speed(experiment: Experiment, rows: int, length: int, *, timed_steps: 
   for _ in range(warmup_steps):
     jax.block_until_ready(step())
   times = [timed(step) for _ in range(timed_steps)]
-  peak = peak_device_bytes()
+  peak, kind = peak_memory_bytes()
+  peak = peak if kind == "device peak" else None  # Not the process's RSS, where no device counts.
   per_token = [float(m["loss"]) / max(float(m["tokens"]), 1.0) for m in (metrics[0], metrics[-1])]
   target_tokens = int(np.sum(local["targets_segmentation"] > 0))
   median = statistics.median(times)

@@ -21,7 +21,8 @@ import time
 import traceback
 
 from transformer_jax.tools.device_report.plan import Plan
-from transformer_jax.tools.device_report.runner import PLAN_NAME, read_json, write_json
+from transformer_jax.tools.device_report.runner import PLAN_NAME, read_json, step_file
+from transformer_jax.tools.device_report.runner import write_json
 
 
 @dataclasses.dataclass
@@ -59,7 +60,7 @@ class Context:
 
   def earlier(self, step: str) -> dict:
     """What an earlier step of this report wrote (empty if it wrote nothing)."""
-    return read_json(self.work / f"{step.replace(':', '_')}.json") or {}
+    return read_json(step_file(self.work, step)) or {}
 
 
 def _keep_to_a_quarter_of_the_cores() -> None:
