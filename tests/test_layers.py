@@ -158,3 +158,18 @@ def test_parameters_carry_logical_axis_names():
   leaves = jax.tree_util.tree_leaves(boxed, is_leaf=lambda p: isinstance(p, nn.Partitioned))
   assert all(isinstance(p, nn.Partitioned) for p in leaves)
   assert all(p.value.dtype == jnp.float32 for p in leaves)
+
+
+def test_attention_init_gain_scales_the_query_key_value_projections():
+  x = jnp.ones((1, 3, 64))
+
+  def weights(**kwargs):
+    module = layers.MultiHeadAttention(num_heads=4, d_k=16, d_v=16, **kwargs)
+    return nn.unbox(module.init(jax.random.key(0), x, x))["params"]
+
+  default, fairseq = weights(), weights(init_gain=2**-0.5)
+  bound = (6 / 128)**0.5  # Xavier-uniform: fan_in = d_model, fan_out = heads * d_k.
+  for name in ("query", "key", "value"):
+    assert np.abs(default[name]).max() <= bound < 1.05 * np.abs(default[name]).max()
+    np.testing.assert_allclose(fairseq[name], 2**-0.5 * default[name], rtol=1e-6)
+  np.testing.assert_array_equal(fairseq["out"], default["out"])

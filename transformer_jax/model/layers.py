@@ -56,13 +56,15 @@ class MultiHeadAttention(nn.Module):
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
   attention_impl: attention.Implementation = "auto"
+  init_gain: float = 1.0
 
   @nn.compact
   def __call__(self, inputs_q, inputs_kv, mask=None, *, decode: bool = False):
     d_in = inputs_q.shape[-1]
     d_out = self.out_features or d_in
     h = self.num_heads
-    kv_init = nn.initializers.xavier_uniform(in_axis=0, out_axis=(1, 2))
+    kv_init = nn.initializers.variance_scaling(self.init_gain**2, "fan_avg", "uniform",
+                                               in_axis=0, out_axis=(1, 2))
     w_q = _param(self, "query", kv_init, (d_in, h, self.d_k), ("embed", "heads", "kv"), self.param_dtype)
     w_k = _param(self, "key", kv_init, (inputs_kv.shape[-1], h, self.d_k), ("embed", "heads", "kv"), self.param_dtype)
     w_v = _param(self, "value", kv_init, (inputs_kv.shape[-1], h, self.d_v), ("embed", "heads", "kv"), self.param_dtype)
@@ -281,6 +283,7 @@ class _LayerFields(nn.Module):
   attention_bias: bool = False
   activation: str = "relu"
   norm_epsilon: float = 1e-6
+  attention_init_gain: float = 1.0
 
   # Named apart from the submodules they make: `nnx.bridge.ToNNX` finds variables by attribute.
   def _norm(self, name):
@@ -304,7 +307,8 @@ class EncoderLayer(_LayerFields):
     )
     attend = MultiHeadAttention(
         self.num_heads, self.d_k, self.d_v, use_bias=self.attention_bias, dtype=self.dtype,
-        attention_impl=self.attention_impl, name="self_attention",
+        attention_impl=self.attention_impl, init_gain=self.attention_init_gain,
+        name="self_attention",
     )
     x = block(x, lambda y: attend(y, y, mask), norm=self._norm("self_attention_norm"))
     x = block(x, self._feed_forward(), norm=self._norm("feed_forward_norm"))
@@ -331,6 +335,7 @@ class DecoderLayer(_LayerFields):
     mha = functools.partial(
         MultiHeadAttention, self.num_heads, self.d_k, self.d_v, use_bias=self.attention_bias,
         dtype=self.dtype, attention_impl=self.attention_impl,
+        init_gain=self.attention_init_gain,
     )
     self_attend = mha(name="self_attention")
     cross_attend = mha(static_kv=True, name="cross_attention")

@@ -77,6 +77,9 @@ class TransformerConfig:
   activation: str = schema.choice("relu", "feed-forward nonlinearity", *ACTIVATIONS)
   norm_epsilon: float = schema.number(1e-6, "LayerNorm epsilon", "a number in (0, 1)",
                                       lambda v: 0 < v < 1)
+  attention_init_gain: float = schema.number(
+      1.0, "gain of the Xavier-uniform initialisation of W^Q, W^K, W^V (fairseq: 0.7071)",
+      "a number > 0", lambda v: v > 0)
 
   def __post_init__(self):
     if not schema.is_int(self.vocab_size) or self.vocab_size <= 0:
@@ -205,7 +208,7 @@ def _layer_kwargs(config: TransformerConfig) -> dict[str, Any]:
       dropout_rate=config.dropout_rate, pre_norm=config.norm == "pre",
       dtype=config.compute_dtype, attention_impl=config.attention_impl,
       attention_bias=config.attention_bias, activation=config.activation,
-      norm_epsilon=config.norm_epsilon,
+      norm_epsilon=config.norm_epsilon, attention_init_gain=config.attention_init_gain,
   )
 
 

@@ -1,0 +1,80 @@
+"""The PyTorch reference (tools/torch_training.py) against our train step: the same parameters
+and batches must give the same losses and updates."""
+
+import flax
+import jax
+import numpy as np
+import pytest
+
+from transformer_jax import sharding
+from transformer_jax.train.objective import OptimizerSettings
+from transformer_jax.train.step import Trainer
+
+import helpers
+
+torch = pytest.importorskip("torch", reason="the PyTorch reference needs torch (the hf extra)")
+from transformer_jax.tools import torch_training  # pylint: disable=g-import-not-at-top
+
+SCHEDULE = OptimizerSettings(learning_rate=2.0, warmup_steps=4, adam_eps=1e-8)
+
+
+def _run_both(config, *, updates=8, reference_smoothing=0.1):
+  """Per-update losses of our step and the reference's from the same start, and both final
+  parameter trees (flattened)."""
+  optimizer, _ = SCHEDULE.make(config.d_model)
+  trainer = Trainer(sharding.Placement.data_parallel(config), optimizer, label_smoothing=0.1)
+  state = trainer.init()
+  start = flax.traverse_util.flatten_dict(jax.device_get(state.params), sep="/")
+  reference = torch_training.Reference(config, SCHEDULE, label_smoothing=reference_smoothing,
+                                       params=start)
+  ours, theirs = [], []
+  for seed in range(updates):
+    batch = helpers.synthetic_batch(seed)
+    state, metrics = trainer.train_step(state, batch)
+    ours.append(float(metrics["loss"]) / float(metrics["tokens"]))
+    theirs.append(reference.train_step(batch)["loss"])
+  final = flax.traverse_util.flatten_dict(jax.device_get(state.params), sep="/")
+  return np.array(ours), np.array(theirs), final, reference.numpy_params()
+
+
+@pytest.mark.parametrize("norm", ["post", "pre"])
+@pytest.mark.parametrize("biases", [False, True])
+def test_same_start_and_batches_give_the_same_training(norm, biases):
+  config = helpers.tiny_model_config(dropout_rate=0.0, norm=norm, attention_bias=biases,
+                                     logits_bias=biases)
+  ours, theirs, final, reference = _run_both(config)
+  assert ours[-1] < ours[0] - 0.1  # It trained.
+  # Adam turns the rounding noise of the key bias's (zero) gradient into steps of the full rate.
+  np.testing.assert_allclose(ours, theirs, rtol=2e-4 if biases else 2e-5)
+  if not biases:  # With them, that noise moves other parameters too (a few by 0.03 here).
+    for name, value in reference.items():
+      np.testing.assert_allclose(final[name], value, atol=2e-3, err_msg=name)
+
+
+def test_the_comparison_sees_a_different_label_smoothing():
+  config = helpers.tiny_model_config(dropout_rate=0.0)
+  ours, theirs, _, _ = _run_both(config, updates=2, reference_smoothing=0.11)
+  assert np.max(np.abs(ours - theirs) / theirs) > 1e-3
+
+
+def test_fairseq_init_has_fairseq_scales():
+  config = helpers.tiny_model_config(d_model=64, d_ff=256, vocab_size=4000)
+  reference = torch_training.Reference(config, SCHEDULE, label_smoothing=0.1, init="fairseq")
+  p = reference.numpy_params()
+  assert p["embed/embedding"].std() == pytest.approx(64**-0.5, rel=0.02)
+  # Xavier-uniform: U(-b, b), b = gain sqrt(6 / (fan_in + fan_out)), gain 2^-1/2 for Q, K, V.
+  for name, bound in (("query", 2**-0.5 * (6 / 128)**0.5), ("out", (6 / 128)**0.5),
+                      ("wi", (6 / 320)**0.5)):
+    leaf = p[f"encoder/layer_0/{'feed_forward' if name == 'wi' else 'self_attention'}/{name}"]
+    assert np.abs(leaf).max() <= bound
+    assert leaf.std() == pytest.approx(bound / 3**0.5, rel=0.1)
+  assert not p["encoder/layer_0/feed_forward/bi"].any()
+  assert (p["decoder/layer_1/feed_forward_norm/scale"] == 1).all()
+
+
+def test_reference_needs_params_to_copy():
+  with pytest.raises(ValueError, match="needs the params"):
+    torch_training.Reference(helpers.tiny_model_config(), SCHEDULE, label_smoothing=0.1)
+  with pytest.raises(ValueError, match="do not match"):
+    torch_training.Reference(helpers.tiny_model_config(), SCHEDULE, label_smoothing=0.1,
+                             params={"embed/embedding": np.zeros((40, 32))})

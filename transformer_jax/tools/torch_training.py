@@ -1,0 +1,243 @@
+"""This project's model and train step written again in PyTorch, to hold our training to it.
+
+An independent implementation of the same computation: the parameters have
+our names and shapes (`encoder/layer_0/self_attention/query` ...), the
+forward pass is plain tensor algebra, the loss is fairseq's label-smoothed
+cross entropy (`(1 - eps - eps / (V - 1)) * nll + eps / (V - 1) * sum(-log p)`),
+and `torch.optim.Adam` follows the paper's schedule. `Reference.train_step`
+takes the batches our pipeline makes (keys `BATCH_KEYS`, segments and
+positions included). It starts either from our initial parameters (copied:
+with dropout 0 both sides must then produce the same losses) or from
+fairseq's initialisation with torch's own dropout (a second, independent
+training run on the same batches).
+
+Needs PyTorch (the `hf` or `bench` extra).
+"""
+
+import math
+
+import numpy as np
+
+from transformer_jax.conventions import PAD_ID
+from transformer_jax.model.layers import sinusoidal_table
+from transformer_jax.model.transformer import TransformerConfig
+from transformer_jax.train.objective import OptimizerSettings
+
+INITS = ("copied", "fairseq")
+ATTENTIONS = ("self_attention", "cross_attention")
+
+
+def _torch():
+  try:
+    import torch  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise ImportError("the PyTorch reference needs torch: pip install -e '.[hf]'") from e
+  return torch
+
+
+def parameter_shapes(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
+  """Every parameter's name (our flattened path) and shape, for a post-LN or pre-LN model."""
+  d, h, dk, dv, ff = config.d_model, config.num_heads, config.d_k, config.d_v, config.d_ff
+  shapes = {"embed/embedding": (config.vocab_size, d)}
+  if config.logits_bias:
+    shapes["embed/logits_bias"] = (config.vocab_size,)
+
+  def attention(prefix):
+    shapes.update({f"{prefix}/query": (d, h, dk), f"{prefix}/key": (d, h, dk),
+                   f"{prefix}/value": (d, h, dv), f"{prefix}/out": (h, dv, d)})
+    if config.attention_bias:
+      shapes.update({f"{prefix}/query_bias": (h, dk), f"{prefix}/key_bias": (h, dk),
+                     f"{prefix}/value_bias": (h, dv), f"{prefix}/out_bias": (d,)})
+
+  def norm(prefix):
+    shapes.update({f"{prefix}/scale": (d,), f"{prefix}/bias": (d,)})
+
+  for stack, sublayers in (("encoder", ATTENTIONS[:1]), ("decoder", ATTENTIONS)):
+    for i in range(config.num_layers):
+      layer = f"{stack}/layer_{i}"
+      for name in sublayers:
+        attention(f"{layer}/{name}")
+        norm(f"{layer}/{name}_norm")
+      shapes.update({f"{layer}/feed_forward/wi": (d, ff), f"{layer}/feed_forward/bi": (ff,),
+                     f"{layer}/feed_forward/wo": (ff, d), f"{layer}/feed_forward/bo": (d,)})
+      norm(f"{layer}/feed_forward_norm")
+    if config.norm == "pre":
+      norm(f"{stack}/final_norm")
+  return shapes
+
+
+def fairseq_init(torch, name: str, shape, generator):
+  """fairseq's initialisation of parameter `name`: N(0, d^-1/2) embeddings, Xavier-uniform
+  projections (gain 1/sqrt(2) for queries, keys and values), zero biases, unit LayerNorm scales."""
+  leaf = name.rsplit("/", 1)[-1]
+  if leaf == "embedding":
+    return torch.randn(shape, generator=generator, dtype=torch.float64) * shape[1]**-0.5
+  if leaf == "scale":
+    return torch.ones(shape, dtype=torch.float64)
+  if leaf in ("query", "key", "value", "out", "wi", "wo"):
+    fan_in = shape[0] * (shape[1] if leaf == "out" else 1)
+    fan_out = math.prod(shape) // fan_in
+    gain = 2**-0.5 if leaf in ("query", "key", "value") else 1.0
+    bound = gain * math.sqrt(6.0 / (fan_in + fan_out))
+    return (torch.rand(shape, generator=generator, dtype=torch.float64) * 2 - 1) * bound
+  return torch.zeros(shape, dtype=torch.float64)  # Biases.
+
+
+def shift_right(targets: np.ndarray, segmentation: np.ndarray) -> np.ndarray:
+  """Decoder inputs: each example's targets one step right, PAD_ID (the start token) first."""
+  shifted = np.pad(targets, ((0, 0), (1, 0)), constant_values=PAD_ID)[:, :-1]
+  previous = np.pad(segmentation, ((0, 0), (1, 0)))[:, :-1]
+  return np.where(segmentation == previous, shifted, PAD_ID)
+
+
+class Reference:
+  """The model of `config` in PyTorch (float32) with Adam on the paper's schedule.
+
+  `init="copied"` starts from `params` (our flattened tree, `{path: array}`);
+  `init="fairseq"` from `fairseq_init` drawn with `seed`. Dropout is torch's.
+  """
+
+  def __init__(self, config: TransformerConfig, optimizer: OptimizerSettings, *,
+               label_smoothing: float, init: str = "copied", params=None, seed: int = 0,
+               threads: int | None = None):
+    if init not in INITS:
+      raise ValueError(f"init={init!r}; allowed: {', '.join(INITS)}")
+    if init == "copied" and params is None:
+      raise ValueError("init='copied' needs the params to copy")
+    torch = self.torch = _torch()
+    if threads:
+      torch.set_num_threads(threads)
+    self.config, self.label_smoothing = config, label_smoothing
+    self.generator = torch.Generator().manual_seed(seed)
+    shapes = parameter_shapes(config)
+    if init == "copied":
+      missing = set(shapes) ^ set(params)
+      if missing:
+        raise ValueError(f"params do not match the config: {sorted(missing)[:5]}")
+      values = {name: torch.tensor(np.asarray(params[name], np.float32)) for name in shapes}
+    else:
+      values = {name: fairseq_init(torch, name, shape, self.generator).float()
+                for name, shape in shapes.items()}
+    self.params = {name: value.requires_grad_() for name, value in values.items()}
+    self.positions = torch.tensor(sinusoidal_table(config.max_len, config.d_model))
+    self.adam = torch.optim.Adam(
+        self.params.values(), lr=0.0, betas=(optimizer.adam_b1, optimizer.adam_b2),
+        eps=optimizer.adam_eps)
+    self.optimizer, self.updates = optimizer, 0
+
+  def learning_rate(self, update: int) -> float:
+    """The paper's rate at 1-based step `update + 1`."""
+    step = update + 1
+    return (self.optimizer.learning_rate * self.config.d_model**-0.5
+            * min(step**-0.5, step * self.optimizer.warmup_steps**-1.5))
+
+  def _dropout(self, x, train):
+    return self.torch.nn.functional.dropout(x, self.config.dropout_rate, train)
+
+  def _attention(self, prefix, x, memory, allowed):
+    torch, p, cfg = self.torch, self.params, self.config
+
+    def project(y, name):
+      out = torch.einsum("bld,dhk->bhlk", y, p[f"{prefix}/{name}"])
+      if cfg.attention_bias:
+        out = out + p[f"{prefix}/{name}_bias"][None, :, None, :]
+      return out
+
+    q, k, v = project(x, "query"), project(memory, "key"), project(memory, "value")
+    scores = q @ k.transpose(-1, -2) / math.sqrt(cfg.d_k)
+    # A padding query with no key to attend gets a uniform average: finite, and never read.
+    weights = torch.softmax(scores.masked_fill(~allowed, -1e9), dim=-1)
+    out = torch.einsum("bhlk,hkd->bld", weights @ v, p[f"{prefix}/out"])
+    return out + p[f"{prefix}/out_bias"] if cfg.attention_bias else out
+
+  def _sublayer(self, x, prefix, norm_name, fn, train):
+    p, cfg = self.params, self.config
+    norm = lambda y: self.torch.nn.functional.layer_norm(
+        y, (cfg.d_model,), p[f"{prefix}/{norm_name}/scale"], p[f"{prefix}/{norm_name}/bias"],
+        cfg.norm_epsilon)
+    if cfg.norm == "pre":
+      return x + self._dropout(fn(norm(x)), train)
+    return norm(x + self._dropout(fn(x), train))
+
+  def _feed_forward(self, prefix):
+    p, relu = self.params, self.torch.relu
+    f = f"{prefix}/feed_forward"
+    return lambda x: relu(x @ p[f"{f}/wi"] + p[f"{f}/bi"]) @ p[f"{f}/wo"] + p[f"{f}/bo"]
+
+  def logits(self, batch, train: bool):
+    """`[batch, target_length, vocab]` logits of a batch of numpy arrays (keys `BATCH_KEYS`)."""
+    torch, p, cfg = self.torch, self.params, self.config
+    t = lambda a, dtype=torch.long: torch.tensor(np.asarray(a), dtype=dtype)
+    src_seg, tgt_seg = t(batch["inputs_segmentation"]), t(batch["targets_segmentation"])
+    decoder_inputs = shift_right(np.asarray(batch["targets"]),
+                                 np.asarray(batch["targets_segmentation"]))
+
+    def embed(ids, positions):
+      x = p["embed/embedding"][t(ids)] * math.sqrt(cfg.d_model) + self.positions[t(positions)]
+      return self._dropout(x, train)
+
+    def allowed(q_seg, k_seg):
+      return ((q_seg[:, :, None] == k_seg[:, None, :]) & (k_seg[:, None, :] > 0))[:, None]
+
+    x = embed(batch["inputs"], batch["inputs_position"])
+    encoder_mask = allowed(src_seg, src_seg)
+    for i in range(cfg.num_layers):
+      layer = f"encoder/layer_{i}"
+      x = self._sublayer(x, layer, "self_attention_norm",
+                         lambda y, l=layer: self._attention(f"{l}/self_attention", y, y,
+                                                            encoder_mask), train)
+      x = self._sublayer(x, layer, "feed_forward_norm", self._feed_forward(layer), train)
+    memory = self._final_norm("encoder", x)
+    length = tgt_seg.shape[1]
+    causal = torch.ones(length, length, dtype=torch.bool).tril()
+    self_mask, cross_mask = allowed(tgt_seg, tgt_seg) & causal, allowed(tgt_seg, src_seg)
+    y = embed(decoder_inputs, batch["targets_position"])
+    for i in range(cfg.num_layers):
+      layer = f"decoder/layer_{i}"
+      y = self._sublayer(y, layer, "self_attention_norm",
+                         lambda z, l=layer: self._attention(f"{l}/self_attention", z, z,
+                                                            self_mask), train)
+      y = self._sublayer(y, layer, "cross_attention_norm",
+                         lambda z, l=layer: self._attention(f"{l}/cross_attention", z, memory,
+                                                            cross_mask), train)
+      y = self._sublayer(y, layer, "feed_forward_norm", self._feed_forward(layer), train)
+    logits = self._final_norm("decoder", y) @ p["embed/embedding"].T
+    return logits + p["embed/logits_bias"] if cfg.logits_bias else logits
+
+  def _final_norm(self, stack, x):
+    if self.config.norm != "pre":
+      return x
+    p = self.params
+    return self.torch.nn.functional.layer_norm(
+        x, (self.config.d_model,), p[f"{stack}/final_norm/scale"], p[f"{stack}/final_norm/bias"],
+        self.config.norm_epsilon)
+
+  def loss_sums(self, batch, train: bool):
+    """`(smoothed loss sum, nll sum, target tokens)` over the batch's real target tokens, as
+    fairseq's label_smoothed_cross_entropy computes them."""
+    torch = self.torch
+    log_p = torch.log_softmax(self.logits(batch, train), dim=-1)
+    targets = torch.tensor(np.asarray(batch["targets"]), dtype=torch.long)
+    real = torch.tensor(np.asarray(batch["targets_segmentation"]) > 0)
+    nll = -log_p.gather(-1, targets[..., None])[..., 0]
+    eps = self.label_smoothing
+    eps_i = eps / (log_p.shape[-1] - 1)
+    smoothed = (1 - eps - eps_i) * nll + eps_i * -log_p.sum(-1)
+    return (smoothed * real).sum(), (nll * real).sum(), real.sum()
+
+  def train_step(self, batch) -> dict[str, float]:
+    """One Adam update on `batch` (dropout on); returns its per-token `loss`, `nll` and
+    `tokens`, measured before the update."""
+    loss, nll, tokens = self.loss_sums(batch, train=True)
+    for group in self.adam.param_groups:
+      group["lr"] = self.learning_rate(self.updates)
+    self.adam.zero_grad(set_to_none=True)
+    (loss / tokens.clamp(min=1)).backward()
+    self.adam.step()
+    self.updates += 1
+    count = max(tokens.item(), 1)
+    return {"loss": loss.item() / count, "nll": nll.item() / count, "tokens": tokens.item()}
+
+  def numpy_params(self) -> dict[str, np.ndarray]:
+    """The current parameters, `{path: float32 array}`."""
+    return {name: value.detach().numpy().copy() for name, value in self.params.items()}

@@ -1,0 +1,140 @@
+"""Our training against the PyTorch reference (`torch_training`), update by update, on the same
+batches of an experiment's own data.
+
+  python -m transformer_jax.tools.training_curves --config=experiments/multi30k.py:tiny \\
+      --config.data.manual_dir=DIR --workdir=DIR --updates=600 --out=curves.json \\
+      [--reference_init=fairseq|copied] [--plot=curves.png]
+
+Each update trains both models on the batch our pipeline yields; the JSON
+(rewritten every `--log_every` updates, so a stopped run keeps its curves)
+holds both per-token training losses and the setting. With
+`--reference_init=copied` the reference starts from our initial parameters;
+with `fairseq` (default) from fairseq's initialisation, and its dropout is
+torch's: two independent runs of the same recipe.
+"""
+
+import json
+import logging
+import sys
+import time
+
+from absl import app, flags
+from ml_collections import config_flags
+import flax
+import jax
+import numpy as np
+
+from transformer_jax import config as config_lib
+from transformer_jax import data, fileio
+from transformer_jax.experiment import Experiment, make_trainer
+from transformer_jax.tools.torch_training import INITS, Reference
+from transformer_jax.workdir import Workdir
+
+log = logging.getLogger(__name__)
+
+
+def compare(experiment: Experiment, workdir: Workdir, *, updates: int,
+            reference_init: str = "fairseq", log_every: int = 50, out: str | None = None,
+            threads: int | None = None) -> dict:
+  """Train our model and the reference for `updates` updates on the same batches.
+
+  Returns (and writes to `out` every `log_every` updates) `{"ours": {"loss",
+  "nll"}, "reference": {...}, "tokens": [...], "seconds": {...}, ...}`,
+  one entry per update; the reference's dropout and initial parameters are
+  drawn from the experiment's seed.
+  """
+  tokenizer = data.get_tokenizer(experiment.data, workdir.vocab)
+  trainer, _ = make_trainer(experiment, vocab_size=tokenizer.vocab_size,
+                            devices=jax.devices()[:1])
+  state = trainer.init()
+  params = flax.traverse_util.flatten_dict(jax.device_get(state.params), sep="/")
+  model_config = trainer.placement.model.config
+  reference = Reference(model_config, experiment.optimizer,
+                        label_smoothing=experiment.label_smoothing, init=reference_init,
+                        params=params, seed=experiment.seed, threads=threads)
+  batches = iter(data.make_train_loader(experiment.data, tokenizer, seed=experiment.seed,
+                                        shard_index=0, shard_count=1))
+  result = {"model": str(model_config), "optimizer": str(experiment.optimizer),
+            "label_smoothing": experiment.label_smoothing, "reference_init": reference_init,
+            "tokens_per_batch": experiment.data.tokens_per_batch, "updates": 0,
+            "ours": {"loss": [], "nll": []}, "reference": {"loss": [], "nll": []},
+            "tokens": [], "seconds": {"ours": 0.0, "reference": 0.0}}
+  start = time.perf_counter()
+  for update in range(updates):
+    batch = jax.tree.map(np.asarray, next(batches))
+    tick = time.perf_counter()
+    state, metrics = trainer.train_step(state, batch)
+    metrics = jax.device_get(metrics)
+    tock = time.perf_counter()
+    theirs = reference.train_step(batch)
+    result["seconds"]["ours"] += tock - tick
+    result["seconds"]["reference"] += time.perf_counter() - tock
+    tokens = float(metrics["tokens"])
+    result["ours"]["loss"].append(float(metrics["loss"]) / tokens)
+    result["ours"]["nll"].append(float(metrics["nll"]) / tokens)
+    result["reference"]["loss"].append(theirs["loss"])
+    result["reference"]["nll"].append(theirs["nll"])
+    result["tokens"].append(tokens)
+    result["updates"] = update + 1
+    if (update + 1) % log_every == 0 or update + 1 == updates:
+      window = slice(-log_every, None)
+      elapsed = time.perf_counter() - start
+      log.info("update %d/%d: train loss ours %.4f, reference %.4f (mean of the last %d); "
+               "ETA %.0f s", update + 1, updates, np.mean(result["ours"]["loss"][window]),
+               np.mean(result["reference"]["loss"][window]), log_every,
+               elapsed / (update + 1) * (updates - update - 1))
+      if out:
+        fileio.write_atomically(out, json.dumps(result))
+  return result
+
+
+def plot(curves: dict[str, list[float]], path: str, *, smooth: int = 25, title: str = "") -> None:
+  """Training-loss curves `{label: per-update losses}` (running means over `smooth` updates)
+  drawn to the PNG `path`."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  fig, ax = plt.subplots(figsize=(7, 4))
+  for label, loss in curves.items():
+    width = min(smooth, len(loss))
+    mean = np.convolve(loss, np.ones(width) / width, "valid")
+    ax.plot(np.arange(len(mean)) + width, mean, label=label)
+  ax.set_xlabel("update")
+  ax.set_ylabel(f"training loss (mean of {smooth} updates)")
+  ax.set_title(title)
+  ax.legend()
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "The experiment (experiments/*.py:variant).")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Where the experiment's vocabulary is made or kept.")
+_UPDATES = flags.DEFINE_integer("updates", 600, "Updates of each model.")
+_INIT = flags.DEFINE_enum("reference_init", "fairseq", list(INITS),
+                          "The reference's initial parameters: fairseq's initialisation, or a "
+                          "copy of ours.")
+_OUT = flags.DEFINE_string("out", "training_curves.json", "The JSON of both curves.")
+_PLOT = flags.DEFINE_string("plot", None, "Also draw the curves to this PNG (needs matplotlib).")
+_LOG_EVERY = flags.DEFINE_integer("log_every", 50, "Log and write the JSON every this many "
+                                  "updates.")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  try:
+    experiment = config_lib.parse(_CONFIG.value)
+  except ValueError as error:
+    sys.exit(f"error: {config_lib.user_message(error)}")
+  result = compare(experiment, Workdir(_WORKDIR.value), updates=_UPDATES.value,
+                   reference_init=_INIT.value, log_every=_LOG_EVERY.value, out=_OUT.value)
+  if _PLOT.value:
+    plot({"transformer_jax": result["ours"]["loss"],
+          f"PyTorch reference ({_INIT.value} init)": result["reference"]["loss"]},
+         _PLOT.value, title=f"{_CONFIG.value.model.norm}-LN")
+
+
+if __name__ == "__main__":
+  flags.mark_flags_as_required(["config", "workdir"])
+  app.run(main)
