@@ -108,8 +108,10 @@ def plot(curves: dict[str, list[float]], path: str, *, smooth: int = 25, title: 
   plt.close(fig)
 
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "The experiment (experiments/*.py:variant).")
-_WORKDIR = flags.DEFINE_string("workdir", None, "Where the experiment's vocabulary is made or kept.")
+_CONFIG = config_flags.DEFINE_config_file("config", None,
+                                          "The experiment (experiments/*.py:variant).")
+_WORKDIR = flags.DEFINE_string("workdir", None,
+                               "Where the experiment's vocabulary is made or kept.")
 _UPDATES = flags.DEFINE_integer("updates", 600, "Updates of each model.")
 _INIT = flags.DEFINE_enum("reference_init", "fairseq", list(INITS),
                           "The reference's initial parameters: fairseq's initialisation, or a "
