@@ -254,6 +254,24 @@ def test_eval_batches_cover_the_split_in_order_without_dropping(corpus):
   assert (last["inputs_segmentation"][5:] == 0).all(), "3 padding rows marked by 0"
 
 
+def test_eval_batches_fit_the_models_positions(corpus, caplog):
+  c = config(corpus, eval_batch_size=8)
+  whole = data.make_eval_batches(c, WordIds(), "validation")
+  longest = max(max(f[1], f[2]) for batch in whole for f in unpack(batch))
+  limit = longest - 3  # Between two padded lengths: a batch padded up would pass it.
+  with caplog.at_level("WARNING"):
+    batches = data.make_eval_batches(c, WordIds(), "validation", max_length=limit)
+  assert max(batch["inputs"].shape[1] for batch in batches) == limit
+  cut = sum(max(f[1], f[2]) > limit for batch in whole for f in unpack(batch))
+  assert cut > 0 and f"{cut} of 37 pairs have a side longer than the model's {limit}" in (
+      caplog.text)
+  for full, short in zip(whole, batches):
+    assert [f[0] for f in unpack(full)] == [f[0] for f in unpack(short)]  # Nothing dropped.
+    for key in ("inputs", "targets"):
+      real = short[f"{key}_segmentation"] > 0
+      np.testing.assert_array_equal(short[key][real], full[key][:, :limit][real])
+
+
 def test_eval_shards_are_consecutive_parts_of_the_same_batches(corpus):
   c = config(corpus, eval_batch_size=8)
   whole = data.make_eval_batches(c, WordIds(), "validation")

@@ -7,7 +7,7 @@ keeps it so):
   get_tokenizer(c, vocab_dir)       -> Tokenizer (trained once, then loaded)
   load_tokenizer(c, vocab_dir)      -> Tokenizer (loaded; DataError when there is none)
   make_train_loader(c, tokenizer, *, seed, shard_index, shard_count)
-  make_eval_batches(c, tokenizer, split, *, shard_index=0, shard_count=1)
+  make_eval_batches(c, tokenizer, split, *, shard_index=0, shard_count=1, max_length=None)
   train_batch_shapes(c, shard_count=1)  -> [(global rows, length)] training can produce
   rows_multiple(c, shard_index, shard_count)  -> what every batch's rows are a multiple of
   padded_length(n)                  -> the padded length of n tokens (few shapes compile)

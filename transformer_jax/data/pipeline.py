@@ -350,12 +350,15 @@ def make_train_loader(c: DataConfig, tokenizer, *, seed, shard_index, shard_coun
   return grain.experimental.ThreadPrefetchIterDataset(batches, prefetch_buffer_size=4)
 
 
-def make_eval_batches(c: DataConfig, tokenizer, split, *, shard_index=0, shard_count=1):
+def make_eval_batches(c: DataConfig, tokenizer, split, *, shard_index=0, shard_count=1,
+                      max_length: int | None = None):
   """Every pair of `split` exactly once, in order, as a list of batches.
 
-  Nothing is dropped or cut. Batches have `data.eval_batch_size` global rows
+  Nothing is dropped. Batches have `data.eval_batch_size` global rows
   (this host: 1/shard_count of them, its consecutive share of each batch) and a
-  length from the small series of `padded_length`, the same on every host.
+  length from the small series of `padded_length`, the same on every host,
+  and at most `max_length` (the model's positions, `model.max_len`): a side
+  of a pair longer than that is cut to it, with a warning that counts them.
   Rows past the end of the split (in the last batch) are all padding
   (segmentation 0). The texts of the split are `sources.split_texts`.
   """
@@ -365,11 +368,19 @@ def make_eval_batches(c: DataConfig, tokenizer, split, *, shard_index=0, shard_c
                      f"of {multiple} (data.batch_multiple x shard count).")
   pairs = sources.open_split(c, split).all_pairs(_CHUNK)
   examples = tokenize_pairs(tokenizer, pairs)
+  if max_length is not None:
+    cut = sum(max(len(s), len(t)) > max_length for s, t in examples)
+    if cut:
+      log.warning("%s: %d of %d pairs have a side longer than the model's %d positions "
+                  "(model.max_len); their loss counts only the first %d tokens of it.",
+                  split, cut, len(examples), max_length, max_length)
+      examples = [(s[:max_length], t[:max_length]) for s, t in examples]
   local = c.eval_batch_size // shard_count
   out = []
   for start in range(0, len(pairs), c.eval_batch_size):
     stop = min(start + c.eval_batch_size, len(pairs))
     length = padded_length(max(max(len(s), len(t)) for s, t in examples[start:stop]))
+    length = min(length, max_length or length)
     lo = min(start + shard_index * local, stop)
     hi = min(lo + local, stop)
     out.append(layout(examples[lo:hi], np.arange(hi - lo), local, length))

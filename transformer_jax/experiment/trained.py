@@ -182,7 +182,8 @@ def evaluate_split(experiment: Experiment, workdir: Workdir,
   try:
     sources, references = data.split_texts(experiment.data, split)
     batches = data.make_eval_batches(experiment.data, loaded.tokenizer, split,
-                                     shard_index=shard_index, shard_count=shard_count)
+                                     shard_index=shard_index, shard_count=shard_count,
+                                     max_length=loaded.placement.model.config.max_len)
   except (data.DataError, data.DataUnavailableError) as error:
     raise UserError(f"config.decode.split={split!r}: {error}") from None
   loss = metrics.TeacherForcedLoss(loaded.placement, label_smoothing=experiment.label_smoothing)

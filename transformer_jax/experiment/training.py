@@ -171,8 +171,9 @@ def _evaluator(experiment: Experiment, workdir: Workdir, placement, tokenizer):
   def evaluate(state):
     if not batches:  # The split is read at the first evaluation.
       shard_index, shard_count = placement.data_shard
-      batches.extend(data.make_eval_batches(experiment.data, tokenizer, split,
-                                            shard_index=shard_index, shard_count=shard_count))
+      batches.extend(data.make_eval_batches(
+          experiment.data, tokenizer, split, shard_index=shard_index, shard_count=shard_count,
+          max_length=placement.model.config.max_len))
     sums = loss(state.params, batches)
     if experiment.eval_bleu_sentences:
       sums = {**sums, "bleu": validation_bleu(int(state.step), state.params)}
