@@ -1,5 +1,5 @@
-"""tools/training_curves.py: our training and the PyTorch reference on an experiment's own
-batches."""
+"""tools/training_curves.py and its command line (tools/compare_training.py): our training and
+the PyTorch reference on an experiment's own batches."""
 
 import json
 
@@ -37,3 +37,17 @@ def test_fairseq_start_is_another_run(shared, tmp_path):
   training_curves.plot({"ours": ours, "reference": theirs}, str(tmp_path / "curves.png"),
                        smooth=2)
   assert (tmp_path / "curves.png").stat().st_size > 1000
+
+
+def test_command_line_writes_both_curves(shared, tmp_path):
+  out = tmp_path / "curves.json"
+  done = helpers.python(
+      "-m", "transformer_jax.tools.compare_training", f"--workdir={shared}", "--updates=2",
+      "--reference_init=copied", f"--out={out}", *helpers.flags(shared), shared=shared)
+  assert done.returncode == 0, done.stderr[-2000:]
+  result = json.loads(out.read_text())
+  assert result["updates"] == 2 and result["reference_init"] == "copied"
+  bad = helpers.python("-m", "transformer_jax.tools.compare_training", f"--workdir={shared}",
+                       *helpers.flags(shared), "--config.model.d_model=33", shared=shared)
+  assert bad.returncode != 0 and "error: config.model.d_model must be an even" in bad.stderr
+  assert "Traceback" not in bad.stderr
