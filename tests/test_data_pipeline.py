@@ -258,7 +258,7 @@ def test_eval_batches_fit_the_models_positions(corpus, caplog):
   c = config(corpus, eval_batch_size=8)
   whole = data.make_eval_batches(c, WordIds(), "validation")
   longest = max(max(f[1], f[2]) for batch in whole for f in unpack(batch))
-  limit = longest - 3  # Between two padded lengths: a batch padded up would pass it.
+  limit = longest - 3  # Some pairs are longer, and a batch padded up past it would not fit.
   with caplog.at_level("WARNING"):
     batches = data.make_eval_batches(c, WordIds(), "validation", max_length=limit)
   assert max(batch["inputs"].shape[1] for batch in batches) == limit

@@ -46,35 +46,63 @@ def test_same_start_and_batches_give_the_same_training(norm, biases):
   assert ours[-1] < ours[0] - 0.1  # It trained.
   # Adam turns the rounding noise of the key bias's (zero) gradient into steps of the full rate.
   np.testing.assert_allclose(ours, theirs, rtol=2e-4 if biases else 2e-5)
-  if not biases:  # With them, that noise moves other parameters too (a few by 0.03 here).
-    for name, value in reference.items():
-      np.testing.assert_allclose(final[name], value, atol=2e-3, err_msg=name)
+  for name, value in reference.items():
+    if not name.endswith("key_bias"):  # Softmax ignores it; its gradient is rounding noise.
+      # Through the attention, that noise moves a few other parameters (by 0.03 here).
+      np.testing.assert_allclose(final[name], value, atol=5e-2 if biases else 2e-3, err_msg=name)
 
 
 def test_the_comparison_sees_a_different_label_smoothing():
   config = helpers.tiny_model_config(dropout_rate=0.0)
-  ours, theirs, _, _ = _run_both(config, updates=2, reference_smoothing=0.11)
-  assert np.max(np.abs(ours - theirs) / theirs) > 1e-3
+  ours, theirs, _, _ = _run_both(config, updates=3, reference_smoothing=0.2)
+  assert np.max(np.abs(ours - theirs) / theirs) > 1e-2
 
 
 def test_fairseq_init_has_fairseq_scales():
-  config = helpers.tiny_model_config(d_model=64, d_ff=256, vocab_size=4000)
+  config = helpers.tiny_model_config(d_model=64, d_ff=256, vocab_size=4000, attention_bias=True)
   reference = torch_training.Reference(config, SCHEDULE, label_smoothing=0.1, init="fairseq")
   p = reference.numpy_params()
   assert p["embed/embedding"].std() == pytest.approx(64**-0.5, rel=0.02)
-  # Xavier-uniform: U(-b, b), b = gain sqrt(6 / (fan_in + fan_out)), gain 2^-1/2 for Q, K, V.
-  for name, bound in (("query", 2**-0.5 * (6 / 128)**0.5), ("out", (6 / 128)**0.5),
-                      ("wi", (6 / 320)**0.5)):
-    leaf = p[f"encoder/layer_0/{'feed_forward' if name == 'wi' else 'self_attention'}/{name}"]
-    assert np.abs(leaf).max() <= bound
-    assert leaf.std() == pytest.approx(bound / 3**0.5, rel=0.1)
-  assert not p["encoder/layer_0/feed_forward/bi"].any()
+  # U(-b, b): Xavier for attention (gain 2^-1/2 for Q, K, V; fan_in + fan_out = 128), torch's
+  # nn.Linear default 1/sqrt(fan_in) for the feed-forward layers and the Q, K, V biases.
+  layer = "encoder/layer_0"
+  for name, bound in (("self_attention/query", 2**-0.5 * (6 / 128)**0.5),
+                      ("self_attention/out", (6 / 128)**0.5),
+                      ("self_attention/value_bias", 64**-0.5),
+                      ("feed_forward/wi", 64**-0.5), ("feed_forward/bi", 64**-0.5),
+                      ("feed_forward/wo", 256**-0.5)):
+    leaf = p[f"{layer}/{name}"]
+    assert np.abs(leaf).max() <= bound, name
+    assert leaf.std() == pytest.approx(bound / 3**0.5, rel=0.25 if leaf.size < 100 else 0.1), name
+  assert not p[f"{layer}/self_attention/out_bias"].any()
+  assert not p[f"{layer}/feed_forward_norm/bias"].any()
   assert (p["decoder/layer_1/feed_forward_norm/scale"] == 1).all()
+
+
+def test_dropout_follows_the_seed():
+  config = helpers.tiny_model_config(dropout_rate=0.3)
+  losses = []
+  for seed in (0, 0, 1):
+    reference = torch_training.Reference(config, SCHEDULE, label_smoothing=0.1, init="fairseq",
+                                         seed=seed)
+    losses.append([reference.train_step(helpers.synthetic_batch(i))["loss"] for i in range(3)])
+  assert losses[0] == losses[1] and losses[0] != losses[2]
+
+
+def test_settings_it_does_not_implement_are_named():
+  config = helpers.tiny_model_config(activation="gelu", positional="learned")
+  with pytest.raises(ValueError, match="does not implement model.activation='gelu', "
+                     "model.positional='learned', grad_clip_norm=1.0"):
+    torch_training.Reference(config, OptimizerSettings(grad_clip_norm=1.0), label_smoothing=0.1,
+                             init="fairseq")
 
 
 def test_reference_needs_params_to_copy():
   with pytest.raises(ValueError, match="needs the params"):
     torch_training.Reference(helpers.tiny_model_config(), SCHEDULE, label_smoothing=0.1)
-  with pytest.raises(ValueError, match="do not match"):
+  with pytest.raises(ValueError, match="do not match the config: missing .*, unexpected"):
     torch_training.Reference(helpers.tiny_model_config(), SCHEDULE, label_smoothing=0.1,
-                             params={"embed/embedding": np.zeros((40, 32))})
+                             params={"embed/embedding": np.zeros((40, 32)), "extra": 0})
+  with pytest.raises(ValueError, match="init='xavier'; allowed: copied, fairseq"):
+    torch_training.Reference(helpers.tiny_model_config(), SCHEDULE, label_smoothing=0.1,
+                             init="xavier")

@@ -369,6 +369,8 @@ def make_eval_batches(c: DataConfig, tokenizer, split, *, shard_index=0, shard_c
   pairs = sources.open_split(c, split).all_pairs(_CHUNK)
   examples = tokenize_pairs(tokenizer, pairs)
   if max_length is not None:
+    if max_length < 1:
+      raise ValueError(f"max_length={max_length}: need at least 1 position")
     cut = sum(max(len(s), len(t)) > max_length for s, t in examples)
     if cut:
       log.warning("%s: %d of %d pairs have a side longer than the model's %d positions "
@@ -380,7 +382,8 @@ def make_eval_batches(c: DataConfig, tokenizer, split, *, shard_index=0, shard_c
   for start in range(0, len(pairs), c.eval_batch_size):
     stop = min(start + c.eval_batch_size, len(pairs))
     length = padded_length(max(max(len(s), len(t)) for s, t in examples[start:stop]))
-    length = min(length, max_length or length)
+    if max_length is not None:
+      length = min(length, max_length)
     lo = min(start + shard_index * local, stop)
     hi = min(lo + local, stop)
     out.append(layout(examples[lo:hi], np.arange(hi - lo), local, length))

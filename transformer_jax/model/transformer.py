@@ -42,8 +42,8 @@ class TransformerConfig:
   an experiment: its vocabulary sets it. d_k and d_v default to d_model /
   num_heads. `scan_layers` runs the layers through `nn.scan` (one compiled
   layer, params stacked on a leading "layers" axis). `attention_bias`,
-  `logits_bias`, `activation` and `norm_epsilon` serve models trained
-  elsewhere.
+  `logits_bias`, `activation`, `norm_epsilon` and `attention_init_gain`
+  serve models and recipes from elsewhere (Marian, fairseq).
   """
 
   vocab_size: int = 37000

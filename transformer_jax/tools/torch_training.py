@@ -8,8 +8,9 @@ and `torch.optim.Adam` follows the paper's schedule. `Reference.train_step`
 takes the batches our pipeline makes (keys `BATCH_KEYS`, segments and
 positions included). It starts either from our initial parameters (copied:
 with dropout 0 both sides must then produce the same losses) or from
-fairseq's initialisation with torch's own dropout (a second, independent
-training run on the same batches).
+fairseq's initialisation (a second, independent training run on the same
+batches); its dropout masks come from torch's generator, seeded. The
+sinusoidal table is the one function it shares with the model.
 
 Needs PyTorch (the `hf` or `bench` extra).
 """
@@ -66,21 +67,47 @@ def parameter_shapes(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
   return shapes
 
 
-def fairseq_init(torch, name: str, shape, generator):
-  """fairseq's initialisation of parameter `name`: N(0, d^-1/2) embeddings, Xavier-uniform
-  projections (gain 1/sqrt(2) for queries, keys and values), zero biases, unit LayerNorm scales."""
-  leaf = name.rsplit("/", 1)[-1]
+def fairseq_init(torch, config: TransformerConfig, name: str, shape, generator):
+  """fairseq's initial value of parameter `name` (float64).
+
+  Embeddings N(0, d^-1/2); attention weights Xavier-uniform, gain 2^-1/2 for
+  W^Q, W^K, W^V and 1 for W^O; the feed-forward layers and the Q, K, V biases
+  keep torch's `nn.Linear` default, U(+-1/sqrt(fan_in)); the attention
+  output bias, LayerNorm offsets and (ours only) a logits bias start at 0,
+  LayerNorm scales at 1. fairseq also zeroes the padding row of the
+  embedding; here PAD is the decoder's start token, so it is drawn like the
+  others.
+  """
+  d, h, leaf = config.d_model, config.num_heads, name.rsplit("/", 1)[-1]
   if leaf == "embedding":
-    return torch.randn(shape, generator=generator, dtype=torch.float64) * shape[1]**-0.5
+    return torch.randn(shape, generator=generator, dtype=torch.float64) * d**-0.5
   if leaf == "scale":
     return torch.ones(shape, dtype=torch.float64)
-  if leaf in ("query", "key", "value", "out", "wi", "wo"):
-    fan_in = shape[0] * (shape[1] if leaf == "out" else 1)
-    fan_out = math.prod(shape) // fan_in
-    gain = 2**-0.5 if leaf in ("query", "key", "value") else 1.0
-    bound = gain * math.sqrt(6.0 / (fan_in + fan_out))
-    return (torch.rand(shape, generator=generator, dtype=torch.float64) * 2 - 1) * bound
-  return torch.zeros(shape, dtype=torch.float64)  # Biases.
+  xavier = lambda fan_in, fan_out: math.sqrt(6.0 / (fan_in + fan_out))
+  qk, v = 2**-0.5 * xavier(d, h * config.d_k), 2**-0.5 * xavier(d, h * config.d_v)
+  bounds = {"query": qk, "key": qk, "value": v, "out": xavier(h * config.d_v, d),
+            "wi": d**-0.5, "bi": d**-0.5, "wo": config.d_ff**-0.5, "bo": config.d_ff**-0.5,
+            "query_bias": d**-0.5, "key_bias": d**-0.5, "value_bias": d**-0.5}
+  if leaf not in bounds:  # out_bias, LayerNorm offsets, logits_bias.
+    return torch.zeros(shape, dtype=torch.float64)
+  return (torch.rand(shape, generator=generator, dtype=torch.float64) * 2 - 1) * bounds[leaf]
+
+
+def check_init(init: str) -> None:
+  """ValueError unless `init` is one of INITS."""
+  if init not in INITS:
+    raise ValueError(f"init={init!r}; allowed: {', '.join(INITS)}")
+
+
+def unsupported_settings(config: TransformerConfig, optimizer: OptimizerSettings) -> list[str]:
+  """The settings of `config` and `optimizer` the reference does not implement, as `field=value`."""
+  defaults = {"activation": "relu", "positional": "sinusoidal", "dtype": "float32",
+              "scan_layers": False}
+  found = [f"model.{k}={getattr(config, k)!r}" for k, v in defaults.items()
+           if getattr(config, k) != v]
+  if optimizer.grad_clip_norm:
+    found.append(f"grad_clip_norm={optimizer.grad_clip_norm}")
+  return found
 
 
 def shift_right(targets: np.ndarray, segmentation: np.ndarray) -> np.ndarray:
@@ -98,25 +125,25 @@ class Reference:
   """
 
   def __init__(self, config: TransformerConfig, optimizer: OptimizerSettings, *,
-               label_smoothing: float, init: str = "copied", params=None, seed: int = 0,
-               threads: int | None = None):
-    if init not in INITS:
-      raise ValueError(f"init={init!r}; allowed: {', '.join(INITS)}")
+               label_smoothing: float, init: str = "copied", params=None, seed: int = 0):
+    check_init(init)
     if init == "copied" and params is None:
       raise ValueError("init='copied' needs the params to copy")
+    unsupported = unsupported_settings(config, optimizer)
+    if unsupported:
+      raise ValueError(f"the PyTorch reference does not implement {', '.join(unsupported)}")
     torch = self.torch = _torch()
-    if threads:
-      torch.set_num_threads(threads)
     self.config, self.label_smoothing = config, label_smoothing
     self.generator = torch.Generator().manual_seed(seed)
     shapes = parameter_shapes(config)
     if init == "copied":
-      missing = set(shapes) ^ set(params)
-      if missing:
-        raise ValueError(f"params do not match the config: {sorted(missing)[:5]}")
+      missing, unexpected = set(shapes) - set(params), set(params) - set(shapes)
+      if missing or unexpected:
+        raise ValueError(f"params do not match the config: missing {sorted(missing)[:3]}, "
+                         f"unexpected {sorted(unexpected)[:3]}")
       values = {name: torch.tensor(np.asarray(params[name], np.float32)) for name in shapes}
     else:
-      values = {name: fairseq_init(torch, name, shape, self.generator).float()
+      values = {name: fairseq_init(torch, config, name, shape, self.generator).float()
                 for name, shape in shapes.items()}
     self.params = {name: value.requires_grad_() for name, value in values.items()}
     self.positions = torch.tensor(sinusoidal_table(config.max_len, config.d_model))
@@ -132,7 +159,12 @@ class Reference:
             * min(step**-0.5, step * self.optimizer.warmup_steps**-1.5))
 
   def _dropout(self, x, train):
-    return self.torch.nn.functional.dropout(x, self.config.dropout_rate, train)
+    """Inverted dropout, its mask drawn from the reference's own seeded generator."""
+    rate = self.config.dropout_rate
+    if not train or rate == 0:
+      return x
+    keep = self.torch.rand(x.shape, generator=self.generator) >= rate
+    return x * keep / (1 - rate)
 
   def _attention(self, prefix, x, memory, allowed):
     torch, p, cfg = self.torch, self.params, self.config
@@ -167,7 +199,7 @@ class Reference:
   def logits(self, batch, train: bool):
     """`[batch, target_length, vocab]` logits of a batch of numpy arrays (keys `BATCH_KEYS`)."""
     torch, p, cfg = self.torch, self.params, self.config
-    t = lambda a, dtype=torch.long: torch.tensor(np.asarray(a), dtype=dtype)
+    t = lambda a: torch.tensor(np.asarray(a), dtype=torch.long)
     src_seg, tgt_seg = t(batch["inputs_segmentation"]), t(batch["targets_segmentation"])
     decoder_inputs = shift_right(np.asarray(batch["targets"]),
                                  np.asarray(batch["targets_segmentation"]))

@@ -11,6 +11,7 @@ torch's either way.
 
 import json
 import logging
+import math
 import time
 
 import flax
@@ -19,22 +20,26 @@ import numpy as np
 
 from transformer_jax import data, fileio
 from transformer_jax.experiment import Experiment, make_trainer
-from transformer_jax.tools.torch_training import Reference
+from transformer_jax.tools.torch_training import Reference, check_init
 from transformer_jax.workdir import Workdir
 
 log = logging.getLogger(__name__)
 
 
 def compare(experiment: Experiment, workdir: Workdir, *, updates: int,
-            reference_init: str = "fairseq", log_every: int = 50, out: str | None = None,
-            threads: int | None = None) -> dict:
+            reference_init: str = "fairseq", log_every: int = 50,
+            out: str | None = None) -> dict:
   """Train our model and the reference for `updates` updates on the same batches.
 
   Returns (and writes to `out` every `log_every` updates) `{"ours": {"loss",
   "nll"}, "reference": {...}, "tokens": [...], "seconds": {...}, ...}`,
-  one entry per update; the reference's dropout and initial parameters are
-  drawn from the experiment's seed.
+  one entry per update (NaN for an update of ours skipped as non-finite);
+  the reference's dropout and initial parameters are drawn from the
+  experiment's seed. `seconds["ours"]` includes compiling the train step.
   """
+  check_init(reference_init)
+  if updates < 1 or log_every < 1:
+    raise ValueError(f"updates={updates}, log_every={log_every}: both must be >= 1")
   tokenizer = data.get_tokenizer(experiment.data, workdir.vocab)
   trainer, _ = make_trainer(experiment, vocab_size=tokenizer.vocab_size,
                             devices=jax.devices()[:1])
@@ -43,7 +48,7 @@ def compare(experiment: Experiment, workdir: Workdir, *, updates: int,
   model_config = trainer.placement.model.config
   reference = Reference(model_config, experiment.optimizer,
                         label_smoothing=experiment.label_smoothing, init=reference_init,
-                        params=params, seed=experiment.seed, threads=threads)
+                        params=params, seed=experiment.seed)
   batches = iter(data.make_train_loader(experiment.data, tokenizer, seed=experiment.seed,
                                         shard_index=0, shard_count=1))
   result = {"model": str(model_config), "optimizer": str(experiment.optimizer),
@@ -61,9 +66,9 @@ def compare(experiment: Experiment, workdir: Workdir, *, updates: int,
     theirs = reference.train_step(batch)
     result["seconds"]["ours"] += tock - tick
     result["seconds"]["reference"] += time.perf_counter() - tock
-    tokens = float(metrics["tokens"])
-    result["ours"]["loss"].append(float(metrics["loss"]) / tokens)
-    result["ours"]["nll"].append(float(metrics["nll"]) / tokens)
+    tokens = float(metrics["tokens"])  # 0 when the update was skipped as non-finite.
+    result["ours"]["loss"].append(float(metrics["loss"]) / tokens if tokens else math.nan)
+    result["ours"]["nll"].append(float(metrics["nll"]) / tokens if tokens else math.nan)
     result["reference"]["loss"].append(theirs["loss"])
     result["reference"]["nll"].append(theirs["nll"])
     result["tokens"].append(tokens)
