@@ -9,9 +9,8 @@ Variants (`--config=experiments/multi30k.py:<variant>`):
          lowercased tokenized text as it is. A target, not a result of this project.
 
 fairseq's layers, as its recipe has them: biases on the attention projections, LayerNorm epsilon
-1e-5, and W^Q, W^K, W^V drawn Xavier-uniform with gain 2^-1/2 (model.attention_init_gain). That
-gain matters: with this project's default (1.0) post-LN trains measurably slower on this corpus
-(docs/real_language.md).
+1e-5, and fairseq's initial parameters (model.init='fairseq'). They matter: with this project's
+default initialisation post-LN trains measurably slower on this corpus (docs/real_language.md).
 
 What differs, and why:
   * Vocabulary: a shared SentencePiece BPE vocabulary of 10,000 pieces trained on the tok
@@ -43,8 +42,7 @@ def get_config(variant: str = "tiny"):
   config = config_lib.default_config()
   config.model = config_lib.model_fields(
       "base", num_layers=4, d_model=D_MODEL, d_ff=256, num_heads=4, dropout_rate=0.3,
-      max_len=128, norm="post", attention_bias=True, norm_epsilon=1e-5,
-      attention_init_gain=2**-0.5)
+      max_len=128, norm="post", attention_bias=True, norm_epsilon=1e-5, init="fairseq")
   config.data.name = "multi30k_tok"
   config.data.source_lang = "en"
   config.data.target_lang = "de"

@@ -13,9 +13,8 @@ def test_multi30k_tiny_is_the_literatures_transformer_tiny():
   model = settings.model
   assert (model.num_layers, model.d_model, model.num_heads, model.d_ff) == (4, 128, 4, 256)
   assert model.dropout_rate == 0.3 and model.norm == "post"
-  # fairseq's layers: attention biases, LayerNorm epsilon 1e-5, W^Q, W^K, W^V at gain 2^-1/2.
-  assert model.attention_bias and model.norm_epsilon == 1e-5
-  assert model.attention_init_gain == pytest.approx(2**-0.5)
+  # fairseq's layers: attention biases, LayerNorm epsilon 1e-5, its initial parameters.
+  assert model.attention_bias and model.norm_epsilon == 1e-5 and model.init == "fairseq"
   data = settings.data
   assert (data.name, data.source_lang, data.target_lang) == ("multi30k_tok", "en", "de")
   # About 2.6M parameters with a 10k vocabulary, as reported for Transformer-Tiny.

@@ -160,16 +160,24 @@ def test_parameters_carry_logical_axis_names():
   assert all(p.value.dtype == jnp.float32 for p in leaves)
 
 
-def test_attention_init_gain_scales_the_query_key_value_projections():
+def test_fairseq_init_shrinks_query_key_value_and_draws_feed_forward_as_torch_linear():
   x = jnp.ones((1, 3, 64))
 
-  def weights(**kwargs):
-    module = layers.MultiHeadAttention(num_heads=4, d_k=16, d_v=16, **kwargs)
+  def attention_params(init):
+    module = layers.MultiHeadAttention(num_heads=4, d_k=16, d_v=16, use_bias=True, init_scheme=init)
     return nn.unbox(module.init(jax.random.key(0), x, x))["params"]
 
-  default, fairseq = weights(), weights(init_gain=2**-0.5)
+  xavier, fairseq = attention_params("xavier"), attention_params("fairseq")
   bound = (6 / 128)**0.5  # Xavier-uniform: fan_in = d_model, fan_out = heads * d_k.
   for name in ("query", "key", "value"):
-    assert np.abs(default[name]).max() <= bound < 1.05 * np.abs(default[name]).max()
-    np.testing.assert_allclose(fairseq[name], 2**-0.5 * default[name], rtol=1e-6)
-  np.testing.assert_array_equal(fairseq["out"], default["out"])
+    assert np.abs(xavier[name]).max() <= bound < 1.05 * np.abs(xavier[name]).max()
+    np.testing.assert_allclose(fairseq[name], 2**-0.5 * xavier[name], rtol=1e-6)
+    assert not xavier[f"{name}_bias"].any()
+    assert 0.9 * 64**-0.5 < np.abs(fairseq[f"{name}_bias"]).max() <= 64**-0.5
+  np.testing.assert_array_equal(fairseq["out"], xavier["out"])
+  assert not fairseq["out_bias"].any()
+
+  feed_forward = layers.FeedForward(d_ff=256, init_scheme="fairseq")
+  ff = nn.unbox(feed_forward.init(jax.random.key(1), x))["params"]
+  for name, fan_in in (("wi", 64), ("bi", 64), ("wo", 256), ("bo", 256)):
+    assert 0.9 * fan_in**-0.5 < np.abs(ff[name]).max() <= fan_in**-0.5, name

@@ -2,11 +2,13 @@
 and batches must give the same losses and updates."""
 
 import flax
+import flax.linen as nn
 import jax
 import numpy as np
 import pytest
 
 from transformer_jax import sharding
+from transformer_jax.model.transformer import Transformer
 from transformer_jax.train.objective import OptimizerSettings
 from transformer_jax.train.step import Trainer
 
@@ -77,6 +79,23 @@ def test_fairseq_init_has_fairseq_scales():
   assert not p[f"{layer}/self_attention/out_bias"].any()
   assert not p[f"{layer}/feed_forward_norm/bias"].any()
   assert (p["decoder/layer_1/feed_forward_norm/scale"] == 1).all()
+
+
+def test_our_fairseq_init_draws_from_the_references_distributions():
+  config = helpers.tiny_model_config(d_model=64, d_ff=256, vocab_size=4000, attention_bias=True,
+                                     init="fairseq")
+  ours = flax.traverse_util.flatten_dict(jax.device_get(nn.unbox(
+      Transformer(config).init(jax.random.key(0), np.ones((1, 4), np.int32),
+                               np.ones((1, 4), np.int32))["params"])), sep="/")
+  theirs = torch_training.Reference(config, SCHEDULE, label_smoothing=0.1,
+                                    init="fairseq").numpy_params()
+  assert set(ours) == set(theirs)
+  for name, value in ours.items():
+    mine, reference = np.abs(value).max(), np.abs(theirs[name]).max()
+    assert (mine == 0) == (reference == 0), name
+    if value.size >= 256 and name != "embed/embedding":  # Uniform draws: same bound, same std.
+      assert mine == pytest.approx(reference, rel=0.05), name
+      assert value.std() == pytest.approx(theirs[name].std(), rel=0.1), name
 
 
 def test_dropout_follows_the_seed():

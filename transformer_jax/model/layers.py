@@ -19,6 +19,17 @@ from transformer_jax.model.dropout import Dropout
 
 Dtype = Any
 
+# Initial parameters: "xavier", Xavier-uniform weights and zero biases (tensor2tensor's scale);
+# "fairseq", fairseq's: W^Q, W^K, W^V at Xavier gain 2^-1/2, W^O Xavier, and the feed-forward
+# layers and Q, K, V biases as torch's nn.Linear default, U(+-1/sqrt(fan_in)).
+INITS = ("xavier", "fairseq")
+
+
+def _uniform(bound: float):
+  """An initializer drawing U(-bound, bound)."""
+  return lambda key, shape, dtype=jnp.float32: jax.random.uniform(key, shape, dtype, -bound, bound)
+
+
 # The feed-forward activations: the paper's ReLU, and those of other pretrained models
 # (swish = x * sigmoid(x); gelu is the exact, erf-based one).
 ACTIVATIONS = {"relu": nn.relu, "swish": nn.swish,
@@ -38,6 +49,7 @@ class MultiHeadAttention(nn.Module):
   `[d_model, heads, d_k]`, W^V `[d_model, heads, d_v]`, W^O `[heads, d_v,
   d_model]`, with no biases, as in the paper; `use_bias` adds a bias to each
   projection (`[heads, d]` for Q, K, V, `[d_model]` for the output).
+  `init_scheme` is one of INITS.
 
   Incremental decoding (`decode=True`) keeps a "cache" collection of
   head-major `[batch, heads, length, d]` keys/values: for self-attention
@@ -56,15 +68,15 @@ class MultiHeadAttention(nn.Module):
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
   attention_impl: attention.Implementation = "auto"
-  init_gain: float = 1.0
+  init_scheme: str = "xavier"
 
   @nn.compact
   def __call__(self, inputs_q, inputs_kv, mask=None, *, decode: bool = False):
     d_in = inputs_q.shape[-1]
     d_out = self.out_features or d_in
     h = self.num_heads
-    kv_init = nn.initializers.variance_scaling(self.init_gain**2, "fan_avg", "uniform",
-                                               in_axis=0, out_axis=(1, 2))
+    kv_init = nn.initializers.variance_scaling(0.5 if self.init_scheme == "fairseq" else 1.0,
+                                               "fan_avg", "uniform", in_axis=0, out_axis=(1, 2))
     w_q = _param(self, "query", kv_init, (d_in, h, self.d_k), ("embed", "heads", "kv"), self.param_dtype)
     w_k = _param(self, "key", kv_init, (inputs_kv.shape[-1], h, self.d_k), ("embed", "heads", "kv"), self.param_dtype)
     w_v = _param(self, "value", kv_init, (inputs_kv.shape[-1], h, self.d_v), ("embed", "heads", "kv"), self.param_dtype)
@@ -72,7 +84,7 @@ class MultiHeadAttention(nn.Module):
         self, "out", nn.initializers.xavier_uniform(in_axis=(0, 1), out_axis=2),
         (h, self.d_v, d_out), ("heads", "kv", "embed"), self.param_dtype,
     )
-    b_q, b_k, b_v, b_o = self._biases(d_out)
+    b_q, b_k, b_v, b_o = self._biases(d_in, inputs_kv.shape[-1], d_out)
 
     def project(x, w, b, layout="blhk"):
       y = jnp.einsum(f"bld,dhk->{layout}", x.astype(self.dtype), w.astype(self.dtype))
@@ -100,14 +112,16 @@ class MultiHeadAttention(nn.Module):
       out = out + b_o.astype(self.dtype)
     return nn.with_logical_constraint(out, ("batch", "length", "embed"))
 
-  def _biases(self, d_out):
+  def _biases(self, d_in, d_kv, d_out):
     """The biases of Q, K, V and the output projection, or four Nones without `use_bias`."""
     if not self.use_bias:
       return None, None, None, None
     zeros, h = nn.initializers.zeros, self.num_heads
-    return (_param(self, "query_bias", zeros, (h, self.d_k), ("heads", "kv"), self.param_dtype),
-            _param(self, "key_bias", zeros, (h, self.d_k), ("heads", "kv"), self.param_dtype),
-            _param(self, "value_bias", zeros, (h, self.d_v), ("heads", "kv"), self.param_dtype),
+    fairseq = self.init_scheme == "fairseq"
+    q_init, kv_init = (_uniform(d_in**-0.5), _uniform(d_kv**-0.5)) if fairseq else (zeros, zeros)
+    return (_param(self, "query_bias", q_init, (h, self.d_k), ("heads", "kv"), self.param_dtype),
+            _param(self, "key_bias", kv_init, (h, self.d_k), ("heads", "kv"), self.param_dtype),
+            _param(self, "value_bias", kv_init, (h, self.d_v), ("heads", "kv"), self.param_dtype),
             _param(self, "out_bias", zeros, (d_out,), ("embed",), self.param_dtype))
 
   def _static_kv_cache(self, compute):
@@ -144,22 +158,27 @@ class MultiHeadAttention(nn.Module):
 class FeedForward(nn.Module):
   """Position-wise feed-forward network, `max(0, x W1 + b1) W2 + b2`: `[..., d_model] -> [..., d_model]`.
 
-  `activation` (a name of ACTIVATIONS) replaces the paper's ReLU `max(0, .)`.
+  `activation` (a name of ACTIVATIONS) replaces the paper's ReLU `max(0, .)`;
+  `init_scheme` is one of INITS.
   """
 
   d_ff: int = 2048
   activation: str = "relu"
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
+  init_scheme: str = "xavier"
 
   @nn.compact
   def __call__(self, x):
     d_model = x.shape[-1]
-    init = nn.initializers.xavier_uniform()
-    w1 = _param(self, "wi", init, (d_model, self.d_ff), ("embed", "mlp"), self.param_dtype)
-    b1 = _param(self, "bi", nn.initializers.zeros, (self.d_ff,), ("mlp",), self.param_dtype)
-    w2 = _param(self, "wo", init, (self.d_ff, d_model), ("mlp", "embed"), self.param_dtype)
-    b2 = _param(self, "bo", nn.initializers.zeros, (d_model,), ("embed",), self.param_dtype)
+    if self.init_scheme == "fairseq":
+      inits = (_uniform(d_model**-0.5),) * 2 + (_uniform(self.d_ff**-0.5),) * 2
+    else:
+      inits = (nn.initializers.xavier_uniform(), nn.initializers.zeros) * 2
+    w1 = _param(self, "wi", inits[0], (d_model, self.d_ff), ("embed", "mlp"), self.param_dtype)
+    b1 = _param(self, "bi", inits[1], (self.d_ff,), ("mlp",), self.param_dtype)
+    w2 = _param(self, "wo", inits[2], (self.d_ff, d_model), ("mlp", "embed"), self.param_dtype)
+    b2 = _param(self, "bo", inits[3], (d_model,), ("embed",), self.param_dtype)
     x = x.astype(self.dtype)
     hidden = ACTIVATIONS[self.activation](x @ w1.astype(self.dtype) + b1.astype(self.dtype))
     hidden = nn.with_logical_constraint(hidden, ("batch", "length", "mlp"))
@@ -283,14 +302,15 @@ class _LayerFields(nn.Module):
   attention_bias: bool = False
   activation: str = "relu"
   norm_epsilon: float = 1e-6
-  attention_init_gain: float = 1.0
+  init_scheme: str = "xavier"
 
   # Named apart from the submodules they make: `nnx.bridge.ToNNX` finds variables by attribute.
   def _norm(self, name):
     return layer_norm(self.dtype, name, self.norm_epsilon)
 
   def _feed_forward(self):
-    return FeedForward(self.d_ff, self.activation, dtype=self.dtype, name="feed_forward")
+    return FeedForward(self.d_ff, self.activation, dtype=self.dtype,
+                       init_scheme=self.init_scheme, name="feed_forward")
 
 
 class EncoderLayer(_LayerFields):
@@ -307,7 +327,7 @@ class EncoderLayer(_LayerFields):
     )
     attend = MultiHeadAttention(
         self.num_heads, self.d_k, self.d_v, use_bias=self.attention_bias, dtype=self.dtype,
-        attention_impl=self.attention_impl, init_gain=self.attention_init_gain,
+        attention_impl=self.attention_impl, init_scheme=self.init_scheme,
         name="self_attention",
     )
     x = block(x, lambda y: attend(y, y, mask), norm=self._norm("self_attention_norm"))
@@ -335,7 +355,7 @@ class DecoderLayer(_LayerFields):
     mha = functools.partial(
         MultiHeadAttention, self.num_heads, self.d_k, self.d_v, use_bias=self.attention_bias,
         dtype=self.dtype, attention_impl=self.attention_impl,
-        init_gain=self.attention_init_gain,
+        init_scheme=self.init_scheme,
     )
     self_attend = mha(name="self_attention")
     cross_attend = mha(static_kv=True, name="cross_attention")

@@ -13,7 +13,7 @@ from transformer_jax.errors import FieldError
 from transformer_jax.model import attention
 from transformer_jax.model.dropout import Dropout
 from transformer_jax.model.layers import (
-    ACTIVATIONS, DecoderLayer, Embed, EncoderLayer, PositionalEncoding, layer_norm,
+    ACTIVATIONS, INITS, DecoderLayer, Embed, EncoderLayer, PositionalEncoding, layer_norm,
 )
 
 POSITIONAL_KINDS = ("sinusoidal", "learned")
@@ -42,8 +42,8 @@ class TransformerConfig:
   an experiment: its vocabulary sets it. d_k and d_v default to d_model /
   num_heads. `scan_layers` runs the layers through `nn.scan` (one compiled
   layer, params stacked on a leading "layers" axis). `attention_bias`,
-  `logits_bias`, `activation`, `norm_epsilon` and `attention_init_gain`
-  serve models and recipes from elsewhere (Marian, fairseq).
+  `logits_bias`, `activation`, `norm_epsilon` and `init` serve models and
+  recipes from elsewhere (Marian, fairseq).
   """
 
   vocab_size: int = 37000
@@ -77,9 +77,10 @@ class TransformerConfig:
   activation: str = schema.choice("relu", "feed-forward nonlinearity", *ACTIVATIONS)
   norm_epsilon: float = schema.number(1e-6, "LayerNorm epsilon", "a number in (0, 1)",
                                       lambda v: 0 < v < 1)
-  attention_init_gain: float = schema.number(
-      1.0, "gain of the Xavier-uniform initialisation of W^Q, W^K, W^V (fairseq: 0.7071)",
-      "a number > 0", lambda v: v > 0)
+  init: str = schema.choice(
+      "xavier", "initial parameters: xavier (Xavier-uniform weights, zero biases) or fairseq "
+      "(W^Q, W^K, W^V at Xavier gain 2^-1/2; feed-forward layers and Q, K, V biases "
+      "U(+-1/sqrt(fan_in)), torch's nn.Linear default)", *INITS)
 
   def __post_init__(self):
     if not schema.is_int(self.vocab_size) or self.vocab_size <= 0:
@@ -208,7 +209,7 @@ def _layer_kwargs(config: TransformerConfig) -> dict[str, Any]:
       dropout_rate=config.dropout_rate, pre_norm=config.norm == "pre",
       dtype=config.compute_dtype, attention_impl=config.attention_impl,
       attention_bias=config.attention_bias, activation=config.activation,
-      norm_epsilon=config.norm_epsilon, attention_init_gain=config.attention_init_gain,
+      norm_epsilon=config.norm_epsilon, init_scheme=config.init,
   )
 
 
