@@ -206,15 +206,8 @@ def get_builder(c: DataConfig):
         data_dir=data_dir, file_format="array_record")
     if not _prepare(builder):
       return get_builder(c)
-  elif c.name == "text":
-    builder = _text_builder(c)
-    if not builder.is_prepared():
-      for path_a, path_b in builder.builder_config.files.values():
-        parallel_text.check_files(path_a, path_b)
-      if not _prepare(builder):
-        return get_builder(c)
-  elif c.name in multi30k.NAMES:
-    builder = multi30k.builder(c)
+  elif c.name == "text" or c.name in multi30k.NAMES:
+    builder = _text_builder(c) if c.name == "text" else multi30k.builder(c)
     if not builder.is_prepared():
       for path_a, path_b in builder.builder_config.files.values():
         parallel_text.check_files(path_a, path_b)
