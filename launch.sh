@@ -13,6 +13,10 @@
 #                                        or GPU machine (v5e-8, v5p-128, 8xh100, ...) on this CPU:
 #                                        per-device memory, cost, fit (needs the tpu or cuda
 #                                        extra: .venv/bin/pip install -e '.[tpu,cuda]')
+#   ./launch.sh inspect --workdir=DIR [--verify]
+#                                        list a work directory's checkpoints; --verify reads each
+#                                        back and checks it (python -m
+#                                        transformer_jax.tools.inspect_checkpoints)
 #   ./launch.sh import --marian=DIR --workdir=DIR
 #                                        convert a Marian (OPUS-MT) model into a work directory
 #                                        (python -m transformer_jax.pretrained import)
@@ -22,6 +26,8 @@
 #                                        processes; -m "not slow": the fast tier (the checks
 #                                        against Hugging Face's Marian model need: .venv/bin/pip
 #                                        install -e '.[hf]'; without it they are skipped)
+#   ./launch.sh lint                     ruff's lint and format checks over the tree (CI runs them
+#                                        before the tests); ./launch.sh lint --fix rewrites instead
 #   ./launch.sh bench [FLAGS...]         python -m transformer_jax.tools.benchmark (--config=small|base|big,
 #                                        --vs=torch needs: .venv/bin/pip install -e '.[bench]')
 #   ./launch.sh device-bundle DIR        download here the wheels a GPU machine's image lacks
@@ -118,6 +124,15 @@ case "$mode" in
     # one process).
     exec "$PY" -m pytest -q -n "${TJ_TEST_WORKERS:-2}" --dist=loadfile --no-loadscope-reorder "$@"
     ;;
+  lint)
+    setup
+    if [[ "${1:-}" == "--fix" ]]; then
+      "$PY" -m ruff check --fix .
+      exec "$PY" -m ruff format .
+    fi
+    "$PY" -m ruff check .
+    exec "$PY" -m ruff format --check .
+    ;;
   bench)
     setup
     exec "$PY" -m transformer_jax.tools.benchmark "$@"
@@ -133,6 +148,10 @@ case "$mode" in
     done
     setup
     exec "$PY" -m transformer_jax.tools.device_report "$@"
+    ;;
+  inspect)
+    setup
+    exec "$PY" -m transformer_jax.tools.inspect_checkpoints "$@"
     ;;
   import|export)
     setup

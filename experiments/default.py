@@ -26,8 +26,15 @@ from transformer_jax import config as config_lib
 def get_config():
   config = config_lib.default_config()
   config.model = config_lib.model_fields(
-      "base", num_layers=3, d_model=128, d_ff=512, num_heads=4, max_len=128, norm="pre",
-      dropout_rate=0.0)
+    "base",
+    num_layers=3,
+    d_model=128,
+    d_ff=512,
+    num_heads=4,
+    max_len=128,
+    norm="pre",
+    dropout_rate=0.0,
+  )
   config.data.name = "embedded"
   config.data.vocab_size = 1000
   config.data.tokens_per_batch = 4096

@@ -37,12 +37,23 @@ PEAK_LEARNING_RATE, D_MODEL, WARMUP = 0.005, 128, 2000
 
 def get_config(variant: str = "tiny"):
   if variant not in VARIANTS:
-    raise ValueError(f"experiments/multi30k.py: unknown variant {variant!r}; "
-                     f"variants: {', '.join(VARIANTS)}")
+    raise ValueError(
+      f"experiments/multi30k.py: unknown variant {variant!r}; variants: {', '.join(VARIANTS)}"
+    )
   config = config_lib.default_config()
   config.model = config_lib.model_fields(
-      "base", num_layers=4, d_model=D_MODEL, d_ff=256, num_heads=4, dropout_rate=0.3,
-      max_len=128, norm="post", attention_bias=True, norm_epsilon=1e-5, init="fairseq")
+    "base",
+    num_layers=4,
+    d_model=D_MODEL,
+    d_ff=256,
+    num_heads=4,
+    dropout_rate=0.3,
+    max_len=128,
+    norm="post",
+    attention_bias=True,
+    norm_epsilon=1e-5,
+    init="fairseq",
+  )
   config.data.name = "multi30k_tok"
   config.data.source_lang = "en"
   config.data.target_lang = "de"

@@ -22,8 +22,10 @@ if not ON_CPU:
 # across threads (two test workers keep both cores busy), the HLO is the same, compiling takes
 # much less time, and the numbers agree to within the tests' tolerances (their bitwise
 # comparisons compare runs compiled alike); docs/testing.md has the measured times.
-_FASTER_CPU_COMPILES = ("--xla_cpu_use_fusion_emitters=false",
-                        "--xla_cpu_parallel_codegen_split_count=1")
+_FASTER_CPU_COMPILES = (
+  "--xla_cpu_use_fusion_emitters=false",
+  "--xla_cpu_parallel_codegen_split_count=1",
+)
 
 
 def _missing(flags) -> list[str]:
@@ -39,9 +41,13 @@ def _add_xla_flags(flags) -> None:
 def _known_to_xla(flags) -> bool:
   """Whether this jax's XLA takes `flags` (it ends a process given a flag it does not know)."""
   try:
-    probe = subprocess.run([sys.executable, "-c", "import jax; jax.devices()"],
-                           env=dict(os.environ, XLA_FLAGS=" ".join(flags)), capture_output=True,
-                           check=False, timeout=120)
+    probe = subprocess.run(
+      [sys.executable, "-c", "import jax; jax.devices()"],
+      env=dict(os.environ, XLA_FLAGS=" ".join(flags)),
+      capture_output=True,
+      check=False,
+      timeout=120,
+    )
   except subprocess.TimeoutExpired:
     return False
   return probe.returncode == 0
@@ -73,6 +79,7 @@ def _float32_matmuls_in_full_on_an_accelerator():
   float64 references of the `device` tests assume; the CPU computes them so anyway."""
   if not ON_CPU:
     import jax  # pylint: disable=import-outside-toplevel  # After the flags above.
+
     jax.config.update("jax_default_matmul_precision", "highest")
 
 
@@ -80,6 +87,7 @@ def _float32_matmuls_in_full_on_an_accelerator():
 def shared(tmp_path_factory):
   """The session's corpus, vocabulary and compilation cache of tiny runs (`helpers.shared_dir`)."""
   import helpers  # pylint: disable=import-outside-toplevel  # It imports jax: after the flags.
+
   return helpers.shared_dir(tmp_path_factory)
 
 
@@ -90,6 +98,8 @@ def pytest_collection_modifyitems(items):
   weight = {}
   for item in items:
     multiprocess, slow = weight.get(item.path, (0, 0))
-    weight[item.path] = (multiprocess or item.get_closest_marker("multiprocess") is not None,
-                         slow + (item.get_closest_marker("slow") is not None))
+    weight[item.path] = (
+      multiprocess or item.get_closest_marker("multiprocess") is not None,
+      slow + (item.get_closest_marker("slow") is not None),
+    )
   items.sort(key=lambda item: tuple(-w for w in weight[item.path]))

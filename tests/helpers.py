@@ -29,6 +29,7 @@ from transformer_jax.checkpoints import store
 from transformer_jax.conventions import BATCH_KEYS, EOS_ID
 from transformer_jax.model import dropout
 from transformer_jax.model.transformer import Transformer, TransformerConfig
+from transformer_jax.placement import Placement
 from transformer_jax.train import objective
 from transformer_jax.train.step import Trainer
 
@@ -62,8 +63,15 @@ def synthetic_batch(seed: int, rows: int = 8, length: int = 12, vocab: int = 40)
 
 # A tiny search vocabulary (pad 0, EOS 1, words 2..4), and source sentences of a 16-token one.
 VOCAB = 5
-SOURCES_16 = np.array([[2, 3, 4, 5, 6, 7, 0, 0], [3, 3, 9, 0, 0, 0, 0, 0],
-                       [4, 2, 2, 2, 12, 13, 14, 15], [5, 6, 7, 8, 9, 10, 11, 0]], np.int32)
+SOURCES_16 = np.array(
+  [
+    [2, 3, 4, 5, 6, 7, 0, 0],
+    [3, 3, 9, 0, 0, 0, 0, 0],
+    [4, 2, 2, 2, 12, 13, 14, 15],
+    [5, 6, 7, 8, 9, 10, 11, 0],
+  ],
+  np.int32,
+)
 
 
 def eos_biased_model(eos_bias=0.0, seed=0, vocab=VOCAB):
@@ -72,11 +80,13 @@ def eos_biased_model(eos_bias=0.0, seed=0, vocab=VOCAB):
   The bias goes into the last decoder LayerNorm's offset along a direction `u`
   with `embedding @ u = one_hot(EOS)`, so only the EOS logit moves.
   """
-  cfg = TransformerConfig(vocab_size=vocab, num_layers=2, d_model=32, d_ff=64, num_heads=4,
-                          max_len=32, dropout_rate=0.0)
+  cfg = TransformerConfig(
+    vocab_size=vocab, num_layers=2, d_model=32, d_ff=64, num_heads=4, max_len=32, dropout_rate=0.0
+  )
   model = Transformer(cfg)
-  variables = nn.unbox(model.init(
-      jax.random.key(seed), jnp.ones((1, 4), jnp.int32), jnp.ones((1, 4), jnp.int32)))
+  variables = nn.unbox(
+    model.init(jax.random.key(seed), jnp.ones((1, 4), jnp.int32), jnp.ones((1, 4), jnp.int32))
+  )
   params = variables["params"]
   embedding = np.asarray(params["embed"]["embedding"], np.float64)
   direction = np.linalg.pinv(embedding) @ np.eye(vocab)[EOS_ID]
@@ -85,16 +95,18 @@ def eos_biased_model(eos_bias=0.0, seed=0, vocab=VOCAB):
   return model, variables
 
 
-def make_trainer(mesh_shape=None, rules: str = "dp", devices=None, *, seed: int = 0,
-                 **model_overrides) -> Trainer:
+def make_trainer(
+  mesh_shape=None, rules: str = "dp", devices=None, *, seed: int = 0, **model_overrides
+) -> Trainer:
   """A Trainer of `tiny_model_config(**model_overrides)` with the paper's Adam (warmup 10), label
   smoothing 0.1; on one device unless a mesh shape is given."""
   if mesh_shape is None:
     mesh_shape, devices = {"data": 1}, jax.devices()[:1]
   config = tiny_model_config(**model_overrides)
   optimizer, _ = objective.OptimizerSettings(warmup_steps=10).make(config.d_model)
-  placement = sharding.Placement(config, sharding.make_mesh(mesh_shape, devices),
-                                 sharding.logical_rules(rules))
+  placement = Placement(
+    config, sharding.make_mesh(mesh_shape, devices), sharding.logical_rules(rules)
+  )
   return Trainer(placement, optimizer, label_smoothing=0.1, seed=seed)
 
 
@@ -103,9 +115,12 @@ def random_state(trainer: Trainer, seed: int):
   placed as the trainer shards it."""
   rng = np.random.default_rng(seed)
   return jax.tree.map(
-      lambda a: jax.device_put(rng.normal(size=a.shape).astype(a.dtype) if a.dtype != np.int32
-                               else np.array(seed, np.int32), a.sharding),
-      trainer.abstract_state)
+    lambda a: jax.device_put(
+      rng.normal(size=a.shape).astype(a.dtype) if a.dtype != np.int32 else np.array(seed, np.int32),
+      a.sharding,
+    ),
+    trainer.abstract_state,
+  )
 
 
 def stack_layers(params, num_layers):
@@ -115,8 +130,10 @@ def stack_layers(params, num_layers):
     if isinstance(sub, dict) and "layer_0" in sub:
       layers = [sub[f"layer_{i}"] for i in range(num_layers)]
       rest = {k: v for k, v in sub.items() if not k.startswith("layer_")}
-      out[name] = {**rest, "layers": {"layer": jax.tree_util.tree_map(
-          lambda *xs: jnp.stack(xs), *layers)}}
+      out[name] = {
+        **rest,
+        "layers": {"layer": jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *layers)},
+      }
     else:
       out[name] = sub
   return out
@@ -152,9 +169,15 @@ def shared_dir(tmp_path_factory) -> pathlib.Path:
   """The session's shared corpus, vocabulary and compilation cache, prepared on first use."""
   shared = tmp_path_factory.getbasetemp() / "runs_shared"
   if not (shared / "vocab.model").exists():
-    data.get_tokenizer(data.DataConfig(name="embedded_tiny", data_dir=str(shared / "tfds"),
-                                       vocab_size=200, vocab_path=str(shared / "vocab.model")),
-                       str(shared))
+    data.get_tokenizer(
+      data.DataConfig(
+        name="embedded_tiny",
+        data_dir=str(shared / "tfds"),
+        vocab_size=200,
+        vocab_path=str(shared / "vocab.model"),
+      ),
+      str(shared),
+    )
   return shared
 
 
@@ -167,14 +190,25 @@ def tiny_config(shared: pathlib.Path, **overrides) -> dict:
   """`{field path: value}` of a tiny run's config overrides; `overrides` add to them (`__` for
   `.`)."""
   config = {
-      "data.name": "embedded_tiny", "data.data_dir": shared / "tfds",
-      "data.vocab_path": shared / "vocab.model", "data.vocab_size": 200,
-      "data.batch_mode": "packed", "data.batch_size": 8, "data.max_length": 64,
-      "data.max_source_length": 64, "data.max_target_length": 64,
-      "model.num_layers": 2, "model.d_model": 32, "model.d_ff": 64,
-      "warmup_steps": 10, "log_every_steps": 1, "peak_flops_per_device": 1e9,
-      "eval_every_steps": 0, "checkpoint_every_steps": 2, "keep_checkpoints": 3,
-      "compilation_cache_dir": shared / "jax_cache",
+    "data.name": "embedded_tiny",
+    "data.data_dir": shared / "tfds",
+    "data.vocab_path": shared / "vocab.model",
+    "data.vocab_size": 200,
+    "data.batch_mode": "packed",
+    "data.batch_size": 8,
+    "data.max_length": 64,
+    "data.max_source_length": 64,
+    "data.max_target_length": 64,
+    "model.num_layers": 2,
+    "model.d_model": 32,
+    "model.d_ff": 64,
+    "warmup_steps": 10,
+    "log_every_steps": 1,
+    "peak_flops_per_device": 1e9,
+    "eval_every_steps": 0,
+    "checkpoint_every_steps": 2,
+    "keep_checkpoints": 3,
+    "compilation_cache_dir": shared / "jax_cache",
   }
   config.update({k.replace("__", "."): v for k, v in overrides.items()})
   return config
@@ -186,14 +220,17 @@ def tiny_experiment(shared: pathlib.Path, **overrides):
   values = tiny_config(shared, **{"compilation_cache_dir": "", **overrides})
   config = config_lib.load_file(str(REPO / "experiments" / "default.py"))
   config.update_from_flattened_dict(
-      {k: str(v) if isinstance(v, pathlib.Path) else v for k, v in values.items()})
+    {k: str(v) if isinstance(v, pathlib.Path) else v for k, v in values.items()}
+  )
   return config_lib.parse(config)
 
 
 def flags(shared: pathlib.Path, **overrides) -> list[str]:
   """Command-line flags of a tiny run (`tiny_config`): `--config.<path>=<value>`."""
-  return ["--config=experiments/default.py",
-          *(f"--config.{k}={v}" for k, v in tiny_config(shared, **overrides).items())]
+  return [
+    "--config=experiments/default.py",
+    *(f"--config.{k}={v}" for k, v in tiny_config(shared, **overrides).items()),
+  ]
 
 
 def free_port() -> int:
@@ -211,21 +248,39 @@ def environment(shared: pathlib.Path | None = None, devices: int = 1) -> dict:
   env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
   if env.setdefault("JAX_PLATFORMS", "cpu") == "cpu":
     count = "--xla_force_host_platform_device_count"
-    env["XLA_FLAGS"] = " ".join([f"{count}={devices}", *(
-        flag for flag in env.get("XLA_FLAGS", "").split() if not flag.startswith(count))])
+    env["XLA_FLAGS"] = " ".join(
+      [
+        f"{count}={devices}",
+        *(flag for flag in env.get("XLA_FLAGS", "").split() if not flag.startswith(count)),
+      ]
+    )
   if shared is not None:
-    env.update(JAX_COMPILATION_CACHE_DIR=str(shared / "jax_cache"),
-               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+    env.update(
+      JAX_COMPILATION_CACHE_DIR=str(shared / "jax_cache"),
+      JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+    )
   return env
 
 
-def python(*args, shared: pathlib.Path | None = None, devices: int = 1, cwd=REPO,
-           timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
+def python(
+  *args,
+  shared: pathlib.Path | None = None,
+  devices: int = 1,
+  cwd=REPO,
+  timeout: float = 300,
+  **kwargs,
+) -> subprocess.CompletedProcess:
   """`python args...` run to its end in `environment(shared, devices)`, from the repository
   (or `cwd`); its stdout and stderr as text. `kwargs` go to `subprocess.run` (`input`)."""
-  return subprocess.run([sys.executable, *map(str, args)], cwd=cwd,
-                        env=environment(shared, devices), capture_output=True, text=True,
-                        timeout=timeout, **kwargs)
+  return subprocess.run(
+    [sys.executable, *map(str, args)],
+    cwd=cwd,
+    env=environment(shared, devices),
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+    **kwargs,
+  )
 
 
 class Run:
@@ -238,18 +293,38 @@ class Run:
   `lines` (stdout and stderr lines as text, as they come).
   """
 
-  def __init__(self, shared, workdir, *extra_flags, stdin: bytes | None = None,
-               preexec_fn=None, devices: int = 1, **overrides):
+  def __init__(
+    self,
+    shared,
+    workdir,
+    *extra_flags,
+    stdin: bytes | None = None,
+    preexec_fn=None,
+    devices: int = 1,
+    **overrides,
+  ):
     self.process = subprocess.Popen(
-        [sys.executable, "-m", "transformer_jax.main", f"--workdir={workdir}",
-         *flags(shared, **overrides), *extra_flags],
-        cwd=REPO, env=environment(shared, devices), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, preexec_fn=preexec_fn)
+      [
+        sys.executable,
+        "-m",
+        "transformer_jax.main",
+        f"--workdir={workdir}",
+        *flags(shared, **overrides),
+        *extra_flags,
+      ],
+      cwd=REPO,
+      env=environment(shared, devices),
+      stdin=subprocess.PIPE,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      preexec_fn=preexec_fn,
+    )
     self.lines, self.stdout = [], b""
     self._changed = threading.Condition()
-    self._readers = [threading.Thread(target=self._read, args=(stream, keep), daemon=True)
-                     for stream, keep in ((self.process.stdout, True),
-                                          (self.process.stderr, False))]
+    self._readers = [
+      threading.Thread(target=self._read, args=(stream, keep), daemon=True)
+      for stream, keep in ((self.process.stdout, True), (self.process.stderr, False))
+    ]
     for reader in self._readers:
       reader.start()
     if stdin:
@@ -319,12 +394,15 @@ def scalars_per_run(workdir, tag: str = "train/loss") -> list[dict]:
   # tensorboardX imports PyTorch where it is installed: not in the processes that import
   # helpers without reading events (those the tests start).
   from tensorboardX.proto import event_pb2  # pylint: disable=import-outside-toplevel
+
   runs = []
   for path in sorted(glob.glob(f"{workdir}/tensorboard/events.out.tfevents.*")):
     values = {}
     for record in tfrecords(path):
       event = event_pb2.Event.FromString(record)
-      values.update({event.step: v.simple_value for v in event.summary.value if v.tag == tag})
+      for value in event.summary.value:
+        if value.tag == tag:
+          values[event.step] = value.simple_value
     runs.append(values)
   return runs
 
@@ -381,3 +459,14 @@ def restore_state(workdir, step: int) -> dict:
   """The train state saved at `step`, as numpy arrays in nested dicts."""
   manager = store.make_manager(os.path.join(workdir, "checkpoints"), read_only=True)
   return store.read_state_on_host(manager, step)
+
+
+def init_module(module, *args, **kwargs):
+  """(variables, unboxed params) of a Flax module initialised from key 0 on `args`."""
+  variables = module.init(jax.random.key(0), *args, **kwargs)
+  return variables, nn.meta.unbox(variables.get("params", {}))
+
+
+def randn(seed, *shape):
+  """float32 standard normal numbers of `shape`, from numpy's generator seeded `seed`."""
+  return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)

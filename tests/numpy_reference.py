@@ -34,9 +34,9 @@ def multi_head(params, x_q, x_kv, mask=None):
 
 
 ACTIVATIONS = {
-    "relu": lambda x: np.maximum(0.0, x),
-    "swish": lambda x: x / (1.0 + np.exp(-x)),
-    "gelu": lambda x: 0.5 * x * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0))),
+  "relu": lambda x: np.maximum(0.0, x),
+  "swish": lambda x: x / (1.0 + np.exp(-x)),
+  "gelu": lambda x: 0.5 * x * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0))),
 }
 
 
@@ -50,7 +50,8 @@ def layer_norm(params, x, eps=1e-6):
   mean = x.mean(-1, keepdims=True)
   var = ((x - mean) ** 2).mean(-1, keepdims=True)
   return (x - mean) / np.sqrt(var + eps) * np.asarray(params["scale"], np.float64) + np.asarray(
-      params["bias"], np.float64)
+    params["bias"], np.float64
+  )
 
 
 def sinusoid(pos, j, d_model):
@@ -75,12 +76,17 @@ def encoder_layer(params, x, mask, pre_norm=False, activation="relu", eps=1e-6):
 
 def decoder_layer(params, y, encoded, self_mask, cross_mask, activation="relu", eps=1e-6):
   """Post-LN masked self-attention, attention over the encoder output, feed-forward."""
-  y = layer_norm(params["self_attention_norm"],
-                 y + multi_head(params["self_attention"], y, y, self_mask), eps)
-  y = layer_norm(params["cross_attention_norm"],
-                 y + multi_head(params["cross_attention"], y, encoded, cross_mask), eps)
-  return layer_norm(params["feed_forward_norm"],
-                    y + feed_forward(params["feed_forward"], y, activation), eps)
+  y = layer_norm(
+    params["self_attention_norm"], y + multi_head(params["self_attention"], y, y, self_mask), eps
+  )
+  y = layer_norm(
+    params["cross_attention_norm"],
+    y + multi_head(params["cross_attention"], y, encoded, cross_mask),
+    eps,
+  )
+  return layer_norm(
+    params["feed_forward_norm"], y + feed_forward(params["feed_forward"], y, activation), eps
+  )
 
 
 def transformer_logits(params, inputs, targets, num_layers, activation="relu", eps=1e-6):
@@ -91,27 +97,39 @@ def transformer_logits(params, inputs, targets, num_layers, activation="relu", e
   d_model = embedding.shape[1]
 
   def embed(ids):
-    positions = np.array([[sinusoid(p, j, d_model) for j in range(d_model)]
-                          for p in range(ids.shape[1])])
+    positions = np.array(
+      [[sinusoid(p, j, d_model) for j in range(d_model)] for p in range(ids.shape[1])]
+    )
     return embedding[ids] * math.sqrt(d_model) + positions
 
   real_in, real_out = inputs != 0, targets != 0
   causal = np.tril(np.ones((targets.shape[1],) * 2, bool))
   x = embed(inputs)
   for i in range(num_layers):
-    x = encoder_layer(params["encoder"][f"layer_{i}"], x,
-                      real_in[:, None, :, None] & real_in[:, None, None, :],
-                      activation=activation, eps=eps)
+    x = encoder_layer(
+      params["encoder"][f"layer_{i}"],
+      x,
+      real_in[:, None, :, None] & real_in[:, None, None, :],
+      activation=activation,
+      eps=eps,
+    )
   y = embed(np.pad(targets, ((0, 0), (1, 0)))[:, :-1])
   for i in range(num_layers):
-    y = decoder_layer(params["decoder"][f"layer_{i}"], y, x,
-                      causal & real_out[:, None, :, None] & real_out[:, None, None, :],
-                      real_out[:, None, :, None] & real_in[:, None, None, :], activation, eps)
+    y = decoder_layer(
+      params["decoder"][f"layer_{i}"],
+      y,
+      x,
+      causal & real_out[:, None, :, None] & real_out[:, None, None, :],
+      real_out[:, None, :, None] & real_in[:, None, None, :],
+      activation,
+      eps,
+    )
   return y @ embedding.T + np.asarray(params["embed"].get("logits_bias", 0.0), np.float64)
 
 
-def step_log_probs(logits, *, last: bool, eos: int, pad: int = 0, force_eos: bool = False,
-                   renormalize: bool = False):
+def step_log_probs(
+  logits, *, last: bool, eos: int, pad: int = 0, force_eos: bool = False, renormalize: bool = False
+):
   """Next-token log-probabilities from float64 `logits` [vocab]: pad excluded (after the
   log-softmax, or before it with `renormalize`); only EOS, at 0, on the `last` step with
   `force_eos` (Hugging Face's bad_words_ids=[[pad]], renormalize_logits, forced_eos_token_id)."""
@@ -146,17 +164,24 @@ def beam_search(log_probs_of, limit, beam_size, penalty, early_stopping="exact")
     best_alive = max(score for _, score in alive)
     full = len(finished) == beam_size
     if early_stopping == "exact":
-      stop = bool(finished) and finished[0][0] >= best_alive / max(penalty(step + 1),
-                                                                   penalty(limit))
+      stop = bool(finished) and finished[0][0] >= best_alive / max(
+        penalty(step + 1), penalty(limit)
+      )
     elif early_stopping == "heuristic":
       stop = full and best_alive / penalty(step) <= finished[-1][0]
     else:
       stop = full
     if stop:
       return finished[0][1], finished[0][0], step, beyond
-    candidates = sorted(((score + lp, prefix + (token,)) for prefix, score in alive
-                         for token, lp in enumerate(log_probs_of(prefix)) if lp > -np.inf),
-                        key=lambda c: -c[0])[:2 * beam_size]
+    candidates = sorted(
+      (
+        (score + lp, prefix + (token,))
+        for prefix, score in alive
+        for token, lp in enumerate(log_probs_of(prefix))
+        if lp > -np.inf
+      ),
+      key=lambda c: -c[0],
+    )[: 2 * beam_size]
     alive = []
     for rank, (score, hyp) in enumerate(candidates):
       ends = hyp[-1] == 1 or len(hyp) == limit

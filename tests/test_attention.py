@@ -88,9 +88,11 @@ def test_fully_masked_rows_give_zeros_and_finite_gradients(implementation):
   want = numpy_reference.softmax_attention(q, k, v, mask)
   np.testing.assert_allclose(out, want, atol=1e-6)
   grads = jax.grad(
-      lambda q, k, v: jnp.sum(
-          attention.dot_product_attention(q, k, v, mask, implementation=implementation) ** 2),
-      argnums=(0, 1, 2))(q, k, v)
+    lambda q, k, v: jnp.sum(
+      attention.dot_product_attention(q, k, v, mask, implementation=implementation) ** 2
+    ),
+    argnums=(0, 1, 2),
+  )(q, k, v)
   for g in grads:
     assert np.all(np.isfinite(g))
 
@@ -100,7 +102,8 @@ def test_bfloat16_inputs_stay_close():
   want = numpy_reference.softmax_attention(q, k, v)
   for impl in ("fused", "reference"):
     got = attention.dot_product_attention(
-        *(jnp.asarray(a, jnp.bfloat16) for a in (q, k, v)), implementation=impl)
+      *(jnp.asarray(a, jnp.bfloat16) for a in (q, k, v)), implementation=impl
+    )
     assert got.dtype == jnp.bfloat16
     assert relative_error(got, want) < 2e-2
 
@@ -134,13 +137,13 @@ def test_combine_masks():
 
 
 @pytest.mark.parametrize(
-    "shapes, message",
-    [
-        (((2, 5, 3), (2, 7, 3, 8), (2, 7, 3, 8)), "query must be"),
-        (((2, 5, 3, 8), (2, 7, 3, 4), (2, 7, 3, 8)), "head_dim differ"),
-        (((2, 5, 3, 8), (2, 7, 3, 8), (2, 6, 3, 8)), "key and value"),
-        (((2, 5, 4, 8), (2, 7, 3, 8), (2, 7, 3, 8)), "batch and heads"),
-    ],
+  "shapes, message",
+  [
+    (((2, 5, 3), (2, 7, 3, 8), (2, 7, 3, 8)), "query must be"),
+    (((2, 5, 3, 8), (2, 7, 3, 4), (2, 7, 3, 8)), "head_dim differ"),
+    (((2, 5, 3, 8), (2, 7, 3, 8), (2, 6, 3, 8)), "key and value"),
+    (((2, 5, 4, 8), (2, 7, 3, 8), (2, 7, 3, 8)), "batch and heads"),
+  ],
 )
 def test_inconsistent_shapes_raise(shapes, message):
   arrays = [np.zeros(s, np.float32) for s in shapes]
@@ -148,7 +151,9 @@ def test_inconsistent_shapes_raise(shapes, message):
     attention.dot_product_attention(*arrays)
 
 
-@pytest.mark.parametrize("implementation, platform, dtype, d_k, d_v, path", [
+@pytest.mark.parametrize(
+  "implementation, platform, dtype, d_k, d_v, path",
+  [
     ("auto", "gpu", jnp.bfloat16, 64, 64, "cudnn"),
     ("auto", "gpu", jnp.float16, 128, 128, "cudnn"),
     ("auto", "gpu", jnp.float32, 64, 64, "xla"),  # cuDNN's attention takes half precision.
@@ -163,11 +168,15 @@ def test_inconsistent_shapes_raise(shapes, message):
     ("reference", "gpu", jnp.bfloat16, 64, 64, "reference"),
     ("xla", "gpu", jnp.bfloat16, 64, 64, "xla"),
     ("cudnn", "cpu", jnp.bfloat16, 64, 64, "cudnn"),
-])
-def test_the_implementation_resolves_against_the_platform(implementation, platform, dtype, d_k,
-                                                          d_v, path):
-  assert attention.resolve_implementation(implementation, platform, dtype=dtype, d_k=d_k,
-                                          d_v=d_v) == path
+  ],
+)
+def test_the_implementation_resolves_against_the_platform(
+  implementation, platform, dtype, d_k, d_v, path
+):
+  assert (
+    attention.resolve_implementation(implementation, platform, dtype=dtype, d_k=d_k, d_v=d_v)
+    == path
+  )
 
 
 def test_bad_mask_shape_and_implementation_raise():
@@ -193,8 +202,9 @@ def test_cached_attention_of_grouped_query_rows_reads_each_cached_row_for_its_gr
   cache_k, cache_v = k[::3].transpose(0, 2, 1, 3), v[::3].transpose(0, 2, 1, 3)
   got = attention.cached_attention(q, cache_k, cache_v, mask)
   # The formula with every cached row repeated for the 3 query rows of its group.
-  want = numpy_reference.softmax_attention(q, np.repeat(k[::3], 3, 0), np.repeat(v[::3], 3, 0),
-                                           np.repeat(mask, 3, 0))
+  want = numpy_reference.softmax_attention(
+    q, np.repeat(k[::3], 3, 0), np.repeat(v[::3], 3, 0), np.repeat(mask, 3, 0)
+  )
   assert got.shape == (6, 1, 3, 8) and relative_error(got, want) < 1e-5
   with pytest.raises(ValueError, match="multiple"):
     attention.cached_attention(q[:5], cache_k, cache_v, mask)

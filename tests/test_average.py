@@ -9,7 +9,8 @@ import jax
 import numpy as np
 import pytest
 
-from helpers import make_trainer as _trainer, random_state as _random_state
+from helpers import make_trainer as _trainer
+from helpers import random_state as _random_state
 from transformer_jax.checkpoints import store
 from transformer_jax.checkpoints.average import average_params
 from transformer_jax.decode import search as search_lib
@@ -45,8 +46,10 @@ def test_the_average_of_two_checkpoints_is_their_mean_parameter_by_parameter(tmp
     np.testing.assert_array_equal(got, want)
   inputs = np.array([[5, 6, 7, 1], [8, 9, 1, 0]], np.int32)
   model = trainer.placement.model
-  decoded = [search_lib.greedy_decode(model, {"params": p}, inputs, max_len=8).tokens
-             for p in (restored, averaged)]
+  decoded = [
+    search_lib.greedy_decode(model, {"params": p}, inputs, max_len=8).tokens
+    for p in (restored, averaged)
+  ]
   np.testing.assert_array_equal(decoded[0], decoded[1])
   assert decoded[0].shape == (2, 8)
 
@@ -60,7 +63,8 @@ def test_the_newest_checkpoints_that_read_back_intact_are_averaged(tmp_path, cap
     store.save(manager, step, state)
   saved = store.saved_fingerprints(manager, 3)
   (tmp_path / "3" / "integrity" / "metadata").write_text(
-      json.dumps({**saved, "params": saved["params"] ^ 1}))
+    json.dumps({**saved, "params": saved["params"] ^ 1})
+  )
   abstract = trainer.placement.abstract_params
   averaged, used = average_params(manager, [1, 2, 3], abstract, count=2)
   assert used == [1, 2]

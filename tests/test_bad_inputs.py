@@ -4,8 +4,8 @@ line that says what to change, exit status 1, no traceback, and nothing compiled
 One row per mistake: what it is (as docs/training.md's table says it), how to make it (files
 under a folder, then a config or the command line's arguments) and a fragment of the line the
 user reads. The rows run in this process through the functions the command line runs:
-`main.config_flag_problem` for the config file and its overrides, and `config.parse` then
-`main.run` under `main.reports_user_errors` for everything else. Two rows, mistakes that absl
+`flag_errors.config_flag_problem` for the config file and its overrides, and `config.parse` then
+`modes.run` under `main.reports_user_errors` for everything else. Two rows, mistakes that absl
 itself reports, run `python -m transformer_jax.main` for its exit status. docs/training.md's
 table of mistakes is checked against the lines the rows print.
 """
@@ -14,26 +14,36 @@ import dataclasses
 import os
 import pathlib
 import re
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import pytest
 
 import helpers
 from transformer_jax import main
+from transformer_jax.cli import flag_errors, modes
 from transformer_jax.workdir import Workdir
 
-_WORDS = ("the cat dog sees a house small big red runs", "die katze hund sieht ein haus klein "
-          "gross rot läuft")
+_WORDS = (
+  "the cat dog sees a house small big red runs",
+  "die katze hund sieht ein haus klein gross rot läuft",
+)
 DOCS = helpers.REPO / "docs" / "training.md"
-BEGIN, END = "<!-- BEGIN mistakes: generated from tests/test_bad_inputs.py -->", "<!-- END mistakes -->"
+BEGIN, END = (
+  "<!-- BEGIN mistakes: generated from tests/test_bad_inputs.py -->",
+  "<!-- END mistakes -->",
+)
 
 
 def _corpus(folder, name="corpus", source=None, target=None, lines=40):
   """`<folder>/<name>.en` and `.de`: `lines` pairs of a few words each, or the given bytes."""
   en, de = (w.split() for w in _WORDS)
-  made = ["".join(" ".join(words[(i + k) % len(words)] for k in range(2 + i % 5)) + "\n"
-                  for i in range(lines)) for words in (en, de)]
+  made = [
+    "".join(
+      " ".join(words[(i + k) % len(words)] for k in range(2 + i % 5)) + "\n" for i in range(lines)
+    )
+    for words in (en, de)
+  ]
   (folder / f"{name}.en").write_bytes(source if source is not None else made[0].encode())
   (folder / f"{name}.de").write_bytes(target if target is not None else made[1].encode())
   return folder / name
@@ -41,10 +51,16 @@ def _corpus(folder, name="corpus", source=None, target=None, lines=40):
 
 def _text(folder, **overrides):
   """Overrides of a tiny run on `_corpus(folder)`, its vocabulary trained into `folder`."""
-  return {"data__name": "text", "data__source_lang": "en", "data__target_lang": "de",
-          "data__text_train": _corpus(folder), "data__vocab_size": 60,
-          "data__vocab_path": folder / "vocab.model", "data__data_dir": folder / "tfds",
-          **overrides}
+  return {
+    "data__name": "text",
+    "data__source_lang": "en",
+    "data__target_lang": "de",
+    "data__text_train": _corpus(folder),
+    "data__vocab_size": 60,
+    "data__vocab_path": folder / "vocab.model",
+    "data__data_dir": folder / "tfds",
+    **overrides,
+  }
 
 
 def _no_get_config(folder):
@@ -80,99 +96,166 @@ class Row:
 
 
 ROWS = [
-    # Data.
-    Row("`data.vocab_size` more than the training text supports",
-        lambda d: _text(d, data__vocab_size=1000),
-        "config.data.vocab_size=1000 is more than the training text supports: set it to at most "),
-    Row("`data.vocab_size` too small for the text's characters",
-        lambda d: _text(d, data__vocab_size=16),
-        "config.data.vocab_size=16 is too small for the characters of the training text: set it "
-        "to at least "),
-    Row("The same file (or text) for both languages",
-        lambda d: _text(d, data__text_train=_corpus(d, "same", b"a b\nc d\n", b"a b\nc d\n")),
-        "same.de and {d}/same.en are the same text"),
-    Row("Files of different line counts",
-        lambda d: _text(d, data__text_train=_corpus(d, "uneven", b"a\nb\n", b"x\n")),
-        "uneven.de has 1 lines but"),
-    Row("An empty file",
-        lambda d: _text(d, data__text_train=_corpus(d, "empty", b"a\nb\n", b"")),
-        "empty.de is empty"),
-    Row("A `data.text_train` prefix without files",
-        lambda d: _text(d, data__text_train=d / "missing"),
-        "config.data.text_train='{d}/missing': no file {d}/missing.de"),
-    Row("A language code the files do not have (`data.target_lang=fr` for `corpus.en`, "
-        "`corpus.de`)",
-        lambda d: _text(d, data__target_lang="fr"),
-        "config.data.text_train='{d}/corpus': no file {d}/corpus.fr (expected <prefix>.<lang> "
-        "for data.source_lang and data.target_lang; found {d}/corpus.de, {d}/corpus.en)"),
-    Row("A language the dataset does not have",
-        lambda d: {"data__source_lang": "de"},
-        "config.data.source_lang='de' is invalid: allowed a language of embedded_tiny: en | sy"),
-    Row("A `data.text_validation` (or `text_test`) prefix without files",
-        lambda d: _text(d, data__text_validation=d / "dev"),
-        "config.data.text_validation='{d}/dev': no file {d}/dev.de"),
-    Row("Evaluation (`config.eval_every_steps`) of text data without `data.text_validation`",
-        lambda d: _text(d, eval_every_steps=1),
-        "config.data.text_validation='': there is no validation split to read"),
-    Row("A `data.vocab_path` that is not a SentencePiece model",
-        lambda d: {"data__vocab_path": _a_file(d)},
-        "a_file is not a SentencePiece model"),
-    Row("A `data.vocab_path` that is a directory",
-        lambda d: {"data__vocab_path": d},
-        "cannot read the vocabulary"),
-    # Settings.
-    Row("A value out of its range",
-        lambda d: {"num_train_steps": 0},
-        "config.num_train_steps must be a positive integer; got 0"),
-    Row("A value that is none of the allowed ones",
-        lambda d: {"data__batch_mode": "rows"},
-        "config.data.batch_mode must be 'tokens' or 'packed' or 'padded'; got 'rows'"),
-    Row("Settings that do not go together",
-        lambda d: {"model__num_heads": 5},
-        "config.model.d_k: d_model=32 is not divisible by num_heads=5"),
-    Row("A mesh the devices do not make",
-        lambda d: {"mesh__data": 3},
-        "config.mesh={{'data': 3, 'fsdp': 1, 'tensor': 1}} needs 3 devices but 8 are present"),
-    # The work directory.
-    Row("A `--workdir` that is a file",
-        lambda d: {"workdir": _a_file(d)},
-        "--workdir={d}/a_file is a file, not a directory"),
-    Row("A `--workdir` inside a file",
-        lambda d: {"workdir": _a_file(d) / "run"},
-        "cannot make the directory: Not a directory"),
-    Row("Checkpoints none of which can be restored",
-        _broken_checkpoint,
-        "--config.on_bad_checkpoints=start_over", restores=True),
-    # The config file and the flags.
-    Row("A config file that does not exist",
-        lambda d: ["--config=experiments/nope.py", "--config.seed=1"],
-        "--config=experiments/nope.py: there is no file experiments/nope.py (the config files in "
-        "experiments: default.py,", flags=True),
-    Row("A config file without `get_config`",
-        lambda d: [f"--config={_no_get_config(d)}"],
-        "--config={d}/mine.py: the file has no get_config()", flags=True),
-    Row("A variant the config file does not take",
-        lambda d: ["--config=experiments/default.py:big"],
-        "experiments/default.py takes no variant; drop ':big'", flags=True),
-    Row("A variant the config file does not know",
-        lambda d: ["--config=experiments/wmt14.py:huge"],
-        "unknown variant 'huge'; variants: base, big, big_enfr", flags=True),
-    Row("A misspelled field",
-        lambda d: ["--config=experiments/default.py", "--config.data.vocab_sise=8"],
-        "--config.data.vocab_sise: config.data has no field 'vocab_sise'; did you mean "
-        "--config.data.vocab_size?", flags=True),
-    Row("A field in the wrong section",
-        lambda d: ["--config=experiments/default.py", "--config.beam_size=8"],
-        "did you mean --config.decode.beam_size?", flags=True),
-    Row("A field that is nowhere near a known one",
-        lambda d: ["--config=experiments/default.py", "--config.nonsense=3"],
-        "config has no field 'nonsense'; its fields: adam_b1,", flags=True),
-    Row("A value of the wrong type",
-        lambda d: ["--config=experiments/default.py", "--config.seed=abc"],
-        "flag --config.seed=abc: invalid literal for int()", flags=True, cli=True),
-    Row("An unknown flag",
-        lambda d: ["--config=experiments/default.py", "--wokrdir=x"],
-        "Unknown command line flag 'wokrdir'", flags=True, cli=True),
+  # Data.
+  Row(
+    "`data.vocab_size` more than the training text supports",
+    lambda d: _text(d, data__vocab_size=1000),
+    "config.data.vocab_size=1000 is more than the training text supports: set it to at most ",
+  ),
+  Row(
+    "`data.vocab_size` too small for the text's characters",
+    lambda d: _text(d, data__vocab_size=16),
+    "config.data.vocab_size=16 is too small for the characters of the training text: set it "
+    "to at least ",
+  ),
+  Row(
+    "The same file (or text) for both languages",
+    lambda d: _text(d, data__text_train=_corpus(d, "same", b"a b\nc d\n", b"a b\nc d\n")),
+    "same.de and {d}/same.en are the same text",
+  ),
+  Row(
+    "Files of different line counts",
+    lambda d: _text(d, data__text_train=_corpus(d, "uneven", b"a\nb\n", b"x\n")),
+    "uneven.de has 1 lines but",
+  ),
+  Row(
+    "An empty file",
+    lambda d: _text(d, data__text_train=_corpus(d, "empty", b"a\nb\n", b"")),
+    "empty.de is empty",
+  ),
+  Row(
+    "A `data.text_train` prefix without files",
+    lambda d: _text(d, data__text_train=d / "missing"),
+    "config.data.text_train='{d}/missing': no file {d}/missing.de",
+  ),
+  Row(
+    "A language code the files do not have (`data.target_lang=fr` for `corpus.en`, `corpus.de`)",
+    lambda d: _text(d, data__target_lang="fr"),
+    "config.data.text_train='{d}/corpus': no file {d}/corpus.fr (expected <prefix>.<lang> "
+    "for data.source_lang and data.target_lang; found {d}/corpus.de, {d}/corpus.en)",
+  ),
+  Row(
+    "A language the dataset does not have",
+    lambda d: {"data__source_lang": "de"},
+    "config.data.source_lang='de' is invalid: allowed a language of embedded_tiny: en | sy",
+  ),
+  Row(
+    "A `data.text_validation` (or `text_test`) prefix without files",
+    lambda d: _text(d, data__text_validation=d / "dev"),
+    "config.data.text_validation='{d}/dev': no file {d}/dev.de",
+  ),
+  Row(
+    "Evaluation (`config.eval_every_steps`) of text data without `data.text_validation`",
+    lambda d: _text(d, eval_every_steps=1),
+    "config.data.text_validation='': there is no validation split to read",
+  ),
+  Row(
+    "A `data.vocab_path` that is not a SentencePiece model",
+    lambda d: {"data__vocab_path": _a_file(d)},
+    "a_file is not a SentencePiece model",
+  ),
+  Row(
+    "A `data.vocab_path` that is a directory",
+    lambda d: {"data__vocab_path": d},
+    "cannot read the vocabulary",
+  ),
+  # Settings.
+  Row(
+    "A value out of its range",
+    lambda d: {"num_train_steps": 0},
+    "config.num_train_steps must be a positive integer; got 0",
+  ),
+  Row(
+    "A value that is none of the allowed ones",
+    lambda d: {"data__batch_mode": "rows"},
+    "config.data.batch_mode must be 'tokens' or 'packed' or 'padded'; got 'rows'",
+  ),
+  Row(
+    "Settings that do not go together",
+    lambda d: {"model__num_heads": 5},
+    "config.model.d_k: d_model=32 is not divisible by num_heads=5",
+  ),
+  Row(
+    "A mesh the devices do not make",
+    lambda d: {"mesh__data": 3},
+    "config.mesh={{'data': 3, 'fsdp': 1, 'tensor': 1}} needs 3 devices but 8 are present",
+  ),
+  # The work directory.
+  Row(
+    "A `--workdir` that is a file",
+    lambda d: {"workdir": _a_file(d)},
+    "--workdir={d}/a_file is a file, not a directory",
+  ),
+  Row(
+    "A `--workdir` inside a file",
+    lambda d: {"workdir": _a_file(d) / "run"},
+    "cannot make the directory: Not a directory",
+  ),
+  Row(
+    "Checkpoints none of which can be restored",
+    _broken_checkpoint,
+    "--config.on_bad_checkpoints=start_over",
+    restores=True,
+  ),
+  # The config file and the flags.
+  Row(
+    "A config file that does not exist",
+    lambda d: ["--config=experiments/nope.py", "--config.seed=1"],
+    "--config=experiments/nope.py: there is no file experiments/nope.py (the config files in "
+    "experiments: default.py,",
+    flags=True,
+  ),
+  Row(
+    "A config file without `get_config`",
+    lambda d: [f"--config={_no_get_config(d)}"],
+    "--config={d}/mine.py: the file has no get_config()",
+    flags=True,
+  ),
+  Row(
+    "A variant the config file does not take",
+    lambda d: ["--config=experiments/default.py:big"],
+    "experiments/default.py takes no variant; drop ':big'",
+    flags=True,
+  ),
+  Row(
+    "A variant the config file does not know",
+    lambda d: ["--config=experiments/wmt14.py:huge"],
+    "unknown variant 'huge'; variants: base, big, big_enfr",
+    flags=True,
+  ),
+  Row(
+    "A misspelled field",
+    lambda d: ["--config=experiments/default.py", "--config.data.vocab_sise=8"],
+    "--config.data.vocab_sise: config.data has no field 'vocab_sise'; did you mean "
+    "--config.data.vocab_size?",
+    flags=True,
+  ),
+  Row(
+    "A field in the wrong section",
+    lambda d: ["--config=experiments/default.py", "--config.beam_size=8"],
+    "did you mean --config.decode.beam_size?",
+    flags=True,
+  ),
+  Row(
+    "A field that is nowhere near a known one",
+    lambda d: ["--config=experiments/default.py", "--config.nonsense=3"],
+    "config has no field 'nonsense'; its fields: adam_b1,",
+    flags=True,
+  ),
+  Row(
+    "A value of the wrong type",
+    lambda d: ["--config=experiments/default.py", "--config.seed=abc"],
+    "flag --config.seed=abc: invalid literal for int()",
+    flags=True,
+    cli=True,
+  ),
+  Row(
+    "An unknown flag",
+    lambda d: ["--config=experiments/default.py", "--wokrdir=x"],
+    "Unknown command line flag 'wokrdir'",
+    flags=True,
+    cli=True,
+  ),
 ]
 
 
@@ -189,8 +272,9 @@ def _train_in_process(folder: pathlib.Path, overrides: dict) -> tuple[str, list[
       compiled.append(fun_name)
 
   def train():
-    main.run(["train"], helpers.tiny_experiment(folder / "unused", **overrides), Workdir(workdir),
-             "")
+    modes.run(
+      ["train"], helpers.tiny_experiment(folder / "unused", **overrides), Workdir(workdir), ""
+    )
 
   jax.monitoring.register_event_duration_secs_listener(count)
   try:
@@ -217,7 +301,7 @@ def _error_line(row: Row, folder: pathlib.Path) -> tuple[str, int]:
   if row.cli:
     return _command_line(folder, made)
   if row.flags:
-    problem = main.config_flag_problem(["main", f"--workdir={folder / 'run'}", *made])
+    problem = flag_errors.config_flag_problem(["main", f"--workdir={folder / 'run'}", *made])
     assert problem is not None, row.what
     return f"error: {problem}", []
   return _train_in_process(folder, made)
@@ -255,8 +339,9 @@ def _table(lines) -> str:
   """docs/training.md's table of the mistakes and the lines they print (`D`: the folder)."""
   out = ["| Mistake | What the run prints |", "| --- | --- |"]
   for what, (folder, line) in lines.items():
-    shown = re.sub(r"(its fields: [^,]+, [^,]+), .*", r"\1, ... (all of them)",
-                   line.replace(str(folder), "D"))
+    shown = re.sub(
+      r"(its fields: [^,]+, [^,]+), .*", r"\1, ... (all of them)", line.replace(str(folder), "D")
+    )
     out.append(f"| {what} | `{shown.replace('|', chr(92) + '|')}` |")
   return "\n".join(out)
 
@@ -269,5 +354,7 @@ def test_the_docs_table_of_mistakes_is_what_the_rows_print(lines):
   if os.environ.get("TJ_WRITE_DOCS") and written != table:
     DOCS.write_text(text.replace(written, table))
     written = table
-  assert written == table, (f"{DOCS}'s table of mistakes is stale; rewrite it with "
-                            f"TJ_WRITE_DOCS=1 ./launch.sh test {__file__}, or paste:\n{table}")
+  assert written == table, (
+    f"{DOCS}'s table of mistakes is stale; rewrite it with "
+    f"TJ_WRITE_DOCS=1 ./launch.sh test {__file__}, or paste:\n{table}"
+  )

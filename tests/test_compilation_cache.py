@@ -48,8 +48,10 @@ def test_the_summary_says_whether_the_cache_was_used():
   use.add_time("/jax/core/compile/jaxpr_trace_duration", 0.25)
   use.add_time("/jax/core/compile/jaxpr_to_mlir_module_duration", 0.5)
   use.add_time("/jax/other", 9.0)
-  assert use.summary() == ("compilation cache /c: nothing loaded from it, 2 programs compiled; "
-                           "1.5 s compiling or loading, 0.8 s tracing and lowering")
+  assert use.summary() == (
+    "compilation cache /c: nothing loaded from it, 2 programs compiled; "
+    "1.5 s compiling or loading, 0.8 s tracing and lowering"
+  )
   use.count("/jax/compilation_cache/compile_requests_use_cache")
   use.count("/jax/compilation_cache/cache_hits")
   assert use.summary().startswith("compilation cache /c: 1 of 3 programs loaded from it;")
@@ -86,8 +88,9 @@ def test_an_unsafe_setting_runs_uncached(shared, tmp_path):
   # of the tests has it): neither directory may get them.
   elsewhere = shared / "jax_cache"
   before = set(elsewhere.iterdir()) if elsewhere.exists() else set()
-  run = helpers.Run(shared, tmp_path / "run", num_train_steps=1, model__d_model=24,
-                    compilation_cache_dir=cache)
+  run = helpers.Run(
+    shared, tmp_path / "run", num_train_steps=1, model__d_model=24, compilation_cache_dir=cache
+  )
   assert run.finish() == 0, run.lines[-20:]
   expected = f"not using the compilation cache {cache}: others can write to it"
   assert any(expected in line for line in run.lines), run.lines[-20:]

@@ -15,36 +15,57 @@ import pytest
 
 from helpers import REPO, python
 from transformer_jax import config as config_lib
-from transformer_jax.compile import analysis, experiment, table, targets
+from transformer_jax.compile import analysis, programs, table, targets
 from transformer_jax.errors import FieldError
-from transformer_jax.model.transformer import count_params
+from transformer_jax.model.config import count_params
 
 ON_CPU = jax.default_backend() == "cpu"  # Compiling for a target runs on the CPU backend.
-needs_tpu = pytest.mark.skipif(not targets.installed("libtpu") or not ON_CPU,
-                               reason="needs the tpu extra (libtpu) and the CPU backend")
+needs_tpu = pytest.mark.skipif(
+  not targets.installed("libtpu") or not ON_CPU,
+  reason="needs the tpu extra (libtpu) and the CPU backend",
+)
 needs_cuda = pytest.mark.skipif(
-    not any(targets.installed(m) for m in targets.CUDA_PLUGINS) or not ON_CPU,
-    reason="needs the cuda extra (jax CUDA plugin) and the CPU backend")
+  not any(targets.installed(m) for m in targets.CUDA_PLUGINS) or not ON_CPU,
+  reason="needs the cuda extra (jax CUDA plugin) and the CPU backend",
+)
 STATE_BYTES_PER_PARAMETER = 12  # float32 parameters, Adam's two float32 moments.
 
 
-@pytest.mark.parametrize("name, topology, chips", [
-    ("v5e-8", "v5e:2x4", 8), ("v5litepod-16", "v5e:4x4", 16), ("v5e-256", "v5e:16x16", 256),
-    ("v6e-8", "v6e:2x4", 8), ("v4-8", "v4:2x2x1", 4), ("v4-32", "v4:2x2x4", 16),
-    ("v5p-8", "v5p:2x2x1", 4), ("v5p-128", "v5p:4x4x4", 64), ("v5e:2x4", "v5e:2x4", 8),
-    ("1xh100", "1x1x1", 1), ("8xh100", "1x1x8", 8), ("16xH100", "2x1x8", 16),
+@pytest.mark.parametrize(
+  "name, topology, chips",
+  [
+    ("v5e-8", "v5e:2x4", 8),
+    ("v5litepod-16", "v5e:4x4", 16),
+    ("v5e-256", "v5e:16x16", 256),
+    ("v6e-8", "v6e:2x4", 8),
+    ("v4-8", "v4:2x2x1", 4),
+    ("v4-32", "v4:2x2x4", 16),
+    ("v5p-8", "v5p:2x2x1", 4),
+    ("v5p-128", "v5p:4x4x4", 64),
+    ("v5e:2x4", "v5e:2x4", 8),
+    ("1xh100", "1x1x1", 1),
+    ("8xh100", "1x1x8", 8),
+    ("16xH100", "2x1x8", 16),
     ("8xa100", "1x1x8", 8),
-])
+  ],
+)
 def test_target_names_map_to_topologies(name, topology, chips):
   target = targets.parse_target(name)
   assert (target.topology, target.chips) == (topology, chips)
 
 
-@pytest.mark.parametrize("name, says", [
-    ("v5e-3", "the slices: v5e-4, v5e-8"), ("v5p-6", "2 per chip"), ("9xh100", "1 to 8"),
-    ("tpu", "is not a target"), ("", "is not a target"),
-    ("v5e:2x2x1", "a v5e topology has 2 dimensions"), ("v4:2x2", "a v4 topology has 3"),
-])
+@pytest.mark.parametrize(
+  "name, says",
+  [
+    ("v5e-3", "the slices: v5e-4, v5e-8"),
+    ("v5p-6", "2 per chip"),
+    ("9xh100", "1 to 8"),
+    ("tpu", "is not a target"),
+    ("", "is not a target"),
+    ("v5e:2x2x1", "a v5e topology has 2 dimensions"),
+    ("v4:2x2", "a v4 topology has 3"),
+  ],
+)
 def test_unknown_targets_are_refused_with_the_names_known(name, says):
   with pytest.raises(targets.TargetError, match=says):
     targets.parse_target(name)
@@ -59,10 +80,15 @@ def test_a_missing_compiler_names_the_extra(monkeypatch):
 
 
 @needs_tpu
-@pytest.mark.parametrize("name, devices, hosts, kind", [
-    ("v5e-8", 8, 1, "TPU v5 lite"), ("v5e-16", 16, 4, "TPU v5 lite"), ("v4-8", 4, 1, "TPU v4"),
+@pytest.mark.parametrize(
+  "name, devices, hosts, kind",
+  [
+    ("v5e-8", 8, 1, "TPU v5 lite"),
+    ("v5e-16", 16, 4, "TPU v5 lite"),
+    ("v4-8", 4, 1, "TPU v4"),
     ("v5p-128", 64, 16, "TPU v5"),
-])
+  ],
+)
 def test_tpu_targets_give_one_compile_only_device_per_chip(name, devices, hosts, kind):
   found = targets.compile_devices(targets.parse_target(name))
   assert len(found) == devices and targets.hosts(found) == hosts
@@ -73,8 +99,9 @@ def _paper_config(variant: str, rules: str, **data):
   """wmt14.py's `variant` on all 8 chips with `rules`, layers scanned (a fast compile)."""
   config = config_lib.load_file(f"{REPO}/experiments/wmt14.py:{variant}")
   config.model.scan_layers = True
-  config.mesh = {"data": -1, "fsdp": 1, "tensor": 1} if rules == "dp" else {
-      "data": 1, "fsdp": -1, "tensor": 1}
+  config.mesh = (
+    {"data": -1, "fsdp": 1, "tensor": 1} if rules == "dp" else {"data": 1, "fsdp": -1, "tensor": 1}
+  )
   config.sharding_rules = rules
   config.data.update(data)
   return config_lib.parse(config)
@@ -89,7 +116,7 @@ def _batch_bytes_per_device(rows: int, length: int, shards: int) -> int:
 @pytest.mark.parametrize("rules", ["dp", "fsdp"])
 def test_the_base_train_step_compiles_for_v5e_8_with_12_bytes_a_parameter(rules):
   config = _paper_config("base", rules)
-  compiler = experiment.Compiler(config, targets.parse_target("v5e-8"))
+  compiler = programs.Compiler(config, targets.parse_target("v5e-8"))
   program = compiler.train(8, 32)
   model = compiler.model_config
   parameters = count_params(model)
@@ -111,7 +138,7 @@ def test_the_base_train_step_compiles_for_v5e_8_with_12_bytes_a_parameter(rules)
 @needs_tpu
 def test_the_beam_search_compiles_for_v5e_8():
   config = _paper_config("base", "dp")
-  compiler = experiment.Compiler(config, targets.parse_target("v5e-8"))
+  compiler = programs.Compiler(config, targets.parse_target("v5e-8"))
   settings = config.decode
   program = compiler.search(settings, 16, 32)
   assert (program.name, program.kind) == ("beam4 16x32", "beam")
@@ -124,7 +151,7 @@ def test_the_beam_search_compiles_for_v5e_8():
 @needs_cuda
 def test_the_base_train_step_compiles_for_8_h100_with_cudnn_attention():
   config = _paper_config("base", "dp")
-  compiler = experiment.Compiler(config, targets.parse_target("8xh100"))
+  compiler = programs.Compiler(config, targets.parse_target("8xh100"))
   assert compiler.model_config.attention_impl == "cudnn"  # What a bfloat16 run on a GPU takes.
   program = compiler.train(8, 32)
   assert program.cost.cudnn_attention_calls > 0
@@ -135,10 +162,10 @@ def test_the_base_train_step_compiles_for_8_h100_with_cudnn_attention():
 
 def _small_config(*, mesh=None, eval_every_steps=0, **data):
   config = config_lib.default_config()
-  config.model = config_lib.model_fields("base", num_layers=1, d_model=64, d_ff=128,
-                                         num_heads=4, max_len=64, dtype="bfloat16")
-  config.data.update({"vocab_size": 256, "max_source_length": 32, "max_target_length": 32,
-                      **data})
+  config.model = config_lib.model_fields(
+    "base", num_layers=1, d_model=64, d_ff=128, num_heads=4, max_len=64, dtype="bfloat16"
+  )
+  config.data.update({"vocab_size": 256, "max_source_length": 32, "max_target_length": 32, **data})
   config.mesh.update(mesh or {})
   config.eval_every_steps = eval_every_steps
   return config_lib.parse(config)
@@ -154,25 +181,36 @@ def small_report():
   """The record of every program of `_report_config()` compiled for v5e-8."""
   if importlib.util.find_spec("libtpu") is None or not ON_CPU:
     pytest.skip("needs the tpu extra (libtpu) and the CPU backend")
-  return experiment.compile_experiment(_report_config(), targets.parse_target("v5e-8"),
-                                       find_largest_batch=False).record()
+  return programs.compile_experiment(
+    _report_config(), targets.parse_target("v5e-8"), find_largest_batch=False
+  ).record()
 
 
 @pytest.mark.slow
 @needs_tpu
 def test_the_tpu_compile_counts_the_flops_of_the_cpu_compile(small_report):
-  tpu, = [p["flops"] for p in small_report["programs"] if p["name"] == "train 64x32"]
+  (tpu,) = [p["flops"] for p in small_report["programs"] if p["name"] == "train 64x32"]
   # The same step on the 8 simulated CPU devices.
-  trainer, _ = experiment.make_trainer(_report_config(), vocab_size=256)
-  batch = experiment.abstract_batch(trainer.placement, 64, 32)
-  cpu = trainer.placement.run(lambda: trainer.jitted_step.lower(
-      trainer.abstract_state, batch)).compile().cost_analysis()["flops"]
+  trainer, _ = programs.make_trainer(_report_config(), vocab_size=256)
+  batch = programs.abstract_batch(trainer.placement, 64, 32)
+  cpu = (
+    trainer.placement.run(lambda: trainer.jitted_step.lower(trainer.abstract_state, batch))
+    .compile()
+    .cost_analysis()["flops"]
+  )
   # Both are XLA's HLO cost analysis of the same step, per device, after each backend's own
   # rewrites (the TPU's fusions and layouts): the same matmuls, within 5%.
   assert cpu == pytest.approx(tpu, rel=0.05)
-  model = experiment.objective.train_flops(
-      trainer.placement.model.config, source_tokens=64 * 32, target_tokens=64 * 32,
-      source_length=32, target_length=32) / 8
+  model = (
+    programs.objective.train_flops(
+      trainer.placement.model.config,
+      source_tokens=64 * 32,
+      target_tokens=64 * 32,
+      source_length=32,
+      target_length=32,
+    )
+    / 8
+  )
   # The model's count leaves out softmaxes, norms and the loss: a few percent less.
   assert 0.85 * tpu <= model <= tpu
 
@@ -181,22 +219,33 @@ def test_the_tpu_compile_counts_the_flops_of_the_cpu_compile(small_report):
 def test_a_mesh_that_does_not_divide_the_chips_is_refused():
   config = _small_config(mesh={"data": 3, "tensor": 1})
   with pytest.raises(FieldError, match=r"^mesh=.*8 are present"):
-    experiment.compile_experiment(config, targets.parse_target("v5e-8"))
+    programs.compile_experiment(config, targets.parse_target("v5e-8"))
 
 
 def test_the_estimate_adds_back_a_second_per_prefetch_and_respects_the_roofline():
   cost = analysis.ProgramCost(
-      compile_seconds=1.0, argument_bytes=10, output_bytes=10, alias_bytes=10, temp_bytes=5,
-      code_bytes=1, flops=2e12, bytes_accessed=1e9, optimal_seconds=-608.963,
-      prefetch_calls=609, cudnn_attention_calls=0)
+    compile_seconds=1.0,
+    argument_bytes=10,
+    output_bytes=10,
+    alias_bytes=10,
+    temp_bytes=5,
+    code_bytes=1,
+    flops=2e12,
+    bytes_accessed=1e9,
+    optimal_seconds=-608.963,
+    prefetch_calls=609,
+    cudnn_attention_calls=0,
+  )
   assert cost.total_bytes == 16
   seconds, _ = cost.estimated_seconds(197e12)
   assert seconds == pytest.approx(0.037)
   assert cost.estimated_seconds(197e12, loop="the layers")[0] is None
   below_roofline = analysis.ProgramCost(**{**cost.__dict__, "optimal_seconds": -608.999})
   assert below_roofline.estimated_seconds(197e12)[0] is None  # 1 ms < 2e12 / 197e12 = 10 ms
-  assert analysis.ProgramCost(**{**cost.__dict__, "optimal_seconds": None}).estimated_seconds(
-      197e12)[0] is None
+  assert (
+    analysis.ProgramCost(**{**cost.__dict__, "optimal_seconds": None}).estimated_seconds(197e12)[0]
+    is None
+  )
 
 
 @pytest.mark.slow
@@ -204,16 +253,52 @@ def test_the_report_has_every_program_and_the_documented_fields(small_report):
   record = small_report
   names = [p["name"] for p in record["programs"]]
   # Validation BLEU (greedy, config.eval_bleu_beam_size) only where training evaluates.
-  assert names == ["train 256x8", "train 128x16", "train 80x24", "train 64x32", "eval 64x32",
-                   "beam4 128x32", "greedy 128x32"]
-  assert set(record) == {"target", "mesh", "sharding_rules", "attention", "parameters",
-                         "data_shards", "programs", "compile_seconds", "fits", "largest_batch"}
+  assert names == [
+    "train 256x8",
+    "train 128x16",
+    "train 80x24",
+    "train 64x32",
+    "eval 64x32",
+    "beam4 128x32",
+    "greedy 128x32",
+  ]
+  assert set(record) == {
+    "target",
+    "mesh",
+    "sharding_rules",
+    "attention",
+    "parameters",
+    "data_shards",
+    "programs",
+    "compile_seconds",
+    "fits",
+    "largest_batch",
+  }
   assert record["target"]["hosts"] == record["data_shards"] == 1  # v5e-8: one host of 8 chips
-  documented = {"name", "kind", "rows", "length", "compile_seconds", "argument_bytes",
-                "output_bytes", "alias_bytes", "temp_bytes", "code_bytes", "total_bytes", "fits",
-                "flops", "bytes_accessed", "optimal_seconds", "prefetch_calls",
-                "cudnn_attention_calls", "refused", "model_flops_per_device",
-                "compiler_estimate", "estimate_basis", "note"}
+  documented = {
+    "name",
+    "kind",
+    "rows",
+    "length",
+    "compile_seconds",
+    "argument_bytes",
+    "output_bytes",
+    "alias_bytes",
+    "temp_bytes",
+    "code_bytes",
+    "total_bytes",
+    "fits",
+    "flops",
+    "bytes_accessed",
+    "optimal_seconds",
+    "prefetch_calls",
+    "cudnn_attention_calls",
+    "refused",
+    "model_flops_per_device",
+    "compiler_estimate",
+    "estimate_basis",
+    "note",
+  }
   for program in record["programs"]:
     assert set(program) == documented
   train = record["programs"][0]
@@ -228,10 +313,17 @@ def test_the_report_has_every_program_and_the_documented_fields(small_report):
 # The default experiment with 4M-token batches of 8 and 32 tokens, and one layer of d_model 16
 # with a vocabulary of 3.7M words: its logits (15 MB a token) make about 1024 rows of 8 the
 # largest batch that fits on a v5e, so that the search compiles only small programs.
-_TOO_LARGE = {"data.vocab_size": 3_700_000, "data.tokens_per_batch": 4194304,
-              "data.max_source_length": 32, "data.max_target_length": 32,
-              "data.bucket_growth": 4, "model.dtype": "bfloat16", "model.num_layers": 1,
-              "model.d_model": 16, "model.d_ff": 32}
+_TOO_LARGE = {
+  "data.vocab_size": 3_700_000,
+  "data.tokens_per_batch": 4194304,
+  "data.max_source_length": 32,
+  "data.max_target_length": 32,
+  "data.bucket_growth": 4,
+  "model.dtype": "bfloat16",
+  "model.num_layers": 1,
+  "model.d_model": 16,
+  "model.d_ff": 32,
+}
 
 
 @pytest.mark.slow
@@ -239,17 +331,25 @@ _TOO_LARGE = {"data.vocab_size": 3_700_000, "data.tokens_per_batch": 4194304,
 def test_a_batch_that_cannot_fit_ends_the_command_naming_the_largest_batch_that_does(tmp_path):
   """The command compiles every program, finds the train step too large, then searches the
   largest batch that fits by compiling: within 1/16, so a batch 1/8 larger does not fit."""
-  result = python("-m", "transformer_jax.main", "--mode=compile", "--target=v5e-8",
-                  f"--config={REPO}/experiments/default.py", f"--workdir={tmp_path}",
-                  *(f"--config.{field}={value}" for field, value in _TOO_LARGE.items()),
-                  timeout=900)
+  result = python(
+    "-m",
+    "transformer_jax.main",
+    "--mode=compile",
+    "--target=v5e-8",
+    f"--config={REPO}/experiments/default.py",
+    f"--workdir={tmp_path}",
+    *(f"--config.{field}={value}" for field, value in _TOO_LARGE.items()),
+    timeout=900,
+  )
   assert result.returncode == 1, result.stderr[-3000:]
   assert "Traceback" not in result.stderr
   last = result.stderr.strip().splitlines()[-1]
   assert last.startswith("error: train ") and "GiB per device" in last
   record = json.loads((tmp_path / "compile" / "v5e-8.json").read_text())
   assert [p["name"] for p in record["programs"] if p["kind"] == "train"] == [
-      "train 524288x8", "train 131072x32"]
+    "train 524288x8",
+    "train 131072x32",
+  ]
   largest = record["largest_batch"]
   assert not record["fits"] and largest["field"] == "data.tokens_per_batch"
   assert 0 < largest["value"] < 4194304 and largest["program"]["fits"]
@@ -259,7 +359,7 @@ def test_a_batch_that_cannot_fit_ends_the_command_naming_the_largest_batch_that_
   for field, value in _TOO_LARGE.items():
     section, name = field.split(".")
     config[section][name] = value
-  compiler = experiment.Compiler(config_lib.parse(config), targets.parse_target("v5e-8"))
+  compiler = programs.Compiler(config_lib.parse(config), targets.parse_target("v5e-8"))
   rows = largest["rows"]
   bigger = compiler.train(rows + max(8, rows // 8 // 8 * 8), largest["length"])
   assert not bigger.cost.fits(targets.CHIPS["v5e"].usable_bytes)
@@ -267,8 +367,11 @@ def test_a_batch_that_cannot_fit_ends_the_command_naming_the_largest_batch_that_
 
 def test_compile_runs_alone_and_needs_a_target():
   from absl import flags  # pylint: disable=import-outside-toplevel
+
   from transformer_jax import main  # pylint: disable=import-outside-toplevel
+  from transformer_jax.cli import modes  # pylint: disable=import-outside-toplevel
+
   with pytest.raises(flags.ValidationError, match="runs alone"):
     main._known_modes(["train", "compile"])
-  with pytest.raises(main.UserError, match="needs --target"):
-    main.compile_for_target(None, "/tmp/unused", "", False)
+  with pytest.raises(modes.UserError, match="needs --target"):
+    modes.compile_for_target(None, "/tmp/unused", "", False)

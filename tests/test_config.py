@@ -61,7 +61,9 @@ def test_every_field_rejects_a_value_of_the_wrong_type_naming_the_field(field):
   assert f"config.{field}" in _problem(_with(**{field.replace(".", "__"): ["not", "a", "value"]}))
 
 
-@pytest.mark.parametrize("changes,message", [
+@pytest.mark.parametrize(
+  "changes,message",
+  [
     # Ranges.
     ({"num_train_steps": 0}, "config.num_train_steps must be a positive integer; got 0"),
     ({"learning_rate": -1.0}, "config.learning_rate must be a number > 0"),
@@ -88,26 +90,43 @@ def test_every_field_rejects_a_value_of_the_wrong_type_naming_the_field(field):
     ({"mesh__data": 3}, "config.mesh=.* needs 3 devices but 8 are present"),
     ({"mesh__data": 2, "mesh__fsdp": 2}, "config.mesh=.* needs 4 devices but 8"),
     ({"mesh__tensor": 3}, "the fixed axes use 3 devices, which does not divide the 8"),
-    ({"data__batch_multiple": 4, "data__eval_batch_size": 64},
-     r"config.data.batch_multiple=4 must be a multiple of 8 = 8 batch shards"),
-    ({"grad_accum_steps": 3}, r"must be a multiple of 24 = 8 batch shards .* x "
-                              r"config.grad_accum_steps=3"),
+    (
+      {"data__batch_multiple": 4, "data__eval_batch_size": 64},
+      r"config.data.batch_multiple=4 must be a multiple of 8 = 8 batch shards",
+    ),
+    (
+      {"grad_accum_steps": 3},
+      r"must be a multiple of 24 = 8 batch shards .* x "
+      r"config.grad_accum_steps=3",
+    ),
     ({"model__d_model": 30}, r"config.model.d_k: d_model=30 is not divisible by num_heads=8"),
     ({"model__d_model": 31}, r"config.model.d_model must be an even positive integer; got 31"),
     ({"model__num_heads": 7}, r"d_model=512 is not divisible by num_heads=7"),
-    ({"model__max_len": 64},
-     r"config.data.max_source_length=72 is longer than config.model.max_len=64, the positions"),
-    ({"data__batch_mode": "packed", "model__max_len": 100},
-     r"config.data.max_length=128 is longer than config.model.max_len=100"),
-    ({"data__batch_mode": "packed", "data__max_length": 64},
-     r"config.data.max_source_length=72 is invalid: allowed at most data.max_length=64"),
-    ({"data__batch_mode": "packed", "data__batch_size": 12},
-     r"config.data.batch_size=12 is invalid: allowed a multiple of data.batch_multiple=8"),
-    ({"data__source_lang": "de"}, r"config.data.source_lang='de' is invalid: allowed a "
-                                  r"language of embedded"),
+    (
+      {"model__max_len": 64},
+      r"config.data.max_source_length=72 is longer than config.model.max_len=64, the positions",
+    ),
+    (
+      {"data__batch_mode": "packed", "model__max_len": 100},
+      r"config.data.max_length=128 is longer than config.model.max_len=100",
+    ),
+    (
+      {"data__batch_mode": "packed", "data__max_length": 64},
+      r"config.data.max_source_length=72 is invalid: allowed at most data.max_length=64",
+    ),
+    (
+      {"data__batch_mode": "packed", "data__batch_size": 12},
+      r"config.data.batch_size=12 is invalid: allowed a multiple of data.batch_multiple=8",
+    ),
+    (
+      {"data__source_lang": "de"},
+      r"config.data.source_lang='de' is invalid: allowed a "
+      r"language of embedded",
+    ),
     ({"sharding_rules": "batch=data,heads=cores"}, "unknown mesh axis 'cores'"),
     ({"sharding_rules": "zero3"}, "config.sharding_rules='zero3' is not understood"),
-])
+  ],
+)
 def test_bad_values_and_combinations_name_the_field(changes, message):
   assert re.search(message, _problem(_with(**changes)))
 
@@ -137,15 +156,15 @@ def test_model_fields_follow_the_presets_and_build_the_model():
 
 def test_every_setting_has_a_help_line_and_the_generated_reference_is_current():
   described = schema.describe(Experiment)
-  assert sorted(path for path, *_ in described) == sorted(
-      _leaf_fields(config_lib.default_config()))
+  assert sorted(path for path, *_ in described) == sorted(_leaf_fields(config_lib.default_config()))
   for path, _, allowed, help_ in described:
     assert help_ and allowed, path
   reference = config_reference.PATH.read_text()
   for path, *_ in described:
     assert f"| `{path.rpartition('.')[2]}` |" in reference, path
   assert reference == config_reference.render(), (
-      "docs/config.md is stale: python -m transformer_jax.tools.config_reference")
+    "docs/config.md is stale: python -m transformer_jax.tools.config_reference"
+  )
 
 
 def test_a_parameter_that_does_not_split_over_the_mesh_names_the_rules():
@@ -154,6 +173,9 @@ def test_a_parameter_that_does_not_split_over_the_mesh_names_the_rules():
   config.sharding_rules = "tp"
   with pytest.raises(FieldError) as caught:
     config_lib.parse(config).placement(vocab_size=41)
-  assert re.fullmatch(r"config.sharding_rules: \['embed'\]\['embedding'\] has shape \(41, 512\): "
-                      r"dimension 0 \(41\) cannot be split over mesh axes \('tensor',\) "
-                      r"\(2 shards\).*", config_lib.user_message(caught.value))
+  assert re.fullmatch(
+    r"config.sharding_rules: \['embed'\]\['embedding'\] has shape \(41, 512\): "
+    r"dimension 0 \(41\) cannot be split over mesh axes \('tensor',\) "
+    r"\(2 shards\).*",
+    config_lib.user_message(caught.value),
+  )

@@ -21,8 +21,13 @@ TARGETS = ["das rote haus", "ein gruener baum", "der baum ist rot", "haeuser und
 def train(sentences, size):
   buffer = io.BytesIO()
   with open(os.devnull, "w") as quiet:
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(sentences), model_writer=buffer,
-                                   vocab_size=size, logstream=quiet, model_type="unigram")
+    spm.SentencePieceTrainer.train(
+      sentence_iterator=iter(sentences),
+      model_writer=buffer,
+      vocab_size=size,
+      logstream=quiet,
+      model_type="unigram",
+    )
   return buffer.getvalue()
 
 
@@ -49,10 +54,13 @@ def test_project_order_puts_pad_eos_unk_at_the_project_ids_and_keeps_the_rest_in
   assert order == [4, 0, 1, 2, 3]
 
 
-@pytest.mark.parametrize("vocab, message", [
+@pytest.mark.parametrize(
+  "vocab, message",
+  [
     ({"</s>": 0, "<unk>": 1, "<pad>": 3}, "without gaps"),
     ({"</s>": 0, "<unk>": 1, "a": 2}, "lacks the special tokens <pad>"),
-])
+  ],
+)
 def test_project_order_rejects_a_vocabulary_it_cannot_map(vocab, message):
   with pytest.raises(data.DataError, match=message):
     marian.project_order(vocab)
@@ -60,22 +68,29 @@ def test_project_order_rejects_a_vocabulary_it_cannot_map(vocab, message):
 
 def test_get_tokenizer_loads_a_marian_directory_with_source_and_target_pieces(directory):
   path, vocab = directory
-  tokenizer = data.get_tokenizer(data.DataConfig(vocab_path=str(path), vocab_size=len(vocab)),
-                                 "unused")
+  tokenizer = data.get_tokenizer(
+    data.DataConfig(vocab_path=str(path), vocab_size=len(vocab)), "unused"
+  )
   assert isinstance(tokenizer, marian.MarianTokenizer) and tokenizer.vocab_size == len(vocab)
   order = marian.project_order(vocab)
-  source_pieces = spm.SentencePieceProcessor(
-      model_proto=(path / "source.spm").read_bytes()).encode("the red tree", out_type=str)
+  source_pieces = spm.SentencePieceProcessor(model_proto=(path / "source.spm").read_bytes()).encode(
+    "the red tree", out_type=str
+  )
   assert [order[i] for i in tokenizer.encode("the red tree")] == [vocab[p] for p in source_pieces]
-  target_pieces = spm.SentencePieceProcessor(
-      model_proto=(path / "target.spm").read_bytes()).encode("der rote baum", out_type=str)
+  target_pieces = spm.SentencePieceProcessor(model_proto=(path / "target.spm").read_bytes()).encode(
+    "der rote baum", out_type=str
+  )
   assert [order[i] for i in tokenizer.encode_target("der rote baum")] == [
-      vocab[p] for p in target_pieces]
+    vocab[p] for p in target_pieces
+  ]
   assert UNK_ID in tokenizer.encode("the red 漢字")
   assert tokenizer.encode_batch(["the red tree", "the red 漢字"]) == [
-      tokenizer.encode("the red tree"), tokenizer.encode("the red 漢字")]
+    tokenizer.encode("the red tree"),
+    tokenizer.encode("the red 漢字"),
+  ]
   assert tokenizer.encode_target_batch(["der rote baum"]) == [
-      tokenizer.encode_target("der rote baum")]
+    tokenizer.encode_target("der rote baum")
+  ]
   ids = tokenizer.encode_target("der rote baum")
   assert tokenizer.decode([*ids, UNK_ID, EOS_ID, 7]) == "der rote baum"
   assert tokenizer.decode([PAD_ID, *ids, PAD_ID]) == "der rote baum"

@@ -1,7 +1,6 @@
 """Multi30k: a small copy of the repository's layout (gzip included) made here, read back through
 `data.open_split` and the pipeline; nothing is downloaded."""
 
-import dataclasses
 import gzip
 import itertools
 import os
@@ -13,22 +12,21 @@ import pytest
 from transformer_jax import data
 from transformer_jax.data import config as data_config
 from transformer_jax.data import multi30k, parallel_text
-from transformer_jax.data import sources
 from transformer_jax.errors import FieldError
 
 WORDS = {  # word i of one language translates word i of the others
-    "en": "a man dog runs on the grass woman sits red small child".split(),
-    "de": "ein Mann Hund läuft auf dem Gras Frau sitzt rot klein Kind".split(),
-    "fr": "un homme chien court sur l'herbe été femme assise rouge petit enfant".split(),
-    "cs": "muž pes běží na trávě žena sedí červený malý dítě a ten".split(),
+  "en": "a man dog runs on the grass woman sits red small child".split(),
+  "de": "ein Mann Hund läuft auf dem Gras Frau sitzt rot klein Kind".split(),
+  "fr": "un homme chien court sur l'herbe été femme assise rouge petit enfant".split(),
+  "cs": "muž pes běží na trávě žena sedí červený malý dítě a ten".split(),
 }
 FILES = {  # the repository's file names, their line counts, their languages
-    "train": (40, ("en", "de", "fr", "cs")),
-    "val": (7, ("en", "de", "fr", "cs")),
-    "test_2016_flickr": (5, ("en", "de", "fr", "cs")),
-    "test_2017_flickr": (4, ("en", "de", "fr")),
-    "test_2017_mscoco": (3, ("en", "de", "fr")),
-    "test_2018_flickr": (6, ("en", "de", "fr", "cs")),
+  "train": (40, ("en", "de", "fr", "cs")),
+  "val": (7, ("en", "de", "fr", "cs")),
+  "test_2016_flickr": (5, ("en", "de", "fr", "cs")),
+  "test_2017_flickr": (4, ("en", "de", "fr")),
+  "test_2017_mscoco": (3, ("en", "de", "fr")),
+  "test_2018_flickr": (6, ("en", "de", "fr", "cs")),
 }
 
 
@@ -39,8 +37,10 @@ def write_repo(root):
   for seed, (file, (count, langs)) in enumerate(FILES.items()):
     picks = np.random.default_rng(seed).integers(0, len(WORDS["en"]), (count, 6))
     for lang in langs:
-      raw = [" ".join(WORDS[lang][k] for k in row[:2 + i % 5]).capitalize() for i, row in
-             enumerate(picks)]
+      raw = [
+        " ".join(WORDS[lang][k] for k in row[: 2 + i % 5]).capitalize()
+        for i, row in enumerate(picks)
+      ]
       lines["multi30k", file, lang] = raw
       lines["multi30k_tok", file, lang] = [line.lower() + " ." for line in raw]
   for (name, file, lang), texts in lines.items():
@@ -58,17 +58,25 @@ def repo(tmp_path_factory):
 
 
 def config(root, tmp_path, name="multi30k", source="en", target="de", **overrides):
-  return data.DataConfig(name=name, source_lang=source, target_lang=target,
-                         manual_dir=str(root), data_dir=str(tmp_path / "tfds"), **overrides)
+  return data.DataConfig(
+    name=name,
+    source_lang=source,
+    target_lang=target,
+    manual_dir=str(root),
+    data_dir=str(tmp_path / "tfds"),
+    **overrides,
+  )
 
 
 def test_the_layout_written_here_is_the_repository_s():
-  assert multi30k.relative_path("multi30k", "test_2017_mscoco", "fr") == \
-      "data/task1/raw/test_2017_mscoco.fr.gz"
-  assert multi30k.relative_path("multi30k_tok", "val", "cs") == \
-      "data/task1/tok/val.lc.norm.tok.cs"
-  assert data_config.DATASETS["multi30k"] == data_config.DATASETS["multi30k_tok"] == \
-      multi30k.LANGUAGES
+  assert (
+    multi30k.relative_path("multi30k", "test_2017_mscoco", "fr")
+    == "data/task1/raw/test_2017_mscoco.fr.gz"
+  )
+  assert multi30k.relative_path("multi30k_tok", "val", "cs") == "data/task1/tok/val.lc.norm.tok.cs"
+  assert (
+    data_config.DATASETS["multi30k"] == data_config.DATASETS["multi30k_tok"] == multi30k.LANGUAGES
+  )
 
 
 @pytest.mark.parametrize("pair", list(itertools.combinations(multi30k.LANGUAGES, 2)))
@@ -89,10 +97,18 @@ def test_the_tok_variant_reads_the_tok_files(repo, tmp_path):
     assert source.all_pairs() == list(zip(lines[name, "val", "fr"], lines[name, "val", "cs"]))
 
 
-@pytest.mark.parametrize("split,file", [
-    ("train", "train"), ("validation", "val"), ("test", "test_2016_flickr"),
-    ("test_2016_flickr", "test_2016_flickr"), ("test_2017_flickr", "test_2017_flickr"),
-    ("test_2017_mscoco", "test_2017_mscoco"), ("test_2018_flickr", "test_2018_flickr")])
+@pytest.mark.parametrize(
+  "split,file",
+  [
+    ("train", "train"),
+    ("validation", "val"),
+    ("test", "test_2016_flickr"),
+    ("test_2016_flickr", "test_2016_flickr"),
+    ("test_2017_flickr", "test_2017_flickr"),
+    ("test_2017_mscoco", "test_2017_mscoco"),
+    ("test_2018_flickr", "test_2018_flickr"),
+  ],
+)
 def test_every_split_name_reads_its_file(repo, tmp_path, split, file):
   root, lines = repo
   for name in multi30k.NAMES:
@@ -110,8 +126,8 @@ def test_converted_once_then_reused(repo, tmp_path, monkeypatch):
 
   monkeypatch.setattr(parallel_text.TransformerJaxParallelText, "download_and_prepare", fail)
   assert data.open_split(c, "test").pairs([1]) == [
-      (lines["multi30k", "test_2016_flickr", "en"][1],
-       lines["multi30k", "test_2016_flickr", "de"][1])]
+    (lines["multi30k", "test_2016_flickr", "en"][1], lines["multi30k", "test_2016_flickr", "de"][1])
+  ]
 
 
 def test_a_changed_file_is_converted_again_under_another_fingerprint(tmp_path):
@@ -147,33 +163,46 @@ def test_a_missing_file_is_named_with_where_to_put_it(tmp_path):
     data.open_split(config(root, tmp_path), "train")
   message = str(error.value)
   assert "\n" not in message
-  assert f"{root} (data.manual_dir) lacks 1 of the 12 files of en-de: " \
-         "data/task1/raw/test_2018_flickr.de.gz." in message
+  assert (
+    f"{root} (data.manual_dir) lacks 1 of the 12 files of en-de: "
+    "data/task1/raw/test_2018_flickr.de.gz." in message
+  )
   assert "git clone https://github.com/multi30k/dataset" in message
-  with pytest.raises(data.DataUnavailableError, match="lacks 12 of the 12 files of en-de: "
-                     "data/task1/tok/train.lc.norm.tok.de, data/task1/tok/train.lc.norm.tok.en"):
+  with pytest.raises(
+    data.DataUnavailableError,
+    match="lacks 12 of the 12 files of en-de: "
+    "data/task1/tok/train.lc.norm.tok.de, data/task1/tok/train.lc.norm.tok.en",
+  ):
     data.open_split(config(root, tmp_path, "multi30k_tok"), "train")
 
 
 @pytest.mark.parametrize("split", ["test_2017_flickr", "test_2017_mscoco"])
 def test_a_split_without_czech_is_an_error_listing_the_splits_there_are(repo, tmp_path, split):
   root, _ = repo
-  with pytest.raises(data.DataError, match=f"multi30k has no cs text for split '{split}' "
-                     r"\(the repository's .* is en, de, fr only\): cs-en has train \| "
-                     r"validation \| test_2016_flickr \| test_2018_flickr \| test "):
+  with pytest.raises(
+    data.DataError,
+    match=f"multi30k has no cs text for split '{split}' "
+    r"\(the repository's .* is en, de, fr only\): cs-en has train \| "
+    r"validation \| test_2016_flickr \| test_2018_flickr \| test ",
+  ):
     data.open_split(config(root, tmp_path, source="cs", target="en"), split)
 
 
 def test_an_unknown_split_lists_the_splits(repo, tmp_path):
   root, _ = repo
-  with pytest.raises(data.DataError, match="multi30k has no split 'val': it has train \\| "
-                     "validation \\| test_2016_flickr .* \\| test"):
+  with pytest.raises(
+    data.DataError,
+    match="multi30k has no split 'val': it has train \\| "
+    "validation \\| test_2016_flickr .* \\| test",
+  ):
     data.open_split(config(root, tmp_path), "val")
 
 
 def test_a_language_multi30k_lacks_names_the_field(repo, tmp_path):
-  with pytest.raises(FieldError, match="data.target_lang='es' is invalid: allowed a language "
-                     "of multi30k: en | de | fr | cs"):
+  with pytest.raises(
+    FieldError,
+    match="data.target_lang='es' is invalid: allowed a language of multi30k: en | de | fr | cs",
+  ):
     config(repo[0], tmp_path, target="es")
 
 
@@ -182,8 +211,11 @@ def test_files_of_different_line_counts_are_an_error_naming_both(tmp_path):
   lines = write_repo(root)
   path = root / multi30k.relative_path("multi30k_tok", "test_2016_flickr", "fr")
   path.write_text("".join(t + "\n" for t in lines["multi30k_tok", "test_2016_flickr", "fr"][:-1]))
-  with pytest.raises(data.DataError, match=r"test_2016_flickr.lc.norm.tok.en has 5 lines but "
-                     r".*test_2016_flickr.lc.norm.tok.fr has 4"):
+  with pytest.raises(
+    data.DataError,
+    match=r"test_2016_flickr.lc.norm.tok.en has 5 lines but "
+    r".*test_2016_flickr.lc.norm.tok.fr has 4",
+  ):
     data.open_split(config(root, tmp_path, "multi30k_tok", "fr", "en"), "train")
 
 
@@ -198,8 +230,16 @@ def test_a_file_that_is_not_gzip_is_an_error_naming_it(tmp_path):
 
 def test_batches_of_multi30k_hold_its_sentences(repo, tmp_path):
   root, lines = repo
-  c = config(root, tmp_path, vocab_size=80, eval_batch_size=8, tokens_per_batch=256,
-             max_source_length=32, max_target_length=32, window=40)
+  c = config(
+    root,
+    tmp_path,
+    vocab_size=80,
+    eval_batch_size=8,
+    tokens_per_batch=256,
+    max_source_length=32,
+    max_target_length=32,
+    window=40,
+  )
   tokenizer = data.get_tokenizer(c, str(tmp_path / "vocab"))
 
   def texts(batch, key):
@@ -216,5 +256,6 @@ def test_batches_of_multi30k_hold_its_sentences(repo, tmp_path):
   finally:
     it.close()
   pairs = list(zip(texts(batch, "inputs"), texts(batch, "targets")))
-  assert pairs and set(pairs) <= set(zip(lines["multi30k", "train", "en"],
-                                         lines["multi30k", "train", "de"]))
+  assert pairs and set(pairs) <= set(
+    zip(lines["multi30k", "train", "en"], lines["multi30k", "train", "de"])
+  )

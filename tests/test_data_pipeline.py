@@ -10,10 +10,10 @@ import logging
 
 import grain
 import jax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from transformer_jax import data
 from transformer_jax.conventions import BATCH_KEYS, EOS_ID
@@ -25,6 +25,7 @@ N = 400
 
 class WordIds:
   """A tokenizer stand-in: "7 7 7" -> [7, 7, 7]."""
+
   path = None
   digest = "word-ids"
 
@@ -56,11 +57,20 @@ def corpus(tmp_path_factory):
         fx.write(" ".join([str(i + 3)] * src_len[i]) + "\n")
         fy.write(" ".join([str(i + 3)] * tgt_len[i]) + "\n")
   c = data.DataConfig(
-      name="text", source_lang="xx", target_lang="yy", text_train=str(root / "train"),
-      text_validation=str(root / "dev"), data_dir=str(root / "tfds"), max_source_length=63,
-      max_target_length=63, batch_multiple=2,
-      window=N - 5,  # one epoch of the pairs that are not over-long
-      tokens_per_batch=512, batch_size=8, max_length=64)
+    name="text",
+    source_lang="xx",
+    target_lang="yy",
+    text_train=str(root / "train"),
+    text_validation=str(root / "dev"),
+    data_dir=str(root / "tfds"),
+    max_source_length=63,
+    max_target_length=63,
+    batch_multiple=2,
+    window=N - 5,  # one epoch of the pairs that are not over-long
+    tokens_per_batch=512,
+    batch_size=8,
+    max_length=64,
+  )
   return src_len + 1, tgt_len + 1, c  # lengths with EOS
 
 
@@ -123,8 +133,9 @@ def one_epoch(loader, n_pairs):
 def test_every_pair_exactly_once_in_order_with_segments_and_positions(corpus, mode):
   src_len, tgt_len, _ = corpus
   c = config(corpus, batch_mode=mode)
-  batches = one_epoch(data.make_train_loader(c, WordIds(), seed=1, shard_index=0,
-                                             shard_count=1), N - 5)
+  batches = one_epoch(
+    data.make_train_loader(c, WordIds(), seed=1, shard_index=0, shard_count=1), N - 5
+  )
   found = [f for b in batches for f in unpack(b)]
   ids = sorted(f[0] for f in found)
   assert ids == list(range(5, N)), "each pair once; the 5 over-long ones dropped"
@@ -146,8 +157,7 @@ def test_every_pair_exactly_once_in_order_with_segments_and_positions(corpus, mo
 def test_token_batches_keep_the_budget_and_declared_shapes(corpus):
   c = config(corpus, batch_mode="tokens")
   shapes = set()
-  for b in take(data.make_train_loader(c, WordIds(), seed=2, shard_index=0,
-                                       shard_count=1), 40):
+  for b in take(data.make_train_loader(c, WordIds(), seed=2, shard_index=0, shard_count=1), 40):
     rows, length = b["inputs"].shape
     shapes.add((rows, length))
     assert rows * length <= 512, "padded tokens within the budget, each side"
@@ -162,19 +172,24 @@ def test_epochs_repeat_in_a_new_order(corpus):
   loader = data.make_train_loader(c, WordIds(), seed=3, shard_index=0, shard_count=1)
   first = one_epoch(loader, N - 5)
   both = one_epoch(loader, 2 * (N - 5))
-  second = both[len(first):]
-  assert [np.array_equal(a["inputs"], b["inputs"]) for a, b in zip(first, both)] == [
-      True] * len(first), "same seed, same stream"
+  second = both[len(first) :]
+  assert [np.array_equal(a["inputs"], b["inputs"]) for a, b in zip(first, both)] == [True] * len(
+    first
+  ), "same seed, same stream"
   ids = lambda bs: [f[0] for b in bs for f in unpack(b)]
   assert sorted(ids(second)) == sorted(ids(first)) and ids(second) != ids(first)
 
 
 def test_other_seed_other_order(corpus):
   c = config(corpus)
-  a, b = (take(data.make_train_loader(c, WordIds(), seed=s, shard_index=0,
-                                      shard_count=1), 3) for s in (4, 5))
-  assert any(x["inputs"].shape != y["inputs"].shape or
-             not np.array_equal(x["inputs"], y["inputs"]) for x, y in zip(a, b))
+  a, b = (
+    take(data.make_train_loader(c, WordIds(), seed=s, shard_index=0, shard_count=1), 3)
+    for s in (4, 5)
+  )
+  assert any(
+    x["inputs"].shape != y["inputs"].shape or not np.array_equal(x["inputs"], y["inputs"])
+    for x, y in zip(a, b)
+  )
 
 
 def test_overlong_pairs_truncated_and_counted(corpus, caplog):
@@ -182,8 +197,7 @@ def test_overlong_pairs_truncated_and_counted(corpus, caplog):
   c = config(corpus, overlong="truncate", window=N)
   with caplog.at_level(logging.INFO):
     loader = data.make_train_loader(c, WordIds(), seed=6, shard_index=0, shard_count=1)
-  assert "5 of 400 training pairs exceed 63 source / 63 target tokens: truncated" in (
-      caplog.text)
+  assert "5 of 400 training pairs exceed 63 source / 63 target tokens: truncated" in (caplog.text)
   found = {f[0]: f for b in one_epoch(loader, N) for f in unpack(b)}
   assert sorted(found) == list(range(N))
   for pid in range(5):
@@ -193,10 +207,11 @@ def test_overlong_pairs_truncated_and_counted(corpus, caplog):
 @pytest.mark.parametrize("mode", ["tokens", "packed"])
 def test_host_shards_are_disjoint_and_make_up_the_global_batch(corpus, mode):
   c = config(corpus, batch_mode=mode)
-  whole = take(data.make_train_loader(c, WordIds(), seed=7, shard_index=0,
-                                      shard_count=1), 12)
-  parts = [take(data.make_train_loader(c, WordIds(), seed=7, shard_index=h,
-                                       shard_count=2), 12) for h in range(2)]
+  whole = take(data.make_train_loader(c, WordIds(), seed=7, shard_index=0, shard_count=1), 12)
+  parts = [
+    take(data.make_train_loader(c, WordIds(), seed=7, shard_index=h, shard_count=2), 12)
+    for h in range(2)
+  ]
   for step, batch in enumerate(whole):
     host0, host1 = parts[0][step], parts[1][step]
     assert host0["inputs"].shape == host1["inputs"].shape, "hosts agree on shapes"
@@ -212,8 +227,7 @@ def test_host_shards_are_disjoint_and_make_up_the_global_batch(corpus, mode):
 @pytest.mark.parametrize("mode,workers", [("tokens", 0), ("packed", 0), ("tokens", 1)])
 def test_resume_through_orbax_sees_the_same_batches(corpus, tmp_path, mode, workers):
   c = config(corpus, batch_mode=mode, num_workers=workers, window=64)
-  make = lambda: data.make_train_loader(c, WordIds(), seed=8, shard_index=0,
-                                        shard_count=1)
+  make = lambda: data.make_train_loader(c, WordIds(), seed=8, shard_index=0, shard_count=1)
   it = iter(make())
   for _ in range(7):  # crosses windows of 64 pairs
     next(it)
@@ -224,8 +238,7 @@ def test_resume_through_orbax_sees_the_same_batches(corpus, tmp_path, mode, work
   it.close()
 
   fresh = iter(make())
-  manager.restore(7, args=ocp.args.Composite(
-      data=grain.checkpoint.CheckpointRestore(fresh)))
+  manager.restore(7, args=ocp.args.Composite(data=grain.checkpoint.CheckpointRestore(fresh)))
   got = [next(fresh) for _ in range(10)]
   fresh.close()
   for a, b in zip(expected, got):
@@ -264,7 +277,8 @@ def test_eval_batches_fit_the_models_positions(corpus, caplog):
   assert max(batch["inputs"].shape[1] for batch in batches) == limit
   cut = sum(max(f[1], f[2]) > limit for batch in whole for f in unpack(batch))
   assert cut > 0 and f"{cut} of 37 pairs have a side longer than the model's {limit}" in (
-      caplog.text)
+    caplog.text
+  )
   for full, short in zip(whole, batches):
     assert [f[0] for f in unpack(full)] == [f[0] for f in unpack(short)]  # Nothing dropped.
     for key in ("inputs", "targets"):
@@ -275,8 +289,10 @@ def test_eval_batches_fit_the_models_positions(corpus, caplog):
 def test_eval_shards_are_consecutive_parts_of_the_same_batches(corpus):
   c = config(corpus, eval_batch_size=8)
   whole = data.make_eval_batches(c, WordIds(), "validation")
-  parts = [data.make_eval_batches(c, WordIds(), "validation", shard_index=h,
-                                  shard_count=2) for h in range(2)]
+  parts = [
+    data.make_eval_batches(c, WordIds(), "validation", shard_index=h, shard_count=2)
+    for h in range(2)
+  ]
   assert len(parts[0]) == len(parts[1]) == len(whole)
   for batch, b0, b1 in zip(whole, *parts):
     for key in BATCH_KEYS:
@@ -285,10 +301,8 @@ def test_eval_shards_are_consecutive_parts_of_the_same_batches(corpus):
 
 def test_bucket_lengths():
   assert pipeline.bucket_lengths(64) == (8, 16, 24, 32, 40, 56, 64)
-  assert pipeline.bucket_lengths(256) == (
-      8, 16, 24, 32, 40, 56, 72, 96, 120, 152, 192, 240, 256)
-  assert [pipeline.padded_length(n) for n in (1, 8, 9, 57, 97, 300)] == [
-      8, 8, 16, 72, 120, 304]
+  assert pipeline.bucket_lengths(256) == (8, 16, 24, 32, 40, 56, 72, 96, 120, 152, 192, 240, 256)
+  assert [pipeline.padded_length(n) for n in (1, 8, 9, 57, 97, 300)] == [8, 8, 16, 72, 120, 304]
   assert pipeline.bucket_lengths(256, growth=2) == (8, 16, 32, 64, 128, 256)
   assert pipeline.bucket_lengths(100, growth=1.5) == (8, 16, 24, 40, 64, 96, 100)
   # 1.1 * 400 is 440.00000000000006 in floating point: exactly 440, not 448.
@@ -296,8 +310,13 @@ def test_bucket_lengths():
 
 
 def test_train_batch_shapes_follow_from_the_batch_settings_alone():
-  c = data.DataConfig(tokens_per_batch=1000, max_source_length=40, max_target_length=64,
-                      batch_multiple=8, bucket_growth=2)
+  c = data.DataConfig(
+    tokens_per_batch=1000,
+    max_source_length=40,
+    max_target_length=64,
+    batch_multiple=8,
+    bucket_growth=2,
+  )
   # Rows: 1000 // length, down to a multiple of 8 (data.batch_multiple; one host).
   assert data.train_batch_shapes(c) == [(120, 8), (56, 16), (24, 32), (8, 64)]
   # 3 hosts: rows in multiples of lcm(8, 3) = 24, and the longest bucket gets none.
@@ -311,19 +330,25 @@ def test_train_batch_shapes_follow_from_the_batch_settings_alone():
 
 
 def test_layout_packs_by_hand():
-  batch = pipeline.layout([([5, 6, 1], [7, 1]), ([8, 1], [9, 9, 9, 1]), ([4, 1], [1])],
-                          rows=[0, 0, 2], num_rows=3, length=6)
-  np.testing.assert_array_equal(batch["inputs"], [[5, 6, 1, 8, 1, 0], [0] * 6,
-                                                  [4, 1, 0, 0, 0, 0]])
-  np.testing.assert_array_equal(batch["targets_segmentation"],
-                                [[1, 1, 2, 2, 2, 2], [0] * 6, [1, 0, 0, 0, 0, 0]])
-  np.testing.assert_array_equal(batch["targets_position"],
-                                [[0, 1, 0, 1, 2, 3], [0] * 6, [0] * 6])
-  np.testing.assert_array_equal(batch["inputs_position"],
-                                [[0, 1, 2, 0, 1, 0], [0] * 6, [0, 1, 0, 0, 0, 0]])
+  batch = pipeline.layout(
+    [([5, 6, 1], [7, 1]), ([8, 1], [9, 9, 9, 1]), ([4, 1], [1])],
+    rows=[0, 0, 2],
+    num_rows=3,
+    length=6,
+  )
+  np.testing.assert_array_equal(batch["inputs"], [[5, 6, 1, 8, 1, 0], [0] * 6, [4, 1, 0, 0, 0, 0]])
+  np.testing.assert_array_equal(
+    batch["targets_segmentation"], [[1, 1, 2, 2, 2, 2], [0] * 6, [1, 0, 0, 0, 0, 0]]
+  )
+  np.testing.assert_array_equal(batch["targets_position"], [[0, 1, 0, 1, 2, 3], [0] * 6, [0] * 6])
+  np.testing.assert_array_equal(
+    batch["inputs_position"], [[0, 1, 2, 0, 1, 0], [0] * 6, [0, 1, 0, 0, 0, 0]]
+  )
 
 
-@pytest.mark.parametrize("field,value,allowed", [
+@pytest.mark.parametrize(
+  "field,value,allowed",
+  [
     ("name", "wmt99", "embedded"),
     ("batch_mode", "buckets", "tokens | packed | padded"),
     ("overlong", "keep", "drop | truncate"),
@@ -333,7 +358,8 @@ def test_layout_packs_by_hand():
     ("vocab_size", 8, "an integer >= 16"),
     ("target_lang", "fr", "en | sy"),
     ("eval_batch_size", 12, "a multiple of data.batch_multiple=8"),
-])
+  ],
+)
 def test_config_errors_name_the_field(field, value, allowed):
   with pytest.raises(FieldError, match=f"data.{field}.*{allowed}"):
     data.DataConfig(**{field: value})
@@ -349,9 +375,9 @@ def test_loader_rejects_a_budget_below_one_longest_row(corpus):
 def test_batches_feed_make_array_from_process_local_data(corpus, mode):
   mesh = Mesh(np.array(jax.devices()), ("data",))
   c = config(corpus, batch_mode=mode, batch_multiple=jax.device_count())
-  for batch in take(data.make_train_loader(c, WordIds(), seed=9, shard_index=0,
-                                           shard_count=1), 3):
-    for key, value in batch.items():
+  for batch in take(data.make_train_loader(c, WordIds(), seed=9, shard_index=0, shard_count=1), 3):
+    for value in batch.values():
       array = jax.make_array_from_process_local_data(
-          NamedSharding(mesh, PartitionSpec("data")), value)
+        NamedSharding(mesh, PartitionSpec("data")), value
+      )
       np.testing.assert_array_equal(np.asarray(array), value)

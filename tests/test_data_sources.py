@@ -12,19 +12,23 @@ import sentencepiece as spm
 import tensorflow_datasets as tfds
 
 from transformer_jax import data
-from transformer_jax.data import embedded, parallel_text
-from transformer_jax.data import sources
-from transformer_jax.data import tokenizer
+from transformer_jax.data import embedded, parallel_text, sources, tokenizer
 from transformer_jax.errors import FieldError
 
 
 def text_config(tmp_path, lines_en, lines_de, **overrides):
   for lang, lines in (("en", lines_en), ("de", lines_de)):
-    (tmp_path / f"train.{lang}").write_text("".join(l + "\n" for l in lines),
-                                            encoding="utf-8")
-  return data.DataConfig(name="text", source_lang="en", target_lang="de",
-                         text_train=str(tmp_path / "train"), data_dir=str(tmp_path / "tfds"),
-                         **overrides)
+    (tmp_path / f"train.{lang}").write_text(
+      "".join(line + "\n" for line in lines), encoding="utf-8"
+    )
+  return data.DataConfig(
+    name="text",
+    source_lang="en",
+    target_lang="de",
+    text_train=str(tmp_path / "train"),
+    data_dir=str(tmp_path / "tfds"),
+    **overrides,
+  )
 
 
 def test_text_files_become_an_arrayrecord_source_in_file_order(tmp_path):
@@ -55,8 +59,11 @@ def test_text_conversion_is_reused_not_repeated(tmp_path, monkeypatch):
 
 def test_text_files_of_different_lengths_are_refused(tmp_path):
   c = text_config(tmp_path, ["a", "b", "c"], ["x", "y"])
-  with pytest.raises(data.DataError, match=r"train.de has 3 lines but .*train.en has 2|"
-                                       r"train.de has 2 lines but .*train.en has 3"):
+  with pytest.raises(
+    data.DataError,
+    match=r"train.de has 3 lines but .*train.en has 2|"
+    r"train.de has 2 lines but .*train.en has 3",
+  ):
     sources.open_split(c, "train")
 
 
@@ -93,15 +100,16 @@ def offline(monkeypatch):
   monkeypatch.setattr(tfds.download.DownloadManager, "download_and_extract", no_download)
 
 
-@pytest.mark.parametrize("name,expected_file", [
+@pytest.mark.parametrize(
+  "name,expected_file",
+  [
     ("wmt14_translate/de-en", "training-parallel-europarl-v7.tgz"),
     ("wmt14_translate/fr-en", "training-giga-fren.tar"),
     ("wmt17_translate/de-en", "rapid2016.tgz"),
-])
-def test_wmt_offline_fails_at_once_with_one_clear_message(tmp_path, offline, name,
-                                                          expected_file):
-  c = data.DataConfig(name=name, source_lang="en", target_lang=name[-5:-3],
-                      data_dir=str(tmp_path))
+  ],
+)
+def test_wmt_offline_fails_at_once_with_one_clear_message(tmp_path, offline, name, expected_file):
+  c = data.DataConfig(name=name, source_lang="en", target_lang=name[-5:-3], data_dir=str(tmp_path))
   with pytest.raises(data.DataUnavailableError) as error:
     data.make_eval_batches(c, None, "test")
   message = str(error.value)
@@ -115,10 +123,14 @@ def test_wmt_offline_fails_at_once_with_one_clear_message(tmp_path, offline, nam
   assert error.value.__cause__ is None and error.value.__context__ is None
 
 
-def test_wmt_with_every_file_in_the_manual_dir_goes_on_to_prepare(tmp_path, offline,
-                                                                  monkeypatch):
-  c = data.DataConfig(name="wmt14_translate/fr-en", source_lang="en", target_lang="fr",
-                      data_dir=str(tmp_path / "tfds"), manual_dir=str(tmp_path / "manual"))
+def test_wmt_with_every_file_in_the_manual_dir_goes_on_to_prepare(tmp_path, offline, monkeypatch):
+  c = data.DataConfig(
+    name="wmt14_translate/fr-en",
+    source_lang="en",
+    target_lang="fr",
+    data_dir=str(tmp_path / "tfds"),
+    manual_dir=str(tmp_path / "manual"),
+  )
   os.makedirs(c.manual_dir)
   importlib.import_module("tensorflow_datasets.translate.wmt14")  # registers it
   builder = tfds.builder(c.name, data_dir=c.data_dir)
@@ -149,8 +161,13 @@ def test_wmt_with_every_file_in_the_manual_dir_goes_on_to_prepare(tmp_path, offl
 def _text(tmp_path, source: bytes, target: bytes):
   (tmp_path / "corpus.en").write_bytes(source)
   (tmp_path / "corpus.de").write_bytes(target)
-  return data.DataConfig(name="text", source_lang="en", target_lang="de",
-                         text_train=str(tmp_path / "corpus"), data_dir=str(tmp_path / "tfds"))
+  return data.DataConfig(
+    name="text",
+    source_lang="en",
+    target_lang="de",
+    text_train=str(tmp_path / "corpus"),
+    data_dir=str(tmp_path / "tfds"),
+  )
 
 
 def test_a_missing_file_names_the_field_and_the_path(tmp_path):
@@ -177,8 +194,9 @@ def test_lines_not_utf8_or_too_long_are_skipped_counted_and_logged(tmp_path, cap
   with caplog.at_level(logging.WARNING):
     split = sources.open_split(_text(tmp_path, source, target), "train")
   assert split.pairs(range(len(split))) == [("one", "eins"), ("three", "drei"), ("five", "fünf")]
-  assert re.search(r"corpus.de, .*corpus.en: skipped 1 line pairs not UTF-8 \(lines 2\)",
-                   caplog.text)
+  assert re.search(
+    r"corpus.de, .*corpus.en: skipped 1 line pairs not UTF-8 \(lines 2\)", caplog.text
+  )
   assert re.search(r"skipped 1 line pairs with a line over 16384 bytes \(lines 4\)", caplog.text)
 
 
@@ -192,12 +210,16 @@ def test_windows_line_ends_a_byte_order_mark_and_no_final_newline_are_plain_text
   de = "\ufeffHallo Welt.\r\nDie Katze schläft.\r\nEine letzte Zeile"
   split = sources.open_split(_text(tmp_path, en.encode(), de.encode()), "train")
   pairs = split.pairs(range(len(split)))
-  assert pairs == [("Hello world.", "Hallo Welt."), ("The cat sleeps.", "Die Katze schläft."),
-                   ("A last line", "Eine letzte Zeile")]
+  assert pairs == [
+    ("Hello world.", "Hallo Welt."),
+    ("The cat sleeps.", "Die Katze schläft."),
+    ("A last line", "Eine letzte Zeile"),
+  ]
   sentences = [text for pair in pairs for text in pair]
   characters = set("".join(sentences).replace(" ", ""))
-  model = spm.SentencePieceProcessor(model_proto=tokenizer.train_model(
-      sentences, len(characters) + 4 + 10))  # "▁", pad, EOS, unk, and a few merges.
+  model = spm.SentencePieceProcessor(
+    model_proto=tokenizer.train_model(sentences, len(characters) + 4 + 10)
+  )  # "▁", pad, EOS, unk, and a few merges.
   pieces = [model.id_to_piece(i) for i in range(model.get_piece_size())]
   assert not [piece for piece in pieces if "\ufeff" in piece or "\r" in piece]
   first = model.encode("Hello world.", out_type=str)
@@ -206,8 +228,7 @@ def test_windows_line_ends_a_byte_order_mark_and_no_final_newline_are_plain_text
 
 def test_line_pairs_with_an_empty_side_are_skipped_counted_and_logged(tmp_path, caplog):
   with caplog.at_level(logging.WARNING):
-    split = sources.open_split(_text(tmp_path, b"a\n\nc\n  \ne\n", b"v\nw\n\t\ny\nz\n"),
-                               "train")
+    split = sources.open_split(_text(tmp_path, b"a\n\nc\n  \ne\n", b"v\nw\n\t\ny\nz\n"), "train")
   assert split.pairs(range(len(split))) == [("a", "v"), ("e", "z")]
   assert re.search(r"skipped 3 line pairs with an empty side \(lines 2, 3, 4\)", caplog.text)
 
@@ -220,8 +241,11 @@ def test_two_files_of_the_same_text_are_an_error(tmp_path):
 def test_a_language_without_a_file_lists_the_files_there_are(tmp_path):
   c = _text(tmp_path, b"a\n", b"b\n")
   c = dataclasses.replace(c, target_lang="fr")
-  with pytest.raises(FieldError, match=r"data.text_train=.*: no file .*corpus.fr \(expected "
-                     r".*; found .*corpus.de, .*corpus.en\)"):
+  with pytest.raises(
+    FieldError,
+    match=r"data.text_train=.*: no file .*corpus.fr \(expected "
+    r".*; found .*corpus.de, .*corpus.en\)",
+  ):
     sources.open_split(c, "train")
 
 

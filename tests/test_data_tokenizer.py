@@ -1,4 +1,4 @@
-"""The shared SentencePiece BPE vocabulary on the (tiny) embedded corpus, and the pipeline with it."""
+"""The shared SentencePiece BPE vocabulary on the tiny embedded corpus, and the pipeline with it."""
 
 import dataclasses
 import io
@@ -12,9 +12,8 @@ import sentencepiece as spm
 
 from transformer_jax import data
 from transformer_jax.conventions import EOS_ID, PAD_ID, UNK_ID
-from transformer_jax.data import embedded
-from transformer_jax.data import pipeline
-from transformer_jax.data import sources
+from transformer_jax.data import embedded, sources
+from transformer_jax.data import lengths as lengths_lib
 from transformer_jax.data import tokenizer as tokenizer_lib
 from transformer_jax.errors import FieldError
 
@@ -94,16 +93,22 @@ def test_trains_on_a_bounded_evenly_spaced_sample(setup):
   assert list(tokenizer_lib._training_sentences(source, 5)) == expected
 
 
-@pytest.mark.parametrize("sample_size, logged", [
+@pytest.mark.parametrize(
+  "sample_size, logged",
+  [
     (5, "on 5 of the 2000 train pairs of embedded_tiny (10 sentences)"),
-    (200_000, "on 2000 of the 2000 train pairs of embedded_tiny (4000 sentences)")])
-def test_the_log_gives_the_sample_actually_trained_on(setup, tmp_path, monkeypatch, caplog,
-                                                      sample_size, logged):
+    (200_000, "on 2000 of the 2000 train pairs of embedded_tiny (4000 sentences)"),
+  ],
+)
+def test_the_log_gives_the_sample_actually_trained_on(
+  setup, tmp_path, monkeypatch, caplog, sample_size, logged
+):
   c, _, tok = setup
   c = dataclasses.replace(c, tokenizer_sample_size=sample_size)
   seen = []
-  monkeypatch.setattr(tokenizer_lib, "train_model",
-                      lambda sentences, size: seen.extend(sentences) or tok.model_proto)
+  monkeypatch.setattr(
+    tokenizer_lib, "train_model", lambda sentences, size: seen.extend(sentences) or tok.model_proto
+  )
   with caplog.at_level(logging.INFO):
     data.get_tokenizer(c, str(tmp_path))
   assert logged in caplog.text
@@ -111,13 +116,18 @@ def test_the_log_gives_the_sample_actually_trained_on(setup, tmp_path, monkeypat
 
 
 # Ten short pairs: few characters, few merges.
-_SENTENCES = [f"{w} sees {v}" for w, v in zip("cat dog bird fish cow".split(),
-                                                "tree house car sun moon".split())] * 2
+_SENTENCES = [
+  f"{w} sees {v}"
+  for w, v in zip("cat dog bird fish cow".split(), "tree house car sun moon".split())
+] * 2
 
 
 def test_a_vocabulary_larger_than_the_text_supports_names_the_largest_that_works():
-  with pytest.raises(FieldError, match=r"^data.vocab_size=1000 is more than the training text "
-                     r"supports: set it to at most \d+$") as info:
+  with pytest.raises(
+    FieldError,
+    match=r"^data.vocab_size=1000 is more than the training text "
+    r"supports: set it to at most \d+$",
+  ) as info:
     tokenizer_lib.train_model(_SENTENCES, 1000)
   largest = int(str(info.value).rsplit(" ", 1)[1])
   assert data.Tokenizer(tokenizer_lib.train_model(_SENTENCES, largest)).vocab_size == largest
@@ -128,8 +138,11 @@ def test_a_vocabulary_larger_than_the_text_supports_names_the_largest_that_works
 def test_a_vocabulary_smaller_than_the_characters_names_the_smallest_that_works():
   characters = len(set("".join(_SENTENCES).replace(" ", "")))  # Space becomes the piece "▁".
   smallest = characters + 1 + 3  # "▁", and pad, EOS, unk.
-  with pytest.raises(FieldError, match=f"^data.vocab_size=16 is too small for the characters of "
-                     f"the training text: set it to at least {smallest}$"):
+  with pytest.raises(
+    FieldError,
+    match=f"^data.vocab_size=16 is too small for the characters of "
+    f"the training text: set it to at least {smallest}$",
+  ):
     tokenizer_lib.train_model(_SENTENCES, 16)
   assert data.Tokenizer(tokenizer_lib.train_model(_SENTENCES, smallest)).vocab_size == smallest
 
@@ -138,8 +151,12 @@ def test_rejects_a_model_with_other_special_ids():
   buffer = io.BytesIO()  # SentencePiece's default ids: unk 0, bos 1, eos 2, no pad
   with open(os.devnull, "w") as quiet:
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(["a b c d e f g"] * 10), model_writer=buffer,
-        vocab_size=12, model_type="bpe", logstream=quiet)
+      sentence_iterator=iter(["a b c d e f g"] * 10),
+      model_writer=buffer,
+      vocab_size=12,
+      model_type="bpe",
+      logstream=quiet,
+    )
   with pytest.raises(data.DataError, match=r"\(pad, eos, unk, bos\) ids \(-1, 2, 0, 1\)"):
     data.Tokenizer(buffer.getvalue())
 
@@ -147,13 +164,12 @@ def test_rejects_a_model_with_other_special_ids():
 def test_length_table_is_counted_once_and_cached_beside_the_vocabulary(setup, monkeypatch):
   c, _, tok = setup
   source = sources.open_split(c, "train")
-  lengths = pipeline.pair_lengths(source, tok)
+  lengths = lengths_lib.pair_lengths(source, tok)
   train = embedded.generate_corpus(1, TINY)["train"]
-  assert lengths.tolist() == [[len(tok.encode(s)) + 1, len(tok.encode(t)) + 1]
-                              for s, t in train]
+  assert lengths.tolist() == [[len(tok.encode(s)) + 1, len(tok.encode(t)) + 1] for s, t in train]
   assert os.listdir(os.path.join(os.path.dirname(tok.path), "lengths"))
-  monkeypatch.setattr(pipeline, "_CountChunk", None)  # would fail if counted again
-  np.testing.assert_array_equal(pipeline.pair_lengths(source, tok), lengths)
+  monkeypatch.setattr(lengths_lib, "_CountChunk", None)  # would fail if counted again
+  np.testing.assert_array_equal(lengths_lib.pair_lengths(source, tok), lengths)
 
 
 @pytest.mark.parametrize("mode", ["tokens", "packed"])

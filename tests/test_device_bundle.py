@@ -10,14 +10,23 @@ import subprocess
 import sys
 import venv
 
-import helpers
 import pytest
 
+import helpers
 from transformer_jax.tools.device_report import bundle
 
 HERE = f"{sys.version_info.major}.{sys.version_info.minor}"
-NEEDED = {"grain", "array-record", "tensorflow-datasets", "ml-collections", "tensorboardx",
-          "dm-tree", "promise", "simple-parsing", "tensorflow-metadata"}
+NEEDED = {
+  "grain",
+  "array-record",
+  "tensorflow-datasets",
+  "ml-collections",
+  "tensorboardx",
+  "dm-tree",
+  "promise",
+  "simple-parsing",
+  "tensorflow-metadata",
+}
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +45,8 @@ def test_the_bundle_holds_what_the_image_lacks_and_nothing_it_has(made):
   assert {"jax", "jaxlib", "flax", "numpy"}.isdisjoint(names)
   assert record["total_bytes"] == sum(w["bytes"] for w in record["wheels"]) <= bundle.MAX_BYTES
   assert sorted(p.name for p in directory.glob("*.whl")) == sorted(
-      w["file"] for w in record["wheels"])
+    w["file"] for w in record["wheels"]
+  )
   assert json.loads((directory / bundle.LIST_NAME).read_text()) == record
   by_name = {bundle.normalize(w["name"]): w for w in record["wheels"]}
   assert by_name["promise"]["required_by"] == "tensorflow-datasets"
@@ -48,9 +58,14 @@ def _image_like_python(root: pathlib.Path) -> pathlib.Path:
   installed here that the GPU image also has, and nothing else; its python."""
   venv.EnvBuilder(with_pip=True, symlinks=True).create(root)
   python = root / "bin" / "python"
-  site = pathlib.Path(subprocess.run(
+  site = pathlib.Path(
+    subprocess.run(
       [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-      capture_output=True, text=True, check=True).stdout.strip())
+      capture_output=True,
+      text=True,
+      check=True,
+    ).stdout.strip()
+  )
   for dist in importlib.metadata.distributions():
     if bundle.normalize(dist.metadata["Name"]) not in bundle.GPU_IMAGE - {"pip"}:
       continue
@@ -90,17 +105,30 @@ print(json.dumps(result))
 
 
 @pytest.mark.slow
-def test_an_image_like_python_installs_the_bundle_offline_and_imports_every_module(
-    made, tmp_path):
+def test_an_image_like_python_installs_the_bundle_offline_and_imports_every_module(made, tmp_path):
   directory, record = made
   python = _image_like_python(tmp_path / "venv")
   target = tmp_path / "private"
   env = dict(helpers.environment(), PIP_NO_INDEX="1", PYTHONPATH="")
   report = subprocess.run(
-      [python, "-m", "transformer_jax.tools.device_report", f"--out={tmp_path / 'out'}",
-       f"--bundle={directory}", f"--bundle_target={target}", "--stages=environment",
-       "--platform=cpu", "--tiny"], cwd=helpers.REPO, env=env, capture_output=True, text=True,
-      timeout=600, check=False)
+    [
+      python,
+      "-m",
+      "transformer_jax.tools.device_report",
+      f"--out={tmp_path / 'out'}",
+      f"--bundle={directory}",
+      f"--bundle_target={target}",
+      "--stages=environment",
+      "--platform=cpu",
+      "--tiny",
+    ],
+    cwd=helpers.REPO,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=600,
+    check=False,
+  )
   assert report.returncode == 0, report.stdout + report.stderr
   assert f"installed {len(record['wheels'])} wheels into {target}" in report.stdout
   assert "(already here: none)" in report.stdout
@@ -109,11 +137,17 @@ def test_an_image_like_python_installs_the_bundle_offline_and_imports_every_modu
   assert step["bundle"]["unmet"] == [] and step["versions"]["grain"] is not None
   # Packages of the image that this environment lacks (an extra not installed here).
   allowed = {name.replace("-", "_") for name in bundle.GPU_IMAGE}
+
   def import_modules(modules: str) -> dict:
     imports = subprocess.run(
-        [python, "-c", _IMPORT_MODULES, ",".join(sorted(allowed)), modules], cwd=helpers.REPO,
-        env=dict(env, PYTHONPATH=os.pathsep.join([str(helpers.REPO), str(target)])),
-        capture_output=True, text=True, timeout=600, check=False)
+      [python, "-c", _IMPORT_MODULES, ",".join(sorted(allowed)), modules],
+      cwd=helpers.REPO,
+      env=dict(env, PYTHONPATH=os.pathsep.join([str(helpers.REPO), str(target)])),
+      capture_output=True,
+      text=True,
+      timeout=600,
+      check=False,
+    )
     assert imports.returncode == 0, imports.stderr
     return json.loads(imports.stdout.strip().splitlines()[-1])
 
@@ -124,8 +158,11 @@ def test_an_image_like_python_installs_the_bundle_offline_and_imports_every_modu
     for key in ("imported", "absent", "broken"):
       result[key] += alone[key]
   assert not result["broken"], result["broken"]
-  assert {"transformer_jax.main", "transformer_jax.data.pipeline",
-          "transformer_jax.tools.device_report.__main__"} <= set(result["imported"])
+  assert {
+    "transformer_jax.main",
+    "transformer_jax.data.pipeline",
+    "transformer_jax.tools.device_report.__main__",
+  } <= set(result["imported"])
   assert len(result["imported"]) > 50
 
 
@@ -139,6 +176,7 @@ def test_a_missing_or_incomplete_bundle_is_refused_with_what_to_do(tmp_path):
 
 def test_requirements_apply_by_the_target_pythons_markers():
   from packaging.requirements import Requirement  # pylint: disable=import-outside-toplevel
+
   old = Requirement('importlib_resources; python_version < "3.9"')
   assert not bundle._applies(old, "3.12")  # pylint: disable=protected-access
   extra = Requirement('gcsfs; extra == "gcs"')
@@ -146,5 +184,6 @@ def test_requirements_apply_by_the_target_pythons_markers():
   assert bundle._applies(extra, "3.12", {"gcs"})  # pylint: disable=protected-access
   requirements = [("jax>=0.1", "a"), ("no-such-distribution", "b"), ("numpy<1", "c")]
   assert bundle.unmet(requirements, []) == [
-      "b: no-such-distribution (missing)",
-      f"c: numpy<1 (found {importlib.metadata.version('numpy')})"]
+    "b: no-such-distribution (missing)",
+    f"c: numpy<1 (found {importlib.metadata.version('numpy')})",
+  ]

@@ -25,12 +25,14 @@ def test_the_fused_attention_matches_the_reference_on_this_platform():
 @pytest.mark.device
 def test_the_check_fails_on_a_fused_kernel_that_is_slightly_wrong(monkeypatch):
   fused = jax.nn.dot_product_attention
-  monkeypatch.setattr(jax.nn, "dot_product_attention",
-                      lambda q, k, v, **kw: fused(q, k, v, **kw) * 1.05)
+  monkeypatch.setattr(
+    jax.nn, "dot_product_attention", lambda q, k, v, **kw: fused(q, k, v, **kw) * 1.05
+  )
   record = correctness.check_attention(SHAPE, jax.default_backend())
   assert not record["ok"]
-  assert all(case["output_error"] > correctness.OUTPUT_TOLERANCE
-             for case in record["cases"].values())
+  assert all(
+    case["output_error"] > correctness.OUTPUT_TOLERANCE for case in record["cases"].values()
+  )
 
 
 def test_packed_batches_keep_each_pair_whole_and_fill_most_of_a_row():
@@ -41,7 +43,7 @@ def test_packed_batches_keep_each_pair_whole_and_fill_most_of_a_row():
     for row in range(104):
       ids = segments[row][segments[row] > 0]
       assert np.all(np.diff(ids) >= 0) and ids[0] == 1  # Pairs in order, then padding.
-      assert not np.any(segments[row][len(ids):])
+      assert not np.any(segments[row][len(ids) :])
       for segment in np.unique(ids):
         where = np.flatnonzero(segments[row] == segment)
         assert 8 <= len(where) <= 64 and np.all(positions[row, where] == np.arange(len(where)))
@@ -53,14 +55,17 @@ def test_packed_batches_keep_each_pair_whole_and_fill_most_of_a_row():
 
 def test_the_device_tests_outcomes_are_counted_as_they_end(tmp_path):
   tests = tmp_path / "test_sample.py"
-  tests.write_text("import pytest\n\n"
-                   "def test_passes():\n  pass\n\n"
-                   "def test_fails():\n  assert 1 == 2, 'one is not two'\n\n"
-                   "@pytest.mark.skip(reason='not here')\ndef test_skipped():\n  pass\n\n"
-                   "@pytest.fixture\ndef broken():\n  raise RuntimeError('set-up')\n\n"
-                   "def test_errors(broken):\n  pass\n")
-  record = correctness.run_device_tests([str(tests), "-p", "no:randomly"], 120,
-                                        tmp_path / "log.jsonl", 60, "cpu")
+  tests.write_text(
+    "import pytest\n\n"
+    "def test_passes():\n  pass\n\n"
+    "def test_fails():\n  assert 1 == 2, 'one is not two'\n\n"
+    "@pytest.mark.skip(reason='not here')\ndef test_skipped():\n  pass\n\n"
+    "@pytest.fixture\ndef broken():\n  raise RuntimeError('set-up')\n\n"
+    "def test_errors(broken):\n  pass\n"
+  )
+  record = correctness.run_device_tests(
+    [str(tests), "-p", "no:randomly"], 120, tmp_path / "log.jsonl", 60, "cpu"
+  )
   assert record["status"] == "finished" and record["exit_status"] == 1
   assert record["collected"] == 4
   assert record["counts"] == {"passed": 1, "failed": 1, "skipped": 1, "error": 1}
@@ -70,8 +75,9 @@ def test_the_device_tests_outcomes_are_counted_as_they_end(tmp_path):
 
 def test_a_stopped_test_run_still_counts_what_ended(tmp_path):
   tests = tmp_path / "test_slow.py"
-  tests.write_text("import time\n\ndef test_quick():\n  pass\n\n"
-                   "def test_slow():\n  time.sleep(60)\n")
+  tests.write_text(
+    "import time\n\ndef test_quick():\n  pass\n\ndef test_slow():\n  time.sleep(60)\n"
+  )
   record = correctness.run_device_tests([str(tests)], 8, tmp_path / "log.jsonl", 60, "cpu")
   assert record["status"] == "stopped after 8 s" and record["exit_status"] is None
   assert record["collected"] == 2 and record["counts"] == {"passed": 1}

@@ -7,11 +7,11 @@ import math
 import pathlib
 import time
 
-import helpers
 import pytest
 
-from transformer_jax.tools.device_report import plan as plan_lib
+import helpers
 from transformer_jax.tools.device_report import largest, speed, stage
+from transformer_jax.tools.device_report import plan as plan_lib
 from transformer_jax.tools.device_report.runner import Runner
 
 STAGE_FILES = [f"{s}.json" for s in plan_lib.STAGES]
@@ -24,8 +24,14 @@ def _steps(out: pathlib.Path, stage_name: str) -> dict:
 @pytest.mark.slow
 def test_the_cpu_dry_run_runs_every_stage_and_reports_them(tmp_path):
   out = tmp_path / "out"
-  run = helpers.python("-m", "transformer_jax.tools.device_report", f"--out={out}",
-                       "--platform=cpu", "--tiny", timeout=600)
+  run = helpers.python(
+    "-m",
+    "transformer_jax.tools.device_report",
+    f"--out={out}",
+    "--platform=cpu",
+    "--tiny",
+    timeout=600,
+  )
   assert run.returncode == 0, run.stderr
   files = sorted(p.name for p in out.iterdir())
   assert files == sorted(STAGE_FILES + ["log.txt", "report.md"]) and len(files) <= 8
@@ -49,13 +55,18 @@ def test_the_cpu_dry_run_runs_every_stage_and_reports_them(tmp_path):
   for name, record in speeds.items():
     assert record["status"] == "ok", (name, record)
     assert record["timed_steps"] == tiny.timed_steps and (record["rows"], record["length"]) == (
-        tiny.rows, tiny.length)
+      tiny.rows,
+      tiny.length,
+    )
     assert record["step_seconds"]["min"] <= record["step_seconds"]["median"]
     assert record["target_tokens_per_second"] == pytest.approx(
-        record["target_tokens"] / record["step_seconds"]["median"])
+      record["target_tokens"] / record["step_seconds"]["median"]
+    )
     assert record["mfu_vs_measured_matmul"] == pytest.approx(
-        record["model_flops_per_step"] / record["step_seconds"]["median"]
-        / record["matmul_flops_per_second"])
+      record["model_flops_per_step"]
+      / record["step_seconds"]["median"]
+      / record["matmul_flops_per_second"]
+    )
     assert record["mfu_vs_spec"] is None and record["peak_bytes"] is None  # Not on a CPU.
     assert record["predicted_local"]["total_bytes"] > 0
     assert all(math.isfinite(loss) for loss in record["loss_first_last"])
@@ -75,16 +86,23 @@ def test_the_cpu_dry_run_runs_every_stage_and_reports_them(tmp_path):
   for search in ("beam4", "greedy"):
     figures = decoding["searches"][search]
     assert figures["tokens_per_second"] == pytest.approx(
-        figures["sentences_per_second"] * tiny.decode_output_length)
+      figures["sentences_per_second"] * tiny.decode_output_length
+    )
   end_to_end = _steps(out, "end_to_end")["end_to_end"]
   assert end_to_end["status"] == "ok" and end_to_end["split"] == "test"
   assert end_to_end["steps"] == 6 and 0 <= end_to_end["bleu"] <= 100
   assert end_to_end["averaged_steps"] == [3, 6]
 
   report = (out / "report.md").read_text()
-  for row in ("| base | ok | 8x32 |", "| big | ok |", "| base, attention=xla | ok |",
-              "| base, remat=full | ok |", "| base at the largest batch | not applicable |",
-              "| prediction:largest | not applicable |", "| packed_causal |"):
+  for row in (
+    "| base | ok | 8x32 |",
+    "| big | ok |",
+    "| base, attention=xla | ok |",
+    "| base, remat=full | ok |",
+    "| base at the largest batch | not applicable |",
+    "| prediction:largest | not applicable |",
+    "| packed_causal |",
+  ):
     assert row in report, row
   assert "test BLEU" in report and "Tests marked `device`:" in report
   assert "===== end_to_end" in (out / "log.txt").read_text()
@@ -94,23 +112,42 @@ def test_the_cpu_dry_run_runs_every_stage_and_reports_them(tmp_path):
 def test_a_step_that_fails_or_runs_out_of_time_leaves_the_others(tmp_path):
   tiny = plan_lib.TINY
   spec, overrides = tiny.variants["base"]
-  steps = (plan_lib.Step("environment", "device", 30), plan_lib.Step("speed:base", "device", 60),
-           plan_lib.Step("speed:broken", "device", 30), plan_lib.Step("speed:slow", "device", 2),
-           plan_lib.Step("speed:base_xla", "device", 60))
-  plan = dataclasses.replace(tiny, steps=steps, variants={
-      "base": (spec, overrides), "base_xla": tiny.variants["base_xla"],
+  steps = (
+    plan_lib.Step("environment", "device", 30),
+    plan_lib.Step("speed:base", "device", 60),
+    plan_lib.Step("speed:broken", "device", 30),
+    plan_lib.Step("speed:slow", "device", 2),
+    plan_lib.Step("speed:base_xla", "device", 60),
+  )
+  plan = dataclasses.replace(
+    tiny,
+    steps=steps,
+    variants={
+      "base": (spec, overrides),
+      "base_xla": tiny.variants["base_xla"],
       "broken": (spec, {**overrides, "model.num_heads": 5}),  # 32 is not a multiple of 5.
-      "slow": (spec, overrides)})
+      "slow": (spec, overrides),
+    },
+  )
   env = helpers.environment()
   with pytest.MonkeyPatch.context() as patch:
     for key in ("PYTHONPATH", "XLA_FLAGS", "JAX_PLATFORMS"):
       patch.setenv(key, env[key])
-    runner = Runner(plan, str(tmp_path), deadline=time.monotonic() + 300, platform="cpu",
-                    stages=("environment", "speed"))
+    runner = Runner(
+      plan,
+      str(tmp_path),
+      deadline=time.monotonic() + 300,
+      platform="cpu",
+      stages=("environment", "speed"),
+    )
     records = runner.run()
   speeds = records["speed"]["steps"]
   assert [speeds[n]["status"] for n in ("base", "broken", "slow", "base_xla")] == [
-      "ok", "failed (exit status 1)", "timed out", "ok"]
+    "ok",
+    "failed (exit status 1)",
+    "timed out",
+    "ok",
+  ]
   assert "not divisible by num_heads=5" in speeds["broken"]["error"]
   assert "ran past its limit of 2 s" in speeds["slow"]["reason"]
   assert speeds["slow"]["seconds"] < 15
@@ -118,13 +155,19 @@ def test_a_step_that_fails_or_runs_out_of_time_leaves_the_others(tmp_path):
   assert on_disk["base"]["target_tokens_per_second"] > 0 and on_disk["base_xla"]["status"] == "ok"
   assert records["speed"]["status"] == "incomplete"
   report = (tmp_path / "report.md").read_text()
-  assert "| speed:slow | timed out |" in report and "| speed:broken | failed (exit status 1) |" \
-      in report
+  assert (
+    "| speed:slow | timed out |" in report and "| speed:broken | failed (exit status 1) |" in report
+  )
 
 
 def test_a_step_past_the_deadline_is_skipped(tmp_path):
-  runner = Runner(plan_lib.TINY, str(tmp_path), deadline=time.monotonic() + 2, platform="cpu",
-                  stages=("decoding",))
+  runner = Runner(
+    plan_lib.TINY,
+    str(tmp_path),
+    deadline=time.monotonic() + 2,
+    platform="cpu",
+    stages=("decoding",),
+  )
   record = runner.run()["decoding"]["steps"]["decoding"]
   assert record["status"] == "skipped" and "no time left under the deadline" in record["reason"]
 
@@ -135,8 +178,7 @@ def test_the_largest_step_trains_at_the_batch_the_compile_mode_found(tmp_path):
   found = {"field": "data.batch_size", "value": 16, "rows": 16, "length": 32}
   (tmp_path / "prediction_compile.json").write_text(json.dumps({"largest_batch": found}))
   result = stage.Result(tmp_path / "largest.json", time.monotonic() + 300)
-  largest.run(plan, plan.step("prediction:largest"), result,
-            stage.Context(tmp_path, "1xh100"))
+  largest.run(plan, plan.step("prediction:largest"), result, stage.Context(tmp_path, "1xh100"))
   record = json.loads((tmp_path / "largest.json").read_text())
   assert record["compile_mode_says"] == found and record["ran"]
   assert (record["rows"], record["length"]) == (16, 32) and record["variant"] == "base"
@@ -158,7 +200,10 @@ def test_the_full_plans_models_are_the_papers_in_bfloat16(name):
   settings = speed.experiment_of(spec, overrides)
   model = settings.model
   assert (model.d_model, model.num_layers, model.dtype) == (
-      (1024 if name == "big" else 512), 6, "bfloat16")
+    (1024 if name == "big" else 512),
+    6,
+    "bfloat16",
+  )
   assert settings.data.vocab_size == 37000
   assert plan_lib.FULL.length <= model.max_len
   assert model.attention_impl == ("xla" if name == "base_xla" else "auto")

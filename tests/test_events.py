@@ -25,11 +25,17 @@ def test_crc32c_has_the_standard_check_value_and_equals_tensorboardx():
 @pytest.mark.parametrize("step", [0, 1, 127, 128, 300_000, 2**40])
 def test_an_event_parses_as_the_protocol_buffer_it_encodes(step):
   scalar = event_pb2.Event.FromString(events.event(1.5, step, tag="train/lös", value=-0.1))
-  assert scalar == event_pb2.Event(wall_time=1.5, step=step, summary=summary_pb2.Summary(
-      value=[summary_pb2.Summary.Value(tag="train/lös", simple_value=-0.1)]))
+  assert scalar == event_pb2.Event(
+    wall_time=1.5,
+    step=step,
+    summary=summary_pb2.Summary(
+      value=[summary_pb2.Summary.Value(tag="train/lös", simple_value=-0.1)]
+    ),
+  )
   start = event_pb2.Event.FromString(events.event(2.0, step, session_start=True))
-  assert start == event_pb2.Event(wall_time=2.0, step=step, session_log=event_pb2.SessionLog(
-      status=event_pb2.SessionLog.START))
+  assert start == event_pb2.Event(
+    wall_time=2.0, step=step, session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START)
+  )
   with pytest.raises(ValueError, match="negative"):
     events.event(0.0, -1, tag="a")
   with pytest.raises(ValueError, match="exactly one of"):
@@ -41,15 +47,18 @@ def test_an_event_parses_as_the_protocol_buffer_it_encodes(step):
 @pytest.mark.parametrize("value", [1e39, -1e300, float("inf"), float("nan"), 3.4e38])
 def test_a_scalar_is_stored_as_protobuf_stores_a_float(value):
   read = event_pb2.Event.FromString(events.event(0.0, 1, tag="a", value=value))
-  expected = event_pb2.Event(summary=summary_pb2.Summary(
-      value=[summary_pb2.Summary.Value(tag="a", simple_value=value)]))
-  np.testing.assert_array_equal(read.summary.value[0].simple_value,
-                                expected.summary.value[0].simple_value)
+  expected = event_pb2.Event(
+    summary=summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag="a", simple_value=value)])
+  )
+  np.testing.assert_array_equal(
+    read.summary.value[0].simple_value, expected.summary.value[0].simple_value
+  )
 
 
 @pytest.mark.parametrize("appends", [True, False])
 def test_a_writer_starts_with_the_version_and_the_purge_then_writes_scalars_at_flush(
-    tmp_path, monkeypatch, appends):
+  tmp_path, monkeypatch, appends
+):
   monkeypatch.setattr(events, "_appends", lambda directory: appends)  # False: as at gs://.
   writer = events.EventWriter(str(tmp_path / "tensorboard"), purge_step=4)
   writer.scalar("train/loss", np.float32(2.5), 5)
@@ -63,7 +72,9 @@ def test_a_writer_starts_with_the_version_and_the_purge_then_writes_scalars_at_f
   assert read[0].file_version == "brain.Event:2" and read[0].step == 4
   assert read[1].session_log.status == event_pb2.SessionLog.START and read[1].step == 4
   assert [(e.step, v.tag, v.simple_value) for e in read[2:] for v in e.summary.value] == [
-      (5, "train/loss", 2.5), (6, "eval_valid/bleu", 31.25)]
+    (5, "train/loss", 2.5),
+    (6, "eval_valid/bleu", 31.25),
+  ]
   assert helpers.scalars(tmp_path) == {5: 2.5}
 
 

@@ -21,13 +21,18 @@ def _example() -> str:
 
 @pytest.mark.slow
 @pytest.mark.device
-def test_the_library_docs_example_trains_translates_and_leaves_its_checkpoints(shared, tmp_path,
-                                                                              capfd):
+def test_the_library_docs_example_trains_translates_and_leaves_its_checkpoints(
+  shared, tmp_path, capfd
+):
   code = _example()
-  tiny = (f'name="embedded_tiny", data_dir={str(shared / "tfds")!r}, vocab_size=200, '
-          f'vocab_path={str(shared / "vocab.model")!r}')
-  for old, new in (('name="embedded", ', tiny + ", "),
-                   ('"/tmp/transformer_jax_from_python"', repr(str(tmp_path)))):
+  tiny = (
+    f'name="embedded_tiny", data_dir={str(shared / "tfds")!r}, vocab_size=200, '
+    f"vocab_path={str(shared / 'vocab.model')!r}"
+  )
+  for old, new in (
+    ('name="embedded", ', tiny + ", "),
+    ('"/tmp/transformer_jax_from_python"', repr(str(tmp_path))),
+  ):
     assert code.count(old) == 1, old
     code = code.replace(old, new)
   assert len(code.strip().splitlines()) < 20

@@ -13,20 +13,30 @@ pytestmark = pytest.mark.slow
 
 def test_experiment_measures_every_batch_mode_on_its_own_data(tmp_path):
   settings = experiment.Experiment(
-      model=TransformerConfig(num_layers=1, d_model=32, d_ff=64, num_heads=4, max_len=128),
-      data=data.DataConfig(name="embedded_tiny", data_dir=str(tmp_path / "tfds"), vocab_size=200,
-                           tokens_per_batch=512, batch_size=8, max_length=64,
-                           max_source_length=64, max_target_length=64))
-  results = experiment_benchmark.run_experiment(settings, Workdir(str(tmp_path)), steps=3,
-                                                decode_runs=1)
+    model=TransformerConfig(num_layers=1, d_model=32, d_ff=64, num_heads=4, max_len=128),
+    data=data.DataConfig(
+      name="embedded_tiny",
+      data_dir=str(tmp_path / "tfds"),
+      vocab_size=200,
+      tokens_per_batch=512,
+      batch_size=8,
+      max_length=64,
+      max_source_length=64,
+      max_target_length=64,
+    ),
+  )
+  results = experiment_benchmark.run_experiment(
+    settings, Workdir(str(tmp_path)), steps=3, decode_runs=1
+  )
   modes = results["modes"]
   assert list(modes) == ["tokens", "packed", "padded"]
   for figures in modes.values():
     assert figures["steps"] == 3 and figures["shapes"] >= 1
     assert 0 < figures["real_fraction"] <= 1 and figures["tokens_per_s"] > 0 and figures["mfu"] > 0
   assert modes["padded"]["shapes"] == 1, "one fixed shape"
-  assert modes["padded"]["real_fraction"] < min(modes["tokens"]["real_fraction"],
-                                                 modes["packed"]["real_fraction"])
+  assert modes["padded"]["real_fraction"] < min(
+    modes["tokens"]["real_fraction"], modes["packed"]["real_fraction"]
+  )
   table = experiment_benchmark.format_experiment_table(results).splitlines()
   ratio = modes["tokens"]["tokens_per_s"] / modes["padded"]["tokens_per_s"]
   assert table[1].startswith("tokens") and f"{ratio:.2f}" in table[1].split()

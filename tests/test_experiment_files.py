@@ -4,7 +4,7 @@ import pytest
 
 import helpers
 from transformer_jax import config as config_lib
-from transformer_jax.model.transformer import count_params
+from transformer_jax.model.config import count_params
 from transformer_jax.train import objective
 
 
@@ -19,9 +19,14 @@ def test_multi30k_tiny_is_the_literatures_transformer_tiny():
   assert (data.name, data.source_lang, data.target_lang) == ("multi30k_tok", "en", "de")
   # About 2.6M parameters with a 10k vocabulary, as reported for Transformer-Tiny.
   assert 2.5e6 < count_params(model.__class__(**{**model.__dict__, "vocab_size": 10_000})) < 2.7e6
-  rate = lambda step: float(objective.paper_learning_rate(
-      step, d_model=model.d_model, warmup_steps=settings.optimizer.warmup_steps,
-      scale=settings.optimizer.learning_rate))
+  rate = lambda step: float(
+    objective.paper_learning_rate(
+      step,
+      d_model=model.d_model,
+      warmup_steps=settings.optimizer.warmup_steps,
+      scale=settings.optimizer.learning_rate,
+    )
+  )
   assert rate(2000) == pytest.approx(0.005)  # fairseq's inverse_sqrt peak at update 2,000,
   assert rate(1000) == pytest.approx(0.0025)  # reached linearly,
   assert rate(8000) == pytest.approx(0.005 * (2000 / 8000) ** 0.5)  # then 1/sqrt(step).

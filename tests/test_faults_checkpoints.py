@@ -16,10 +16,10 @@ import jax
 import numpy as np
 import pytest
 
-from helpers import make_trainer, python, random_state as _state
-from transformer_jax.checkpoints import inspect as inspect_lib
-from transformer_jax.checkpoints import recovery
-from transformer_jax.checkpoints import store
+from helpers import make_trainer, python
+from helpers import random_state as _state
+from transformer_jax.checkpoints import recovery, store
+from transformer_jax.tools import inspect_checkpoints
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def _iterator():
 
 @pytest.fixture
 def saved(trainer, tmp_path):
-  """The checkpoint directory with steps 1, 2, 3; after step s the data iterator has yielded s batches."""
+  """The checkpoint directory with steps 1, 2, 3; after step s, the iterator yielded s batches."""
   manager = store.make_manager(str(tmp_path))
   data = _iterator()
   for step in (1, 2, 3):
@@ -58,19 +58,22 @@ def _flip_middle_byte(path: pathlib.Path):
 
 
 DAMAGE = {
-    # An interrupted write: Orbax never renamed the temporary directory.
-    "interrupted write": lambda step: step.rename(step.parent / "3.orbax-checkpoint-tmp-1712"),
-    "truncated array data": lambda step: _truncate(_largest_file(step / "state")),
-    # Silently read back as other numbers without the fingerprints.
-    "altered array data": lambda step: _flip_middle_byte(
-        _largest_file(step / "state" / "ocdbt.process_0")),
-    # Silently read back as another position without the fingerprints.
-    "altered data position": lambda step: (step / "data" / "process_0-of-1.json").write_text(
-        '{"next_index": 7}'),
-    "truncated metadata": lambda step: _truncate(step / "state" / "_METADATA"),
-    "missing arrays": lambda step: shutil.rmtree(step / "state"),
-    "empty step directory": lambda step: [shutil.rmtree(p) if p.is_dir() else p.unlink()
-                                          for p in list(step.iterdir())],
+  # An interrupted write: Orbax never renamed the temporary directory.
+  "interrupted write": lambda step: step.rename(step.parent / "3.orbax-checkpoint-tmp-1712"),
+  "truncated array data": lambda step: _truncate(_largest_file(step / "state")),
+  # Silently read back as other numbers without the fingerprints.
+  "altered array data": lambda step: _flip_middle_byte(
+    _largest_file(step / "state" / "ocdbt.process_0")
+  ),
+  # Silently read back as another position without the fingerprints.
+  "altered data position": lambda step: (step / "data" / "process_0-of-1.json").write_text(
+    '{"next_index": 7}'
+  ),
+  "truncated metadata": lambda step: _truncate(step / "state" / "_METADATA"),
+  "missing arrays": lambda step: shutil.rmtree(step / "state"),
+  "empty step directory": lambda step: [
+    shutil.rmtree(p) if p.is_dir() else p.unlink() for p in list(step.iterdir())
+  ],
 }
 
 
@@ -79,11 +82,12 @@ def _equal(a, b):
 
 
 # A failed read leaves none of Orbax's other reads of that step unfinished to end as "Exception
-# ignored" noise (`store._reads_that_finish`).
+# ignored" noise (`reading._reads_that_finish`).
 @pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
 @pytest.mark.parametrize("damage", DAMAGE)
 def test_a_broken_newest_checkpoint_is_reported_and_the_one_before_is_used(
-    trainer, saved, damage, caplog):
+  trainer, saved, damage, caplog
+):
   DAMAGE[damage](saved / "3")
   manager = store.make_manager(str(saved))
   data = _iterator()
@@ -103,13 +107,16 @@ def test_a_broken_newest_checkpoint_is_reported_and_the_one_before_is_used(
 
 
 def test_without_a_good_checkpoint_the_run_refuses_to_start_over_unless_asked(
-    trainer, saved, caplog):
+  trainer, saved, caplog
+):
   for step in ("1", "2", "3"):
     DAMAGE["altered array data"](saved / step)
   manager = store.make_manager(str(saved))
-  with pytest.raises(recovery.UnusableCheckpointsError,
-                     match=r"none of the 3 checkpoints in .* \(steps 1, 2, 3\) can be restored.*"
-                           r"or start over \(start_over\)"):
+  with pytest.raises(
+    recovery.UnusableCheckpointsError,
+    match=r"none of the 3 checkpoints in .* \(steps 1, 2, 3\) can be restored.*"
+    r"or start over \(start_over\)",
+  ):
     recovery.resume(manager, trainer.abstract_state, _iterator())
   assert sorted(os.listdir(saved)) == ["1", "2", "3"]  # Left as they were.
   data = _iterator()
@@ -123,8 +130,10 @@ def test_without_a_good_checkpoint_the_run_refuses_to_start_over_unless_asked(
 
 def test_a_checkpoint_of_another_model_is_a_config_error_not_a_broken_file(saved):
   manager = store.make_manager(str(saved))
-  with pytest.raises(store.CheckpointMismatchError, match=(
-      r"embed/embedding: \(40, 32\) in the checkpoint, \(48, 32\) expected")):
+  with pytest.raises(
+    store.CheckpointMismatchError,
+    match=(r"embed/embedding: \(40, 32\) in the checkpoint, \(48, 32\) expected"),
+  ):
     recovery.resume(manager, make_trainer(vocab_size=48).abstract_state, _iterator())
   assert sorted(os.listdir(saved)) == ["1", "2", "3"]
 
@@ -152,7 +161,8 @@ def _mend_directory(directory: pathlib.Path, aside: pathlib.Path):
 
 @pytest.mark.parametrize("on_error", ["stop", "continue"])
 def test_a_failed_save_is_reported_and_leaves_the_good_checkpoints_intact(
-    trainer, tmp_path, on_error, caplog):
+  trainer, tmp_path, on_error, caplog
+):
   directory = tmp_path / "checkpoints"
   manager = store.make_manager(str(directory))
   writer = recovery.CheckpointWriter(manager, on_error=on_error, keep=2)
@@ -163,9 +173,11 @@ def test_a_failed_save_is_reported_and_leaves_the_good_checkpoints_intact(
   aside = _break_directory(directory)
   with caplog.at_level(logging.ERROR):
     if on_error == "stop":
-      with pytest.raises(recovery.CheckpointSaveError,
-                         match=r"could not save the checkpoint of step 3 in .*checkpoints: .*"
-                               r"latest good checkpoint is step 2; stopping"):
+      with pytest.raises(
+        recovery.CheckpointSaveError,
+        match=r"could not save the checkpoint of step 3 in .*checkpoints: .*"
+        r"latest good checkpoint is step 2; stopping",
+      ):
         writer.save(3, _state(trainer, 3), data)
         writer.finish()
     else:
@@ -191,20 +203,27 @@ def test_a_failed_save_is_reported_and_leaves_the_good_checkpoints_intact(
 def test_inspect_checkpoints_lists_the_steps_and_finds_the_broken_one(saved, tmp_path_factory):
   DAMAGE["altered array data"](saved / "3")
   (saved / "4.orbax-checkpoint-tmp").mkdir()
-  lines, good = inspect_lib.describe(str(saved), verify=True)
+  lines, good = inspect_checkpoints.describe(str(saved), verify=True)
   assert not good and len(lines) == 4, lines
   for step in (1, 2):
-    assert re.fullmatch(rf"step {step}: [\d.]+ MB, \d+ arrays \([\d,]+ parameters\), data "
-                        rf'position {{"next_index": {step}}}, verified', lines[step - 1]), lines
+    assert re.fullmatch(
+      rf"step {step}: [\d.]+ MB, \d+ arrays \([\d,]+ parameters\), data "
+      rf'position {{"next_index": {step}}}, verified',
+      lines[step - 1],
+    ), lines
   # The flipped byte lands in array data (read back as other numbers, caught by the
   # fingerprints) or in a chunk's framing (a read error), depending on the file's layout.
-  assert re.fullmatch(r"step 3: [\d.]+ MB, .*UNUSABLE: (the arrays differ from those saved"
-                      r"|.*error while reading.*)", lines[2]), lines
+  assert re.fullmatch(
+    r"step 3: [\d.]+ MB, .*UNUSABLE: (the arrays differ from those saved"
+    r"|.*error while reading.*)",
+    lines[2],
+  ), lines
   assert lines[3] == "4.orbax-checkpoint-tmp: an interrupted write (the next run removes it)"
   # The command line: the same lines, and status 1.
   workdir = tmp_path_factory.mktemp("inspect")
   shutil.copytree(saved, workdir / "checkpoints")
-  result = python("-m", "transformer_jax.checkpoints.inspect", f"--workdir={workdir}",
-                  "--verify")
+  result = python(
+    "-m", "transformer_jax.tools.inspect_checkpoints", f"--workdir={workdir}", "--verify"
+  )
   assert result.returncode == 1, result.stderr[-3000:]
   assert result.stdout.splitlines() == lines

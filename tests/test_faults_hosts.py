@@ -27,9 +27,18 @@ def _start(shared, workdir, **overrides) -> list[helpers.Run]:
   """The two processes of a run of STEPS steps in `workdir`."""
   port = helpers.free_port()
   overrides = {"num_train_steps": STEPS, "host_timeout_seconds": TIMEOUT, **overrides}
-  return [helpers.Run(shared, workdir, f"--coordinator_address=127.0.0.1:{port}",
-                      "--num_processes=2", f"--process_id={i}", devices=4, **overrides)
-          for i in range(2)]
+  return [
+    helpers.Run(
+      shared,
+      workdir,
+      f"--coordinator_address=127.0.0.1:{port}",
+      "--num_processes=2",
+      f"--process_id={i}",
+      devices=4,
+      **overrides,
+    )
+    for i in range(2)
+  ]
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +68,8 @@ def _resumed_at(run: helpers.Run) -> int:
 
 
 def test_a_preempted_a_killed_and_a_broken_run_in_turn_lose_only_the_steps_since_a_checkpoint(
-    shared, reference, tmp_path):
+  shared, reference, tmp_path
+):
   """Three runs in one work directory, each ending in a fault that the next one recovers from:
   SIGTERM to every process (each saves the same step and exits 0); a killed process (the survivor
   names it); process 1's data position of the newest checkpoint altered (only process 1 reads it,
@@ -70,12 +80,15 @@ def test_a_preempted_a_killed_and_a_broken_run_in_turn_lose_only_the_steps_since
   lock = json.loads((tmp_path / "lock.json").read_text())  # One for the run, by process 0.
   assert lock["processes"] == 2 and lock["pid"] != runs[0].process.pid  # Its supervised child.
   assert sorted(p.name for p in (tmp_path / "hosts").glob("process_*")) == [
-      "process_0.json", "process_1.json"]
+    "process_0.json",
+    "process_1.json",
+  ]
   for run in runs:
     run.process.send_signal(signal.SIGTERM)
   outputs = [run.succeed() for run in runs]
-  stopped = {int(re.search(r"stopped at step (\d+) for preemption", out).group(1))
-             for out in outputs}
+  stopped = {
+    int(re.search(r"stopped at step (\d+) for preemption", out).group(1)) for out in outputs
+  }
   assert len(stopped) == 1 and stopped <= set(helpers.committed_steps(tmp_path)), stopped
   (stopped,) = stopped
   assert stopped + 2 < STEPS, stopped
@@ -88,9 +101,12 @@ def test_a_preempted_a_killed_and_a_broken_run_in_turn_lose_only_the_steps_since
   waited = time.monotonic() - killed
   assert {_resumed_at(run) for run in runs} == {stopped}
   newest = helpers.committed_steps(tmp_path)[-1]
-  assert re.search(rf"lost contact with process 1 of 2 \(host \S+, pid \d+, since .*\): its "
-                   rf"heartbeat stopped; the newest committed checkpoint in \S+ is step {newest}\. "
-                   "Start all processes again", error), error
+  assert re.search(
+    rf"lost contact with process 1 of 2 \(host \S+, pid \d+, since .*\): its "
+    rf"heartbeat stopped; the newest committed checkpoint in \S+ is step {newest}\. "
+    "Start all processes again",
+    error,
+  ), error
   assert waited < TIMEOUT + 30, waited
   # A checkpoint broken for process 1 only.
   before = helpers.committed_steps(tmp_path)[-2]
@@ -104,29 +120,37 @@ def test_a_preempted_a_killed_and_a_broken_run_in_turn_lose_only_the_steps_since
   assert {_resumed_at(run) for run in runs} == {before}
   # Unusable for the alteration alone (not for the kill): process 1 read a position that differs
   # from the one saved, process 0 read its part and skipped the step for process 1.
-  unusable = f"checkpoint {path} is unusable, skipping it: CorruptCheckpointError: checkpoint {path}"
+  unusable = (
+    f"checkpoint {path} is unusable, skipping it: CorruptCheckpointError: checkpoint {path}"
+  )
   assert f"{unusable}: the data position read back differs from the one saved" in runs[1].output, (
-      runs[1].output[-3000:])
-  assert f"{unusable} cannot be read on process 1 (see its log)" in runs[0].output, (
-      runs[0].output[-3000:])
+    runs[1].output[-3000:]
+  )
+  assert f"{unusable} cannot be read on process 1 (see its log)" in runs[0].output, runs[0].output[
+    -3000:
+  ]
   _assert_losses_match(tmp_path, reference, runs=3)
 
 
-def test_a_second_run_on_a_work_directory_stops_and_a_stale_lock_is_taken_over(
-    shared, tmp_path):
+def test_a_second_run_on_a_work_directory_stops_and_a_stale_lock_is_taken_over(shared, tmp_path):
   first = helpers.Run(shared, tmp_path, num_train_steps=1000, host_timeout_seconds=TIMEOUT)
   first.wait_for(r"\] step 1/")
   lock = json.loads((tmp_path / "lock.json").read_text())
   assert lock["pid"] == first.process.pid
   second = helpers.Run(shared, tmp_path, num_train_steps=1000)
   error = second.fail(timeout=120)
-  assert re.search(rf"the work directory is in use by another run \(host {lock['host']}, pid "
-                   rf"{first.process.pid}, since .* UTC; lock \S+lock.json\)", error), error
+  assert re.search(
+    rf"the work directory is in use by another run \(host {lock['host']}, pid "
+    rf"{first.process.pid}, since .* UTC; lock \S+lock.json\)",
+    error,
+  ), error
   first.process.kill()
   first.finish()
   third = helpers.Run(shared, tmp_path, num_train_steps=1000)
-  third.wait_for(r"took over the lock of a run that is no longer running \(host \S+, pid "
-                 rf"{first.process.pid}, .*\): its process is gone")
+  third.wait_for(
+    r"took over the lock of a run that is no longer running \(host \S+, pid "
+    rf"{first.process.pid}, .*\): its process is gone"
+  )
   third.wait_for(r"\] step \d+/")
   third.process.send_signal(signal.SIGTERM)
   third.succeed()

@@ -1,4 +1,5 @@
-"""Non-finite losses and gradients: the update is skipped on the device, counted, and too many stop the run.
+"""Non-finite losses and gradients: the update is skipped on the device and counted; too many
+stop the run.
 
 The fault is a poisoned batch: a token id past the vocabulary, whose
 embedding lookup reads NaN (`jnp.take` fills out-of-range rows with NaN).
@@ -63,10 +64,14 @@ def test_a_poisoned_batch_skips_the_update_and_the_next_batch_trains(trainer):
 @pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
 def test_skip_nonfinite_keeps_the_old_state_for_a_bad_loss_or_gradient(bad, value):
   old = step.TrainState(step=jnp.int32(4), params={"w": jnp.ones(3)}, opt_state=(jnp.zeros(3),))
-  new = step.TrainState(step=jnp.int32(5), params={"w": jnp.full(3, 2.0)},
-                            opt_state=(jnp.ones(3),))
-  metrics = {"loss": jnp.float32(3.0), "nll": jnp.float32(2.0), "tokens": jnp.float32(7.0),
-             "grad_norm": jnp.float32(0.5), "flops": jnp.float32(1.0)}
+  new = step.TrainState(step=jnp.int32(5), params={"w": jnp.full(3, 2.0)}, opt_state=(jnp.ones(3),))
+  metrics = {
+    "loss": jnp.float32(3.0),
+    "nll": jnp.float32(2.0),
+    "tokens": jnp.float32(7.0),
+    "grad_norm": jnp.float32(0.5),
+    "flops": jnp.float32(1.0),
+  }
   kept, out = jax.jit(step.skip_nonfinite)(old, new, {**metrics, bad: jnp.float32(value)})
   assert int(kept.step) == 5
   np.testing.assert_array_equal(kept.params["w"], np.ones(3))
@@ -78,25 +83,48 @@ def test_skip_nonfinite_keeps_the_old_state_for_a_bad_loss_or_gradient(bad, valu
 
 
 def _fit(trainer, batches, tmp_path, **kwargs):
-  logger = TrainLogger(str(tmp_path / "tensorboard"), total_steps=len(batches), start_step=0,
-                       learning_rate_fn=lambda step: 1e-3, peak_flops=1e9)
+  logger = TrainLogger(
+    str(tmp_path / "tensorboard"),
+    total_steps=len(batches),
+    start_step=0,
+    learning_rate_fn=lambda step: 1e-3,
+    peak_flops=1e9,
+  )
   manager = store.make_manager(str(tmp_path / "checkpoints"))
   iterator = iter(grain.MapDataset.source(batches).to_iter_dataset())
   try:
-    settings = loop.FitSettings(**{
-        "num_train_steps": len(batches), "keep_checkpoints": 0, "eval_every_steps": 0,
-        "on_checkpoint_save_error": "stop", **kwargs})
+    settings = loop.FitSettings(
+      **{
+        "num_train_steps": len(batches),
+        "keep_checkpoints": 0,
+        "eval_every_steps": 0,
+        "on_checkpoint_save_error": "stop",
+        **kwargs,
+      }
+    )
     return loop.fit(trainer, trainer.init(), iterator, settings, logger=logger, manager=manager)
   finally:
     manager.close()
 
 
 def test_skipped_updates_are_counted_in_the_logs(trainer, tmp_path, caplog):
-  batches = [synthetic_batch(0), _poisoned(1), synthetic_batch(2), _poisoned(3), _poisoned(4),
-             synthetic_batch(5)]
+  batches = [
+    synthetic_batch(0),
+    _poisoned(1),
+    synthetic_batch(2),
+    _poisoned(3),
+    _poisoned(4),
+    synthetic_batch(5),
+  ]
   with caplog.at_level(logging.INFO):
-    state = _fit(trainer, batches, tmp_path, log_every_steps=3, checkpoint_every_steps=100,
-                 max_consecutive_nonfinite_steps=3)
+    state = _fit(
+      trainer,
+      batches,
+      tmp_path,
+      log_every_steps=3,
+      checkpoint_every_steps=100,
+      max_consecutive_nonfinite_steps=3,
+    )
   assert int(jax.device_get(state.step)) == 6
   assert "step 3/6 | " in caplog.text and "skipped 1 non-finite update (1 this run)" in caplog.text
   assert "skipped 2 non-finite updates (3 this run)" in caplog.text
@@ -105,16 +133,23 @@ def test_skipped_updates_are_counted_in_the_logs(trainer, tmp_path, caplog):
 
 def test_too_many_in_a_row_stop_the_run_with_a_clear_message(trainer, tmp_path):
   batches = [synthetic_batch(0), synthetic_batch(1)] + [_poisoned(s) for s in range(2, 8)]
-  with pytest.raises(loop.NonFiniteError,
-                     match=r"3 updates in a row, the last at step 5, had a non-finite loss or "
-                           r"gradient.*max_consecutive_nonfinite_steps=3.*latest "
-                           r"checkpoint in \S+ is step 4"):
-    _fit(trainer, batches, tmp_path, log_every_steps=1, checkpoint_every_steps=2,
-         max_consecutive_nonfinite_steps=3)
+  with pytest.raises(
+    loop.NonFiniteError,
+    match=r"3 updates in a row, the last at step 5, had a non-finite loss or "
+    r"gradient.*max_consecutive_nonfinite_steps=3.*latest "
+    r"checkpoint in \S+ is step 4",
+  ):
+    _fit(
+      trainer,
+      batches,
+      tmp_path,
+      log_every_steps=1,
+      checkpoint_every_steps=2,
+      max_consecutive_nonfinite_steps=3,
+    )
   # Steps 3 and 4 were skipped: the checkpoint of step 4 holds the parameters of step 2.
   manager = store.make_manager(str(tmp_path / "checkpoints"))
-  two, four = (_host(store.restore(manager, trainer.abstract_state, step=s))
-               for s in (2, 4))
+  two, four = (_host(store.restore(manager, trainer.abstract_state, step=s)) for s in (2, 4))
   assert int(four.step) == 4
   _assert_equal(four.params, two.params)
   _assert_equal(four.opt_state, two.opt_state)

@@ -43,12 +43,13 @@ def _resumed_at(output: str) -> int:
 
 
 def _assert_losses_match(workdir, reference_losses):
-  """Every loss every run in `workdir` logged equals the reference's at that step; all steps seen."""
+  """Every loss each run in `workdir` logged equals the reference's at that step; all steps seen."""
   seen = set()
   for number, losses in enumerate(helpers.scalars_per_run(workdir)):
     for step, loss in losses.items():
-      assert loss == reference_losses[step], (f"run {number}, step {step}: {loss!r} != "
-                                              f"{reference_losses[step]!r}")
+      assert loss == reference_losses[step], (
+        f"run {number}, step {step}: {loss!r} != {reference_losses[step]!r}"
+      )
     seen |= set(losses)
   assert seen == set(range(1, STEPS + 1))
 
@@ -67,16 +68,22 @@ def _leftover(directory, deleting: bool) -> bool:
     names = os.listdir(directory)
   except FileNotFoundError:
     return False
-  return any(".orbax-checkpoint-tmp" in name and name.endswith("-deleting") == deleting
-             for name in names)
+  return any(
+    ".orbax-checkpoint-tmp" in name and name.endswith("-deleting") == deleting for name in names
+  )
 
 
 def test_sigkill_at_random_moments_loses_only_the_steps_since_the_last_checkpoint(
-    shared, reference, tmp_path):
+  shared, reference, tmp_path
+):
   reference_dir, reference_losses = reference
   rng = random.Random(SEED)
-  moments = ["after a step", "during a checkpoint write", "during start-up",
-             "while an old checkpoint is deleted"]
+  moments = [
+    "after a step",
+    "during a checkpoint write",
+    "during start-up",
+    "while an old checkpoint is deleted",
+  ]
   report = []
   for moment in moments:
     committed, partial = helpers.committed_steps(tmp_path), helpers.partial_writes(tmp_path)
@@ -84,16 +91,16 @@ def test_sigkill_at_random_moments_loses_only_the_steps_since_the_last_checkpoin
     directory = tmp_path / "checkpoints"
     if moment == "during start-up":  # A random moment before its first step.
       deadline = time.monotonic() + rng.uniform(0.5, 8.0)
-      _poll(lambda: time.monotonic() > deadline or helpers.logged_steps(run.output), run)
+      _poll(lambda: time.monotonic() > deadline or helpers.logged_steps(run.output), run)  # noqa: B023
     else:  # Once this run has committed a checkpoint of its own (so that it made progress):
       newest = max(committed, default=0)
-      _poll(lambda: max(helpers.committed_steps(tmp_path), default=0) > newest, run)
+      _poll(lambda: max(helpers.committed_steps(tmp_path), default=0) > newest, run)  # noqa: B023
       if moment == "after a step":
         target = min(max(helpers.committed_steps(tmp_path)) + rng.randint(0, 3), STEPS - 1)
         run.wait_for(rf"\] step {target}/")
       else:
         deleting = moment == "while an old checkpoint is deleted"
-        _poll(lambda: _leftover(directory, deleting), run)
+        _poll(lambda: _leftover(directory, deleting), run)  # noqa: B023
     assert run.process.poll() is None, (moment, report, run.output[-3000:])  # Not ended yet.
     run.process.kill()
     run.finish()
@@ -104,10 +111,16 @@ def test_sigkill_at_random_moments_loses_only_the_steps_since_the_last_checkpoin
       assert resumed == (max(committed) if committed else 0), (committed, run.output[-3000:])
       assert all(name in run.output for name in partial), (partial, run.output[-3000:])
     left = helpers.partial_writes(tmp_path)
-    report.append(f"{moment}: " + (f"resumed at {resumed}, killed after step {max(done)}"
-                                    if done else "killed before its first step")
-                  + f", committed {helpers.committed_steps(tmp_path)}"
-                  + (f", a partial write left: {', '.join(left)}" if left else ""))
+    report.append(
+      f"{moment}: "
+      + (
+        f"resumed at {resumed}, killed after step {max(done)}"
+        if done
+        else "killed before its first step"
+      )
+      + f", committed {helpers.committed_steps(tmp_path)}"
+      + (f", a partial write left: {', '.join(left)}" if left else "")
+    )
   final = helpers.Run(shared, tmp_path, num_train_steps=STEPS)
   output = final.succeed()
   report.append(f"final run: resumed at {_resumed_at(output)}, finished")
@@ -125,7 +138,8 @@ def test_sigkill_at_random_moments_loses_only_the_steps_since_the_last_checkpoin
 
 
 def test_sigterm_saves_the_current_step_exits_0_and_the_next_run_goes_on_from_there(
-    shared, reference, tmp_path):
+  shared, reference, tmp_path
+):
   _, reference_losses = reference
   # During start-up: the run stops before its first step, with status 0 and nothing to save.
   run = helpers.Run(shared, tmp_path, num_train_steps=STEPS, checkpoint_every_steps=1000)
@@ -142,8 +156,9 @@ def test_sigterm_saves_the_current_step_exits_0_and_the_next_run_goes_on_from_th
   stopped = int(re.search(r"stopped at step (\d+) for preemption", run.output).group(1))
   assert stopped >= 3 and stopped == max(helpers.logged_steps(run.output))
   assert helpers.committed_steps(tmp_path) == [stopped]
-  output = helpers.Run(shared, tmp_path, num_train_steps=STEPS,
-                      checkpoint_every_steps=1000).succeed()
+  output = helpers.Run(
+    shared, tmp_path, num_train_steps=STEPS, checkpoint_every_steps=1000
+  ).succeed()
   assert _resumed_at(output) == stopped and helpers.logged_steps(output)[0] == stopped + 1
   _assert_losses_match(tmp_path, reference_losses)
 
@@ -173,17 +188,24 @@ def test_a_run_that_cannot_stop_after_sigterm_exits_143_after_the_grace_period()
 
 
 def test_a_full_disk_keeps_the_good_checkpoints_and_the_next_run_resumes_from_them(
-    shared, reference, tmp_path):
+  shared, reference, tmp_path
+):
   _, reference_losses = reference
   steps = 12
-  run = helpers.Run(shared, tmp_path, num_train_steps=steps, keep_checkpoints=2,
-                   on_checkpoint_save_error="continue")
+  run = helpers.Run(
+    shared, tmp_path, num_train_steps=steps, keep_checkpoints=2, on_checkpoint_save_error="continue"
+  )
   _poll(lambda: 4 in helpers.committed_steps(tmp_path), run)
   # From now on no file of the run may grow past 40 kB: checkpoints need more, the logs less.
   resource.prlimit(run.process.pid, resource.RLIMIT_FSIZE, (40_000, resource.RLIM_INFINITY))
   assert run.finish() == 1, run.output[-3000:]
-  good = int(re.search(r"error: the checkpoint of step 12 could not be written .* latest good "
-                       r"checkpoint in \S+ is step (\d+)", run.output).group(1))
+  good = int(
+    re.search(
+      r"error: the checkpoint of step 12 could not be written .* latest good "
+      r"checkpoint in \S+ is step (\d+)",
+      run.output,
+    ).group(1)
+  )
   assert 4 <= good < steps
   for step in range(good + 2, steps + 1, 2):
     assert f"could not save the checkpoint of step {step} in" in run.output, step
@@ -202,8 +224,9 @@ def test_a_full_disk_keeps_the_good_checkpoints_and_the_next_run_resumes_from_th
 
 
 def test_diverging_updates_are_skipped_then_the_run_stops_with_one_error_line(shared, tmp_path):
-  run = helpers.Run(shared, tmp_path, num_train_steps=STEPS, learning_rate=1e30,
-                   max_consecutive_nonfinite_steps=3)
+  run = helpers.Run(
+    shared, tmp_path, num_train_steps=STEPS, learning_rate=1e30, max_consecutive_nonfinite_steps=3
+  )
   assert run.finish() == 1, run.output[-3000:]
   errors = [line for line in run.lines if line.startswith("error: ")]
   assert len(errors) == 1 and "3 updates in a row" in errors[0], run.output[-3000:]

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from helpers import REPO
-from transformer_jax import hosts
+from transformer_jax.hosts import liveness, workdir_lock
 from transformer_jax.workdir import Workdir
 
 
@@ -25,103 +25,122 @@ def _dead_pid() -> int:
 def test_a_heartbeat_refreshes_its_records_and_marks_them_ended(tmp_path):
   workdir = Workdir(str(tmp_path))
   paths = [workdir.heartbeat_file(3), workdir.lock_file]
-  record = hosts.own_record(process=3)
-  with hosts.Heartbeat(paths, record, interval=0.05):
-    first = hosts.read_record(paths[0])
+  record = liveness.own_record(process=3)
+  with liveness.Heartbeat(paths, record, interval=0.05):
+    first = liveness.read_record(paths[0])
     time.sleep(0.3)
-    later = hosts.read_record(paths[0])
+    later = liveness.read_record(paths[0])
     assert later["time"] > first["time"] and later["process"] == 3 and "ended" not in later
-    assert hosts.read_record(paths[1])["pid"] == record["pid"]
-  assert all(hosts.read_record(path)["ended"] == "exited" for path in paths)
+    assert liveness.read_record(paths[1])["pid"] == record["pid"]
+  assert all(liveness.read_record(path)["ended"] == "exited" for path in paths)
 
 
 def test_lost_processes_are_those_that_neither_beat_nor_ended(tmp_path):
   workdir = Workdir(str(tmp_path))
   (tmp_path / "hosts").mkdir()
   for process in range(3):
-    hosts.write_record(workdir.heartbeat_file(process), {"process": process, "time": 1.0, "run": 5})
-  hosts.write_record(workdir.heartbeat_file(3), {"process": 3, "time": 1.0, "run": 4})  # Older.
+    liveness.write_record(
+      workdir.heartbeat_file(process), {"process": process, "time": 1.0, "run": 5}
+    )
+  liveness.write_record(workdir.heartbeat_file(3), {"process": 3, "time": 1.0, "run": 4})  # Older.
 
   def meanwhile(seconds):  # Process 0 beats, process 2 ends; process 1 is silent.
     assert seconds == 7
-    hosts.write_record(workdir.heartbeat_file(0), {"process": 0, "time": 2.0, "run": 5})
-    hosts.mark_ended(workdir.heartbeat_file(2), "lost contact")
+    liveness.write_record(workdir.heartbeat_file(0), {"process": 0, "time": 2.0, "run": 5})
+    liveness.mark_ended(workdir.heartbeat_file(2), "lost contact")
 
-  lost = hosts.lost_processes(workdir, 5, 7, sleep=meanwhile)
+  lost = liveness.lost_processes(workdir, 5, 7, sleep=meanwhile)
   assert lost == [{"process": 1, "time": 1.0, "run": 5}]
 
 
 def test_the_beat_interval_is_a_fifth_of_the_timeout_within_bounds():
-  assert [hosts.beat_interval(t) for t in (2, 10, 60, 1000)] == [1.0, 2.0, 12.0, 30.0]
+  assert [liveness.beat_interval(t) for t in (2, 10, 60, 1000)] == [1.0, 2.0, 12.0, 30.0]
 
 
 def test_a_lock_is_exclusive_and_names_its_holder(tmp_path):
   workdir = Workdir(str(tmp_path))
-  lock = hosts.WorkdirLock(workdir, stale_after=60)
-  record = {**hosts.own_record(), "pid": os.getppid()}  # Another live process of this host.
+  lock = workdir_lock.WorkdirLock(workdir, stale_after=60)
+  record = {**liveness.own_record(), "pid": os.getppid()}  # Another live process of this host.
   assert lock.acquire(record) is None
-  with pytest.raises(hosts.WorkdirInUseError, match=(
+  with pytest.raises(
+    workdir_lock.WorkdirInUseError,
+    match=(
       rf"in use by another run \(host {socket.gethostname()}, pid {record['pid']}, since "
-      r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC; lock .*lock.json\)")):
-    hosts.WorkdirLock(workdir, stale_after=60).acquire(hosts.own_record())
+      r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC; lock .*lock.json\)"
+    ),
+  ):
+    workdir_lock.WorkdirLock(workdir, stale_after=60).acquire(liveness.own_record())
   lock.release({**record, "pid": record["pid"] + 1})  # Not its holder: kept.
   assert (tmp_path / "lock.json").exists()
   lock.release(record)
   assert not (tmp_path / "lock.json").exists()
 
 
-@pytest.mark.parametrize("holder, reason", [
-    (lambda: {"host": socket.gethostname(), "pid": _dead_pid(), "time": time.time()},
-     "its process is gone"),
-    (lambda: {"host": "elsewhere", "pid": 1, "time": time.time() - 100},
-     "it has not refreshed the lock for 100 s"),
-])
+@pytest.mark.parametrize(
+  "holder, reason",
+  [
+    (
+      lambda: {"host": socket.gethostname(), "pid": _dead_pid(), "time": time.time()},
+      "its process is gone",
+    ),
+    (
+      lambda: {"host": "elsewhere", "pid": 1, "time": time.time() - 100},
+      "it has not refreshed the lock for 100 s",
+    ),
+  ],
+)
 def test_a_stale_lock_is_taken_over_with_the_reason(tmp_path, holder, reason):
   (tmp_path / "lock.json").write_text(json.dumps(holder()))
-  lock = hosts.WorkdirLock(Workdir(str(tmp_path)), stale_after=60)
-  record = hosts.own_record()
+  lock = workdir_lock.WorkdirLock(Workdir(str(tmp_path)), stale_after=60)
+  record = liveness.own_record()
   warning = lock.acquire(record)
   assert "took over the lock of a run that is no longer running" in warning
   assert warning.endswith(reason)
-  assert hosts.read_record(lock.path)["pid"] == record["pid"]
+  assert liveness.read_record(lock.path)["pid"] == record["pid"]
 
 
 def test_a_live_lock_of_another_host_is_kept(tmp_path):
-  (tmp_path / "lock.json").write_text(json.dumps(
-      {"host": "elsewhere", "pid": 1, "since": 0, "time": time.time() - 10}))
-  with pytest.raises(hosts.WorkdirInUseError, match="host elsewhere, pid 1, since 1970-01-01"):
-    hosts.WorkdirLock(Workdir(str(tmp_path)), stale_after=60).acquire(hosts.own_record())
+  (tmp_path / "lock.json").write_text(
+    json.dumps({"host": "elsewhere", "pid": 1, "since": 0, "time": time.time() - 10})
+  )
+  with pytest.raises(
+    workdir_lock.WorkdirInUseError, match="host elsewhere, pid 1, since 1970-01-01"
+  ):
+    held = workdir_lock.WorkdirLock(Workdir(str(tmp_path)), stale_after=60)
+    held.acquire(liveness.own_record())
 
 
 def test_an_unreadable_lock_is_waited_for_until_it_is_old(tmp_path):
   (tmp_path / "lock.json").write_text("")
-  lock = hosts.WorkdirLock(Workdir(str(tmp_path)), stale_after=60)
-  with pytest.raises(hosts.WorkdirInUseError, match="host [?], pid [?]"):
-    lock.acquire(hosts.own_record())
+  lock = workdir_lock.WorkdirLock(Workdir(str(tmp_path)), stale_after=60)
+  with pytest.raises(workdir_lock.WorkdirInUseError, match="host [?], pid [?]"):
+    lock.acquire(liveness.own_record())
   os.utime(tmp_path / "lock.json", (time.time() - 100, time.time() - 100))
-  assert re.search(r"its lock file is unreadable and 10\d s old$", lock.acquire(hosts.own_record()))
+  assert re.search(
+    r"its lock file is unreadable and 10\d s old$", lock.acquire(liveness.own_record())
+  )
 
 
 def test_a_lock_naming_this_very_process_is_stale():
   """A restarted container: the same host name and pid as the run that held the lock."""
-  lock = hosts.WorkdirLock(Workdir("/nonexistent"), stale_after=60)
-  assert lock.stale(hosts.own_record()) == "its process is gone"
+  lock = workdir_lock.WorkdirLock(Workdir("/nonexistent"), stale_after=60)
+  assert lock.stale(liveness.own_record()) == "its process is gone"
 
 
 _RACER = """
 import json, os, sys, time
-from transformer_jax import hosts
+from transformer_jax.hosts import liveness, workdir_lock
 from transformer_jax.workdir import Workdir
 root, start, rounds = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
 outcomes = []
 for r in range(rounds):
-  lock = hosts.WorkdirLock(Workdir(os.path.join(root, str(r))), stale_after=60)
+  lock = workdir_lock.WorkdirLock(Workdir(os.path.join(root, str(r))), stale_after=60)
   while time.time() < start + 0.05 * r:  # Both racers start each round at the same moment.
     pass
   try:
-    lock.acquire(hosts.own_record())
+    lock.acquire(liveness.own_record())
     outcomes.append(os.getpid())
-  except hosts.WorkdirInUseError:
+  except workdir_lock.WorkdirInUseError:
     outcomes.append(None)
 print(json.dumps(outcomes))
 """
@@ -132,31 +151,38 @@ def test_of_two_runs_taking_over_a_stale_lock_at_once_exactly_one_gets_it(tmp_pa
   rounds = 80
   for r in range(rounds):
     (tmp_path / str(r)).mkdir()
-    (tmp_path / str(r) / "lock.json").write_text(json.dumps(
-        {"host": "elsewhere", "pid": 1, "since": 0, "time": time.time() - 100}))
+    (tmp_path / str(r) / "lock.json").write_text(
+      json.dumps({"host": "elsewhere", "pid": 1, "since": 0, "time": time.time() - 100})
+    )
   start = time.time() + 3  # After both have imported the package.
-  racers = [subprocess.Popen([sys.executable, "-c", _RACER, str(tmp_path), str(start),
-                              str(rounds)], stdout=subprocess.PIPE, text=True, cwd=REPO)
-            for _ in range(2)]
+  racers = [
+    subprocess.Popen(
+      [sys.executable, "-c", _RACER, str(tmp_path), str(start), str(rounds)],
+      stdout=subprocess.PIPE,
+      text=True,
+      cwd=REPO,
+    )
+    for _ in range(2)
+  ]
   outcomes = [json.loads(racer.communicate(timeout=120)[0]) for racer in racers]
   for r, pair in enumerate(zip(*outcomes)):
     winners = [pid for pid in pair if pid is not None]
     assert len(winners) == 1, (r, pair)
-    assert hosts.read_record(str(tmp_path / str(r) / "lock.json"))["pid"] == winners[0]
+    assert liveness.read_record(str(tmp_path / str(r) / "lock.json"))["pid"] == winners[0]
     assert os.listdir(tmp_path / str(r)) == ["lock.json"]  # Nothing left aside.
 
 
 def test_the_refresh_stops_when_another_run_holds_the_lock(tmp_path, caplog):
-  lock = hosts.WorkdirLock(Workdir(str(tmp_path)), stale_after=60)
-  record = hosts.own_record()
+  lock = workdir_lock.WorkdirLock(Workdir(str(tmp_path)), stale_after=60)
+  record = liveness.own_record()
   lock.acquire(record)
   other = {"host": "elsewhere", "pid": 7, "since": 1.0, "time": time.time()}
   with caplog.at_level(logging.ERROR), lock.heartbeat(record, interval=0.02) as beating:
     time.sleep(0.1)
-    assert hosts.read_record(lock.path)["time"] > record["time"]  # Refreshed while held.
-    hosts.write_record(lock.path, other)  # Another run took it over.
+    assert liveness.read_record(lock.path)["time"] > record["time"]  # Refreshed while held.
+    liveness.write_record(lock.path, other)  # Another run took it over.
     time.sleep(0.1)
-  assert hosts.read_record(lock.path) == other and beating.lost == {lock.path}
+  assert liveness.read_record(lock.path) == other and beating.lost == {lock.path}
   assert f"{lock.path} no longer names this run (host elsewhere, pid 7" in caplog.text
   lock.release(record)
-  assert hosts.read_record(lock.path) == other  # Not this run's to remove.
+  assert liveness.read_record(lock.path) == other  # Not this run's to remove.

@@ -1,10 +1,9 @@
 """The import direction of the package, read from every module's import statements:
 
   conventions, errors <- schema, workdir, fileio <- model <- data, hosts, compilation_cache
-  <- sharding
-  <- checkpoints <- decode <- train, supervisor <- experiment <- pretrained, compile <- config
-  <- main, tools; a package's `__main__.py` (a command line) ranks with main, or with its
-  package where that ranks higher (tools).
+  <- sharding <- checkpoints, placement <- decode <- train, supervisor <- experiment
+  <- pretrained, compile <- config <- cli <- main, tools; a package's `__main__.py` (a command
+  line) ranks with main, or with its package where that ranks higher (tools).
 
 A module may import the project's modules of its own package or of lower ones. Importing
 the data pipeline alone does not load Flax (Grain's worker processes import it), and the
@@ -19,10 +18,30 @@ import re
 from helpers import REPO, python
 from transformer_jax import data
 
-RANKS = {"conventions": 0, "errors": 0, "schema": 1, "workdir": 1, "fileio": 1, "model": 2,
-         "data": 3, "hosts": 3, "compilation_cache": 3, "sharding": 4, "checkpoints": 5,
-         "decode": 6, "train": 7, "supervisor": 7, "experiment": 8, "pretrained": 9,
-         "compile": 9, "config": 10, "main": 11, "tools": 12}
+RANKS = {
+  "conventions": 0,
+  "errors": 0,
+  "schema": 1,
+  "workdir": 1,
+  "fileio": 1,
+  "model": 2,
+  "data": 3,
+  "hosts": 3,
+  "compilation_cache": 3,
+  "sharding": 4,
+  "checkpoints": 5,
+  "placement": 5,
+  "decode": 6,
+  "train": 7,
+  "supervisor": 7,
+  "experiment": 8,
+  "pretrained": 9,
+  "compile": 9,
+  "config": 10,
+  "cli": 11,
+  "main": 12,
+  "tools": 13,
+}
 PACKAGE = REPO / "transformer_jax"
 
 
@@ -35,14 +54,18 @@ def _imported(path: pathlib.Path) -> set[str]:
       names = [alias.name for alias in node.names]
     elif isinstance(node, ast.ImportFrom) and node.module:
       names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
-    found |= {name.split(".")[1] for name in names
-              if name.startswith("transformer_jax.") and name.split(".")[1] in RANKS}
+    found |= {
+      name.split(".")[1]
+      for name in names
+      if name.startswith("transformer_jax.") and name.split(".")[1] in RANKS
+    }
   return found
 
 
 def test_every_module_imports_only_its_own_package_or_lower_ones():
-  modules = sorted(p for p in PACKAGE.rglob("*.py") if p.name != "__init__.py" or
-                   p.parent != PACKAGE)  # The root __init__ loads the model lazily.
+  modules = sorted(
+    p for p in PACKAGE.rglob("*.py") if p.name != "__init__.py" or p.parent != PACKAGE
+  )  # The root __init__ loads the model lazily.
   assert len(modules) > 30
   for path in modules:
     package = path.relative_to(PACKAGE).parts[0].removesuffix(".py")
@@ -54,7 +77,7 @@ def test_every_module_imports_only_its_own_package_or_lower_ones():
 
 # The application layer: command lines, config files and flags. The rest of the package is
 # libraries that take typed settings.
-APPLICATION = ("main.py", "config.py", "tools/", "pretrained/__main__.py", "checkpoints/inspect.py")
+APPLICATION = ("main.py", "cli/", "config.py", "tools/", "pretrained/__main__.py")
 # The one line below it that names a command-line library: Grain's settings are absl flags.
 GRAIN_FLAGS = "from absl import flags  # Grain reads its settings from these flags."
 
@@ -66,8 +89,11 @@ def _application(path: pathlib.Path) -> bool:
 def test_below_the_application_layer_nothing_knows_flags_or_config_files():
   libraries = [p for p in PACKAGE.rglob("*.py") if not _application(p)]
   assert len(libraries) > 50
-  names = {"transformer_jax." + p.relative_to(PACKAGE).as_posix().removesuffix(".py")
-           .replace("/", ".") for p in PACKAGE.rglob("*.py") if _application(p)}
+  names = {
+    "transformer_jax." + p.relative_to(PACKAGE).as_posix().removesuffix(".py").replace("/", ".")
+    for p in PACKAGE.rglob("*.py")
+    if _application(p)
+  }
   for path in libraries:
     text = path.read_text()
     for line in text.splitlines():
@@ -96,18 +122,34 @@ def test_outside_the_data_package_only_its_public_api_is_used():
         assert {alias.name for alias in node.names} <= public, f"{where}: not in data.__all__"
 
 
+MAX_LINES = 400
+
+
+def test_no_module_is_longer_than_max_lines():
+  long = {
+    str(p.relative_to(REPO)): n
+    for p in PACKAGE.rglob("*.py")
+    if (n := len(p.read_text().splitlines())) > MAX_LINES
+  }
+  assert not long, f"split these modules by job (at most {MAX_LINES} lines): {long}"
+
+
 def test_the_guard_sees_an_import_that_goes_up(tmp_path):
   module = tmp_path / "bad.py"
-  module.write_text("from transformer_jax.train import step\nimport transformer_jax.decode.search\n")
+  module.write_text(
+    "from transformer_jax.train import step\nimport transformer_jax.decode.search\n"
+  )
   assert _imported(module) == {"train", "decode"}
 
 
 def test_the_data_pipeline_alone_does_not_load_flax_and_the_command_line_loads_no_torch():
-  script = ("import json, sys, transformer_jax.data\n"
-            "seen = lambda: sorted({m.split('.')[0] for m in sys.modules} | set(sys.modules))\n"
-            "print(json.dumps(seen()))\n"
-            "import transformer_jax.main\n"
-            "print(json.dumps(seen()))\n")
+  script = (
+    "import json, sys, transformer_jax.data\n"
+    "seen = lambda: sorted({m.split('.')[0] for m in sys.modules} | set(sys.modules))\n"
+    "print(json.dumps(seen()))\n"
+    "import transformer_jax.main\n"
+    "print(json.dumps(seen()))\n"
+  )
   result = python("-c", script, check=True)
   data_only, command_line = map(json.loads, result.stdout.splitlines()[-2:])
   assert "flax" not in data_only and "transformer_jax.model" not in data_only

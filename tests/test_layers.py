@@ -7,67 +7,11 @@ import numpy as np
 import pytest
 
 import numpy_reference as ref
-from helpers import record_dropout_inputs
+from helpers import init_module as init
+from helpers import randn, record_dropout_inputs
 from transformer_jax.model import attention, layers
 
 pytestmark = pytest.mark.device
-
-
-def init(module, *args, **kwargs):
-  variables = module.init(jax.random.key(0), *args, **kwargs)
-  return variables, nn.meta.unbox(variables.get("params", {}))
-
-
-def randn(seed, *shape):
-  return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
-
-
-def test_sinusoidal_table_is_the_papers_formula():
-  d_model = 16
-  table = layers.sinusoidal_table(100, d_model)
-  for pos in (0, 1, 7, 99):
-    for j in range(d_model):
-      assert table[pos, j] == pytest.approx(ref.sinusoid(pos, j, d_model), abs=1e-6)
-
-
-def test_positional_encoding_adds_table_rows_at_given_positions():
-  x = randn(1, 2, 4, 8)
-  positions = np.array([[0, 1, 0, 1], [3, 2, 1, 0]])
-  pe = layers.PositionalEncoding(max_len=10)
-  variables, _ = init(pe, x)
-  assert "params" not in variables  # The sinusoid has nothing to learn.
-  got = pe.apply(variables, x, positions)
-  want = x + np.array([[[ref.sinusoid(p, j, 8) for j in range(8)] for p in row]
-                       for row in positions])
-  np.testing.assert_allclose(got, want, atol=1e-6)
-
-
-def test_learned_positions_are_a_trained_table():
-  x = randn(2, 2, 3, 8)
-  pe = layers.PositionalEncoding(max_len=5, kind="learned")
-  _, params = init(pe, x)
-  assert params["table"].shape == (5, 8)
-  np.testing.assert_allclose(pe.apply({"params": params}, x), x + params["table"][None, :3],
-                             atol=1e-6)
-
-
-def test_positions_beyond_max_len_raise():
-  pe = layers.PositionalEncoding(max_len=3)
-  with pytest.raises(ValueError, match="max_len=3"):
-    pe.init(jax.random.key(0), jnp.zeros((1, 4, 8)))
-
-
-def test_embedding_is_shared_and_scaled():
-  embed = layers.Embed(vocab_size=11, d_model=8)
-  ids = np.array([[1, 5, 0], [10, 2, 2]])
-  variables, params = init(embed, ids)
-  assert list(params) == ["embedding"]
-  table = np.asarray(params["embedding"], np.float64)
-  np.testing.assert_allclose(embed.apply(variables, ids), table[ids] * np.sqrt(8), rtol=1e-6)
-  x = randn(3, 2, 3, 8)
-  logits = embed.apply(variables, x, method=embed.attend)
-  assert logits.dtype == jnp.float32
-  np.testing.assert_allclose(logits, x @ table.T, rtol=1e-5, atol=1e-5)
 
 
 def test_multi_head_attention_matches_formula_with_separate_d_k_and_d_v():
@@ -86,16 +30,18 @@ def test_feed_forward_matches_formula():
   x = randn(7, 2, 3, 8)
   ffn = layers.FeedForward(d_ff=32)
   variables, params = init(ffn, x)
-  np.testing.assert_allclose(ffn.apply(variables, x), ref.feed_forward(params, x),
-                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(
+    ffn.apply(variables, x), ref.feed_forward(params, x), rtol=1e-5, atol=1e-5
+  )
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("pre_norm", [False, True])
 def test_encoder_layer_matches_formula(pre_norm):
   x = randn(8, 2, 6, 16)
-  mask = attention.padding_mask(np.array([[1, 1, 1, 1, 0, 0], [1] * 6]),
-                                np.array([[1, 1, 1, 1, 0, 0], [1] * 6]))
+  mask = attention.padding_mask(
+    np.array([[1, 1, 1, 1, 0, 0], [1] * 6]), np.array([[1, 1, 1, 1, 0, 0], [1] * 6])
+  )
   layer = layers.EncoderLayer(num_heads=2, d_k=8, d_v=8, d_ff=32, pre_norm=pre_norm)
   variables, params = init(layer, x, mask)
   got = np.asarray(layer.apply(variables, x, mask))
@@ -140,8 +86,10 @@ def test_dropout_is_active_only_in_training():
   variables, _ = init(layer, x)
   quiet = layer.apply(variables, x)
   np.testing.assert_array_equal(quiet, layer.apply(variables, x))
-  noisy = [layer.apply(variables, x, deterministic=False, rngs={"dropout": jax.random.key(s)})
-           for s in (1, 2)]
+  noisy = [
+    layer.apply(variables, x, deterministic=False, rngs={"dropout": jax.random.key(s)})
+    for s in (1, 2)
+  ]
   assert not np.allclose(noisy[0], quiet) and not np.allclose(noisy[0], noisy[1])
 
 
@@ -150,7 +98,8 @@ def test_parameters_carry_logical_axis_names():
   layer = layers.DecoderLayer(num_heads=2, d_k=8, d_v=8, d_ff=32)
   boxed = layer.init(jax.random.key(0), x, x)["params"]
   names = jax.tree_util.tree_map(
-      lambda p: p.names, boxed, is_leaf=lambda p: isinstance(p, nn.Partitioned))
+    lambda p: p.names, boxed, is_leaf=lambda p: isinstance(p, nn.Partitioned)
+  )
   assert names["self_attention"]["query"] == ("embed", "heads", "kv")
   assert names["cross_attention"]["out"] == ("heads", "kv", "embed")
   assert names["feed_forward"]["wi"] == ("embed", "mlp")
@@ -168,7 +117,7 @@ def test_fairseq_init_shrinks_query_key_value_and_draws_feed_forward_as_torch_li
     return nn.unbox(module.init(jax.random.key(0), x, x))["params"]
 
   xavier, fairseq = attention_params("xavier"), attention_params("fairseq")
-  bound = (6 / 128)**0.5  # Xavier-uniform: fan_in = d_model, fan_out = heads * d_k.
+  bound = (6 / 128) ** 0.5  # Xavier-uniform: fan_in = d_model, fan_out = heads * d_k.
   for name in ("query", "key", "value"):
     assert np.abs(xavier[name]).max() <= bound < 1.05 * np.abs(xavier[name]).max()
     np.testing.assert_allclose(fairseq[name], 2**-0.5 * xavier[name], rtol=1e-6)

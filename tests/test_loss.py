@@ -18,14 +18,14 @@ def test_label_smoothed_cross_entropy_against_a_hand_computation():
   logits = rng.normal(size=(2, 3, 7))
   targets = rng.integers(0, 7, (2, 3))
   eps = 0.1
-  smoothed, nll = loss.cross_entropy(jnp.asarray(logits, jnp.float32),
-                                         jnp.asarray(targets), eps)
+  smoothed, nll = loss.cross_entropy(jnp.asarray(logits, jnp.float32), jnp.asarray(targets), eps)
   log_p = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
   q = np.full(logits.shape, eps / 6)  # eps spread over the 6 other tokens.
   np.put_along_axis(q, targets[..., None], 1 - eps, axis=-1)
   np.testing.assert_allclose(smoothed, -(q * log_p).sum(-1), rtol=1e-5)
-  np.testing.assert_allclose(nll, -np.take_along_axis(log_p, targets[..., None], -1)[..., 0],
-                             rtol=1e-5)
+  np.testing.assert_allclose(
+    nll, -np.take_along_axis(log_p, targets[..., None], -1)[..., 0], rtol=1e-5
+  )
   plain, _ = loss.cross_entropy(jnp.asarray(logits, jnp.float32), jnp.asarray(targets), 0.0)
   np.testing.assert_allclose(plain, nll, rtol=1e-6)
 
@@ -39,8 +39,9 @@ def test_loss_counts_only_non_padding_targets():
   sums = jax.jit(lambda p, b: loss.loss_sums(model, p, b, label_smoothing=0.1))(params, batch)
   assert float(sums["tokens"]) == np.count_nonzero(batch["targets_segmentation"])
   assert float(sums["source_tokens"]) == np.count_nonzero(batch["inputs_segmentation"])
-  logits = np.asarray(jax.jit(model.apply)({"params": params},
-                                            *(batch[k] for k in BATCH_KEYS)), np.float64)
+  logits = np.asarray(
+    jax.jit(model.apply)({"params": params}, *(batch[k] for k in BATCH_KEYS)), np.float64
+  )
   log_p = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
   target_log_p = np.take_along_axis(log_p, batch["targets"][..., None], -1)[..., 0]
   expected_nll = -(target_log_p * (batch["targets_segmentation"] > 0)).sum()

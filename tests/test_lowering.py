@@ -27,17 +27,21 @@ from transformer_jax.model.transformer import TransformerConfig
 PLATFORMS = ("cuda", "tpu")
 ROWS, LENGTH = 16, 16
 BF16_MATMUL = re.compile(
-    r"stablehlo\.dot_general .*: \(tensor<[0-9x]*xbf16>, tensor<[0-9x]*xbf16>\)")
+  r"stablehlo\.dot_general .*: \(tensor<[0-9x]*xbf16>, tensor<[0-9x]*xbf16>\)"
+)
 
 
 def _trainer(mesh: dict, rules: str, grad_accum_steps: int = 1):
   """The experiment's trainer for a 2+2-layer d_model-64 bfloat16 model on all 8 devices."""
   settings = experiment.Experiment(
-      model=TransformerConfig(num_layers=2, d_model=64, d_ff=128, num_heads=4, max_len=32,
-                              dtype="bfloat16"),
-      data=data.DataConfig(max_source_length=32, max_target_length=32),
-      mesh=sharding.MeshConfig(**{"data": 1, **mesh}), sharding_rules=rules,
-      grad_accum_steps=grad_accum_steps)
+    model=TransformerConfig(
+      num_layers=2, d_model=64, d_ff=128, num_heads=4, max_len=32, dtype="bfloat16"
+    ),
+    data=data.DataConfig(max_source_length=32, max_target_length=32),
+    mesh=sharding.MeshConfig(**{"data": 1, **mesh}),
+    sharding_rules=rules,
+    grad_accum_steps=grad_accum_steps,
+  )
   trainer, _ = experiment.make_trainer(settings, vocab_size=64)
   return trainer
 
@@ -57,16 +61,21 @@ def _axes(shardings) -> set[str]:
   return found
 
 
-@pytest.mark.parametrize("mesh, rules, accum, param_axes", [
+@pytest.mark.parametrize(
+  "mesh, rules, accum, param_axes",
+  [
     ({"data": 8}, "dp", 1, set()),
     ({"data": 2, "tensor": 4}, "tp", 1, {"tensor"}),
     ({"data": 2, "fsdp": 2, "tensor": 2}, "tp", 2, {"fsdp", "tensor"}),
-])
+  ],
+)
 def test_train_step_lowers_for_cuda_and_tpu(mesh, rules, accum, param_axes):
   trainer = _trainer(mesh, rules, accum)
   placement = trainer.placement
-  batch = {k: jax.ShapeDtypeStruct((ROWS, LENGTH), jnp.int32, sharding=placement.batch_sharding)
-           for k in BATCH_KEYS}
+  batch = {
+    k: jax.ShapeDtypeStruct((ROWS, LENGTH), jnp.int32, sharding=placement.batch_sharding)
+    for k in BATCH_KEYS
+  }
   # The jit-compiled step that `Trainer.train_step` runs, with its shardings and donation.
   exported = _export(placement, trainer.jitted_step, trainer.abstract_state, batch)
   assert exported.platforms == PLATFORMS
@@ -80,11 +89,13 @@ def test_train_step_lowers_for_cuda_and_tpu(mesh, rules, accum, param_axes):
   for got, want in zip(shardings, expected):
     assert got.is_equivalent_to(want.sharding, len(want.shape))
   state_leaves = len(jax.tree.leaves(trainer.abstract_state))
-  assert _axes(shardings[1:1 + len(params)]) == param_axes
+  assert _axes(shardings[1 : 1 + len(params)]) == param_axes
   assert _axes(shardings[state_leaves:]) == _axes([placement.batch_sharding])
   out_state = exported.out_shardings_jax(placement.mesh)[:state_leaves]
-  assert all(got.is_equivalent_to(want.sharding, len(want.shape))
-             for got, want in zip(out_state, jax.tree.leaves(trainer.abstract_state)))
+  assert all(
+    got.is_equivalent_to(want.sharding, len(want.shape))
+    for got, want in zip(out_state, jax.tree.leaves(trainer.abstract_state))
+  )
 
   module = exported.mlir_module()
   sizes = ", ".join(f'"{axis}"={size}' for axis, size in placement.mesh.shape.items())
@@ -97,9 +108,16 @@ def test_train_step_lowers_for_cuda_and_tpu(mesh, rules, accum, param_axes):
 def test_beam_search_lowers_for_cuda_and_tpu_with_tensor_parallel_rules():
   placement = _trainer({"data": 2, "tensor": 4}, "tp").placement
   inputs = jax.ShapeDtypeStruct((8, 12), jnp.int32, sharding=placement.batch_sharding)
-  exported = _export(placement, search.beam_search, placement.model,
-                     {"params": placement.abstract_params}, inputs, beam_size=4, max_len=24,
-                     max_extra=8)
+  exported = _export(
+    placement,
+    search.beam_search,
+    placement.model,
+    {"params": placement.abstract_params},
+    inputs,
+    beam_size=4,
+    max_len=24,
+    max_extra=8,
+  )
   assert exported.platforms == PLATFORMS
   assert exported.nr_devices == 8
   tokens, scores, steps = exported.out_avals

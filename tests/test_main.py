@@ -15,24 +15,27 @@ from absl import flags
 from absl.testing import flagsaver
 
 import helpers
-from transformer_jax import config as config_lib
 from transformer_jax import compilation_cache, data, main
+from transformer_jax import config as config_lib
 from transformer_jax.checkpoints import recovery, store
+from transformer_jax.cli import flag_errors
 from transformer_jax.errors import FieldError, UserError
 from transformer_jax.train.loop import NonFiniteError
 
 
 def _run(shared, workdir, *extra, **overrides):
   """A tiny run that checkpoints only at the end (the default experiment's every 50 steps)."""
-  return helpers.Run(shared, workdir, *extra, **{"checkpoint_every_steps": 50,
-                                                 "keep_checkpoints": 5, **overrides})
+  return helpers.Run(
+    shared, workdir, *extra, **{"checkpoint_every_steps": 50, "keep_checkpoints": 5, **overrides}
+  )
 
 
 @pytest.mark.slow
 @pytest.mark.device
 def test_the_default_experiment_learns(shared, tmp_path):
-  output = _run(shared, tmp_path, num_train_steps=40, learning_rate=2.0,
-                eval_every_steps=40).succeed()
+  output = _run(
+    shared, tmp_path, num_train_steps=40, learning_rate=2.0, eval_every_steps=40
+  ).succeed()
   losses = helpers.scalars(tmp_path, "train/loss")
   assert sorted(losses) == list(range(1, 41))
   # From above log(vocab) at the start to well below it (the unigram level) in 40 steps.
@@ -40,8 +43,11 @@ def test_the_default_experiment_learns(shared, tmp_path):
   assert first > np.log(200) and last < first - 0.8, (first, last)
   assert set(helpers.scalars(tmp_path, "eval_validation/perplexity")) == {40}
   assert "ETA" in output and "MFU" in output and "done: step 40/40" in output
-  phases = re.search(r"training ([\d.]+) s, compiling ([\d.]+) s, checkpointing ([\d.]+) s, "
-                     r"evaluating ([\d.]+) s", output)
+  phases = re.search(
+    r"training ([\d.]+) s, compiling ([\d.]+) s, checkpointing ([\d.]+) s, "
+    r"evaluating ([\d.]+) s",
+    output,
+  )
   assert phases, output[-2000:]
   training, compiling, checkpointing, evaluating = map(float, phases.groups())
   assert min(training, compiling, evaluating) > 0 and checkpointing >= 0, output[-2000:]
@@ -54,8 +60,15 @@ def test_the_default_experiment_learns(shared, tmp_path):
 
 @pytest.mark.slow
 def test_several_modes_run_in_order_in_one_process(shared, tmp_path):
-  output = _run(shared, tmp_path, "--mode=train,average,eval", "--checkpoint=averaged",
-                num_train_steps=4, checkpoint_every_steps=2, average_last=2).succeed()
+  output = _run(
+    shared,
+    tmp_path,
+    "--mode=train,average,eval",
+    "--checkpoint=averaged",
+    num_train_steps=4,
+    checkpoint_every_steps=2,
+    average_last=2,
+  ).succeed()
   took = re.findall(r"--mode=(\w+) took [\d.]+ s", output)
   assert took == ["train", "average", "eval"], output[-3000:]
   assert "averaged steps 2, 4 into" in output and re.search(r"test BLEU [\d.]+ .*averaged", output)
@@ -63,9 +76,13 @@ def test_several_modes_run_in_order_in_one_process(shared, tmp_path):
 
 
 def test_a_mode_that_does_not_exist_is_named_with_the_modes_there_are():
-  with pytest.raises(flags.ValidationError, match=re.escape(
+  with pytest.raises(
+    flags.ValidationError,
+    match=re.escape(
       "'evaluate' is not a mode; --mode takes one or more of train, average, eval, translate, "
-      "compile, comma-separated")):
+      "compile, comma-separated"
+    ),
+  ):
     main._known_modes(["train", "evaluate"])
   assert main._known_modes(["train", "average", "eval"])
   # And it is what checks --mode when the flags are parsed.
@@ -74,11 +91,15 @@ def test_a_mode_that_does_not_exist_is_named_with_the_modes_there_are():
 
 def test_an_override_with_nothing_after_the_equals_sign_is_an_empty_setting(tmp_path, monkeypatch):
   """`--config.compilation_cache_dir=` on the command line turns the compilation cache off."""
-  argv = ["main", f"--config={helpers.REPO / 'experiments' / 'default.py'}",
-          f"--workdir={tmp_path}", "--config.compilation_cache_dir="]
+  argv = [
+    "main",
+    f"--config={helpers.REPO / 'experiments' / 'default.py'}",
+    f"--workdir={tmp_path}",
+    "--config.compilation_cache_dir=",
+  ]
   monkeypatch.setattr(sys, "argv", argv)  # Where ml_collections finds the overrides to define.
   with flagsaver.flagsaver():
-    main.parse_flags(argv)
+    flag_errors.parse_flags(argv)
     experiment = config_lib.parse(flags.FLAGS["config"].value)
   assert experiment.compilation_cache_dir == ""
   assert compilation_cache.directory(experiment.compilation_cache_dir) is None
@@ -105,8 +126,13 @@ def test_three_steps_then_a_restart_equal_six_straight(shared, tmp_path):
 @pytest.mark.slow
 def test_sigterm_saves_a_checkpoint_and_the_modes_after_training_do_not_run(shared, tmp_path):
   """(SIGTERM to a run of training alone: tests/test_faults_runs.py.)"""
-  run = _run(shared, tmp_path, "--mode=train,average,eval", num_train_steps=100000,
-             checkpoint_every_steps=100000)
+  run = _run(
+    shared,
+    tmp_path,
+    "--mode=train,average,eval",
+    num_train_steps=100000,
+    checkpoint_every_steps=100000,
+  )
   run.wait_for(r"step 3/100000")
   run.process.send_signal(signal.SIGTERM)
   output = run.succeed()
@@ -117,7 +143,9 @@ def test_sigterm_saves_a_checkpoint_and_the_modes_after_training_do_not_run(shar
   assert not (tmp_path / "averaged").exists() and "BLEU" not in output
 
 
-@pytest.mark.parametrize("error", [
+@pytest.mark.parametrize(
+  "error",
+  [
     config_lib.ConfigError("--config=x.py: there is no file x.py"),
     FieldError("", "seed", " must be an integer >= 0; got -1"),
     FieldError("data", "text_train", "='x': no file x.en"),
@@ -128,21 +156,25 @@ def test_sigterm_saves_a_checkpoint_and_the_modes_after_training_do_not_run(shar
     recovery.CheckpointSaveError("could not save the checkpoint of step 4"),
     NonFiniteError("3 updates in a row had a non-finite loss"),
     UserError("no checkpoint in /tmp/x"),
-])
+  ],
+)
 def test_main_turns_a_user_error_into_one_line_and_status_1(error):
   def fail():
     raise error
+
   with pytest.raises(SystemExit) as exit_info:
     main.reports_user_errors(fail)()
   prefix = "config." if isinstance(error, FieldError) else ""  # Named as the flags name it.
   assert exit_info.value.code == f"error: {prefix}{error}"  # Printed to stderr; status 1.
 
 
-@pytest.mark.parametrize("error", [KeyError("a bug"), ValueError("a bug inside JAX"),
-                                   OSError("a bug in a library")])
+@pytest.mark.parametrize(
+  "error", [KeyError("a bug"), ValueError("a bug inside JAX"), OSError("a bug in a library")]
+)
 def test_any_other_error_keeps_its_traceback(error):
   def fail():
     raise error
+
   with pytest.raises(type(error)):
     main.reports_user_errors(fail)()
 
@@ -161,13 +193,21 @@ app.run(main.main)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("error, user_error", [
-    ("ValueError('a bug inside JAX')", False), ("errors.UserError('a user mistake')", True)])
+@pytest.mark.parametrize(
+  "error, user_error",
+  [("ValueError('a bug inside JAX')", False), ("errors.UserError('a user mistake')", True)],
+)
 def test_through_the_command_line_a_bug_shows_its_traceback_and_a_mistake_one_line(
-    shared, tmp_path, error, user_error):
-  result = helpers.python("-c", _FAILING_MAIN.format(error=error),
-                          "--config=experiments/default.py", f"--workdir={tmp_path}",
-                          shared=shared, timeout=120)
+  shared, tmp_path, error, user_error
+):
+  result = helpers.python(
+    "-c",
+    _FAILING_MAIN.format(error=error),
+    "--config=experiments/default.py",
+    f"--workdir={tmp_path}",
+    shared=shared,
+    timeout=120,
+  )
   assert result.returncode == 1, result.stderr[-3000:]
   errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
   if user_error:

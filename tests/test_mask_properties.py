@@ -1,14 +1,15 @@
 """Property-based checks of the mask builders on random token and segment layouts."""
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
-import pytest
 
 from transformer_jax.model import attention
 
 pytestmark = pytest.mark.device
+
 
 @st.composite
 def query_and_key_tokens(draw):
@@ -68,8 +69,9 @@ def test_segment_mask_is_an_equivalence_on_real_tokens(seg):
 @given(packed_segments())
 def test_causal_and_segment_masks_combine_to_their_intersection(seg):
   length = seg.shape[1]
-  combined = np.asarray(attention.combine_masks(attention.causal_mask(length),
-                                                attention.segment_mask(seg, seg)))
+  combined = np.asarray(
+    attention.combine_masks(attention.causal_mask(length), attention.segment_mask(seg, seg))
+  )
   assert combined.shape == (seg.shape[0], 1, length, length)
   for b, i, j in np.ndindex(seg.shape[0], length, length):
     # Query i of row b sees key j: not in its future, in its own example, neither padding.

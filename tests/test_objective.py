@@ -30,12 +30,14 @@ def test_train_flops_counts_each_weight_a_token_meets_and_each_attention_pair():
   config = tiny_model_config(d_k=8, d_v=12)
   per_source_token = 2 * (5120 + 4096 + 2560)  # Encoder layers; decoder keys/values.
   per_target_token = 2 * (5120 + 2560 + 4096) + 40 * 32  # Decoder layers; output projection.
-  flops = objective.train_flops(config, source_tokens=1000, target_tokens=600,
-                                source_length=0, target_length=0)
+  flops = objective.train_flops(
+    config, source_tokens=1000, target_tokens=600, source_length=0, target_length=0
+  )
   # Forward: 2 FLOPs per multiply-add; training: 3 x forward.
   assert flops == 3 * 2 * (per_source_token * 1000 + per_target_token * 600)
-  with_attention = objective.train_flops(config, source_tokens=1000, target_tokens=600,
-                                         source_length=10, target_length=8)
+  with_attention = objective.train_flops(
+    config, source_tokens=1000, target_tokens=600, source_length=10, target_length=8
+  )
   per_pair = 2 * 4 * (8 + 12)  # FLOPs of Q K^T and weights V for 4 heads, in one layer.
   pairs = 1000 * 10 + 600 * (8 + 10)  # Encoder self, decoder self and cross attention.
   assert with_attention - flops == 3 * 2 * per_pair * pairs  # Training, 2 layers.

@@ -5,9 +5,10 @@ The mask builders have theirs in test_mask_properties.py.
 
 import string
 
-from hypothesis import given, settings, strategies as st
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from transformer_jax.conventions import EOS_ID, PAD_ID, UNK_ID
 from transformer_jax.data import pipeline
@@ -40,8 +41,15 @@ def test_packing_places_every_token_once_in_order_in_rows_that_fit(problem, seed
   ids = np.arange(len(lengths))
   seen = {}
   for shard in range(shard_count):
-    planner = pipeline._PackPlanner(max_length, batch_size, lengths=lengths, ids=ids, seed=seed,
-                                    shard_index=shard, shard_count=shard_count)
+    planner = pipeline._PackPlanner(
+      max_length,
+      batch_size,
+      lengths=lengths,
+      ids=ids,
+      seed=seed,
+      shard_index=shard,
+      shard_count=shard_count,
+    )
     for batch_number, plan in enumerate(planner(window, np.arange(len(ids)))):
       assert plan.num_rows == batch_size // shard_count and plan.length == max_length
       examples = [(_tokens(i, 0, lengths[i, 0]), _tokens(i, 1, lengths[i, 1])) for i in plan.ids]
@@ -59,10 +67,10 @@ def test_packing_places_every_token_once_in_order_in_rows_that_fit(problem, seed
           # Segments 1, 2, ... in the plan's order, each a whole pair with positions 0, 1, ...
           expected = [t for i in members for t in _tokens(i, side, lengths[i, side])]
           assert tokens[:used].tolist() == expected
-          assert segments[:used].tolist() == [s + 1 for s, i in enumerate(members)
-                                              for _ in range(lengths[i, side])]
-          assert positions[:used].tolist() == [p for i in members
-                                               for p in range(lengths[i, side])]
+          assert segments[:used].tolist() == [
+            s + 1 for s, i in enumerate(members) for _ in range(lengths[i, side])
+          ]
+          assert positions[:used].tolist() == [p for i in members for p in range(lengths[i, side])]
           assert used <= max_length
       for i in plan.ids:
         assert int(i) not in seen, f"pair {i} placed twice"
@@ -97,8 +105,10 @@ def test_text_of_known_characters_survives_encode_then_decode(tokenizer, text):
 
 
 @settings(max_examples=200, deadline=None)
-@given(parts=st.lists(st.tuples(st.text(alphabet=" \t\n\r", max_size=3), words), max_size=10),
-       end=st.text(alphabet=" \t\n", max_size=3))
+@given(
+  parts=st.lists(st.tuples(st.text(alphabet=" \t\n\r", max_size=3), words), max_size=10),
+  end=st.text(alphabet=" \t\n", max_size=3),
+)
 def test_whitespace_comes_back_normalized_to_single_spaces(tokenizer, parts, end):
   text = "".join(space + word for space, word in parts) + end
   assert tokenizer.decode(tokenizer.encode(text)) == " ".join(text.split())
@@ -115,8 +125,7 @@ def test_any_text_encodes_to_valid_ids_with_unknown_characters_as_unk(tokenizer,
 
 
 @settings(max_examples=100, deadline=None)
-@given(text=sentences, tail=st.lists(st.integers(0, 299), max_size=10),
-       padding=st.integers(0, 5))
+@given(text=sentences, tail=st.lists(st.integers(0, 299), max_size=10), padding=st.integers(0, 5))
 def test_decode_stops_at_eos_and_ignores_padding(tokenizer, text, tail, padding):
   ids = tokenizer.encode(text)
   padded = [PAD_ID] * padding + ids + [EOS_ID] + tail

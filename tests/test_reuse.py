@@ -6,8 +6,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from flax import nnx
 import pytest
+from flax import nnx
 
 from transformer_jax.model import attention
 from transformer_jax.model.layers import EncoderLayer, MultiHeadAttention
@@ -46,8 +46,9 @@ def test_layers_train_inside_a_user_linen_model():
 
   @jax.jit
   def step(params, opt_state):
-    loss, grads = jax.value_and_grad(lambda p: cross_entropy(model.apply({"params": p}, tokens),
-                                                             labels))(params)
+    loss, grads = jax.value_and_grad(
+      lambda p: cross_entropy(model.apply({"params": p}, tokens), labels)
+    )(params)
     updates, opt_state = tx.update(grads, opt_state)
     return optax.apply_updates(params, updates), opt_state, loss
 
@@ -64,7 +65,8 @@ class NnxClassifier(nnx.Module):
   def __init__(self, rngs: nnx.Rngs):
     self.embed = nnx.Embed(8, 32, rngs=rngs)
     self.encoder = nnx.bridge.ToNNX(
-        EncoderLayer(num_heads=4, d_k=8, d_v=8, d_ff=64, dropout_rate=0.0), rngs=rngs)
+      EncoderLayer(num_heads=4, d_k=8, d_v=8, d_ff=64, dropout_rate=0.0), rngs=rngs
+    )
     self.pool = nnx.bridge.ToNNX(MultiHeadAttention(num_heads=2, d_k=16, d_v=16), rngs=rngs)
     self.head = nnx.Linear(32, 4, rngs=rngs)
 
@@ -102,8 +104,15 @@ def test_layers_train_inside_an_nnx_model_through_the_bridge():
 def test_nnx_bridge_shards_the_layers_by_their_logical_axis_names():
   tokens, labels = toy_task(seed=2)
   mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("tensor",))
-  rules = (("heads", "tensor"), ("mlp", "tensor"), ("batch", None), ("length", None),
-           ("embed", None), ("kv", None), ("vocab", None))
+  rules = (
+    ("heads", "tensor"),
+    ("mlp", "tensor"),
+    ("batch", None),
+    ("length", None),
+    ("embed", None),
+    ("kv", None),
+    ("vocab", None),
+  )
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     model, losses = train_nnx_model(tokens, labels)
   assert losses[-1] < 0.5 * losses[0]

@@ -20,8 +20,10 @@ import numpy as np
 import pytest
 
 import numpy_reference as ref
-from helpers import SOURCES_16, VOCAB, eos_biased_model as tiny_model, stack_layers
+from helpers import SOURCES_16, VOCAB, stack_layers
+from helpers import eos_biased_model as tiny_model
 from transformer_jax.conventions import EOS_ID as EOS
+from transformer_jax.decode import cache as cache_lib
 from transformer_jax.decode import search as search_lib
 from transformer_jax.model.transformer import Transformer, TransformerConfig
 
@@ -31,6 +33,7 @@ WORDS = range(2, VOCAB)
 
 
 # --- models and references -------------------------------------------------
+
 
 class MarkovModel(nn.Module):
   """Stand-in with the Transformer's encode/decode methods: logits `table[position, previous]`.
@@ -83,7 +86,7 @@ def transformer_log_probs(model, variables, source, hypotheses):
   """Summed log-probability of each hypothesis (lists of ids) given one source row."""
   targets = np.zeros((len(hypotheses), max(len(h) for h in hypotheses)), np.int32)
   for i, h in enumerate(hypotheses):
-    targets[i, :len(h)] = h
+    targets[i, : len(h)] = h
   inputs = np.repeat(np.asarray(source)[None], len(hypotheses), axis=0)
   log_probs = teacher_forced_log_probs(model, variables, inputs, targets)
   picked = np.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
@@ -124,18 +127,21 @@ def output_lengths(tokens):
 
 
 def hypothesis(tokens, b):
-  return list(np.asarray(tokens)[b, :output_lengths(tokens)[b]])
+  return list(np.asarray(tokens)[b, : output_lengths(tokens)[b]])
 
 
 # --- pure helpers -----------------------------------------------------------
+
 
 def test_length_penalty_matches_gnmt_formula():
   lengths = np.arange(0, 60)
   for alpha in (0.0, 0.6, 1.0, 2.0):
     np.testing.assert_allclose(
-        search_lib.length_penalty(lengths, alpha), gnmt_penalty(lengths, alpha), rtol=1e-6)
-    np.testing.assert_allclose(search_lib.length_penalty(lengths, alpha, "length"),
-                               length_power(lengths, alpha), rtol=1e-6)
+      search_lib.length_penalty(lengths, alpha), gnmt_penalty(lengths, alpha), rtol=1e-6
+    )
+    np.testing.assert_allclose(
+      search_lib.length_penalty(lengths, alpha, "length"), length_power(lengths, alpha), rtol=1e-6
+    )
   with pytest.raises(ValueError, match="length normalization 'log'"):
     search_lib.length_penalty(lengths, 0.6, "log")
 
@@ -150,11 +156,11 @@ def test_gather_beams_and_reorder_cache():
   x = jnp.arange(2 * 3 * 2).reshape(2, 3, 2)
   indices = jnp.array([[2, 2, 0], [1, 0, 1]])
   expected = np.stack([np.asarray(x)[b][np.asarray(indices)[b]] for b in range(2)])
-  np.testing.assert_array_equal(search_lib.gather_beams(x, indices), expected)
+  np.testing.assert_array_equal(cache_lib.gather_beams(x, indices), expected)
 
   rows = jnp.arange(6 * 4).reshape(6, 4)
   cache = {"layer": {"cached_key": rows, "cache_index": jnp.int32(3), "static_key": rows}}
-  out = search_lib.reorder_cache(cache, indices)
+  out = cache_lib.reorder_cache(cache, indices)
   flat = np.array([2, 2, 0, 4, 3, 4])  # sentence-major rows: sentence * 3 + beam
   np.testing.assert_array_equal(out["layer"]["cached_key"], np.asarray(rows)[flat])
   np.testing.assert_array_equal(out["layer"]["static_key"], rows)
@@ -170,12 +176,15 @@ def test_reorder_cache_moves_the_written_positions_only(scan_layers, length):
   flat = np.array([2, 2, 0, 4, 3, 4])
   for max_len in (24, 20):
     keys = np.random.default_rng(length).standard_normal((6, 2, max_len, 3)).astype(np.float32)
-    cache = {"cached_key": keys[None] if scan_layers else keys,
-             "static_key": keys[None] if scan_layers else keys}
-    out = jax.jit(search_lib.reorder_cache, static_argnames="batch_axis")(
-        cache, indices, batch_axis=int(scan_layers), length=jnp.int32(length))
+    cache = {
+      "cached_key": keys[None] if scan_layers else keys,
+      "static_key": keys[None] if scan_layers else keys,
+    }
+    out = jax.jit(cache_lib.reorder_cache, static_argnames="batch_axis")(
+      cache, indices, batch_axis=int(scan_layers), length=jnp.int32(length)
+    )
     got = np.asarray(out["cached_key"][0] if scan_layers else out["cached_key"])
-    moved = max_len if max_len % search_lib.REORDER_CHUNK else -(-length // 8) * 8
+    moved = max_len if max_len % cache_lib.REORDER_CHUNK else -(-length // 8) * 8
     np.testing.assert_array_equal(got[:, :, :moved], keys[flat][:, :, :moved])
     np.testing.assert_array_equal(got[:, :, moved:], keys[:, :, moved:])
     np.testing.assert_array_equal(out["static_key"], cache["static_key"])
@@ -187,8 +196,9 @@ def test_top_extensions_ranks_every_beam_token_pair():
   log_probs = np.log(rng.dirichlet(np.ones(4), size=(2, 3))).astype(np.float32)
   got_scores, got_beams, got_tokens = search_lib.top_extensions(jnp.asarray(alive), log_probs, 4)
   for b in range(2):
-    pairs = sorted(((alive[b, i] + log_probs[b, i, t], i, t) for i in range(3) for t in range(4)),
-                   reverse=True)[:4]
+    pairs = sorted(
+      ((alive[b, i] + log_probs[b, i, t], i, t) for i in range(3) for t in range(4)), reverse=True
+    )[:4]
     np.testing.assert_allclose(got_scores[b], [p[0] for p in pairs], rtol=1e-6)
     assert list(zip(got_beams[b].tolist(), got_tokens[b].tolist())) == [p[1:] for p in pairs]
 
@@ -200,11 +210,13 @@ def test_trim_cuts_at_eos():
 
 # --- cached decoding vs the teacher-forced forward pass ---------------------
 
+
 @pytest.mark.slow
 @pytest.mark.parametrize("scan_layers", [False, True])
 @pytest.mark.parametrize("buffer, steps, reorder_at", [(8, 6, 3), (16, 12, 5), (12, 6, 3)])
 def test_cached_steps_match_teacher_forcing_including_beam_reorders(
-    scan_layers, buffer, steps, reorder_at):
+  scan_layers, buffer, steps, reorder_at
+):
   """The reorder moves the positions written so far (with a 16-position buffer: the first chunk
   of 8 only, and decoding goes on past it; a 12-position one is moved whole)."""
   model, variables = tiny_model(seed=1)
@@ -227,25 +239,32 @@ def test_cached_steps_match_teacher_forcing_including_beam_reorders(
 
   # As the beam search does it: the 3 rows of a sentence share its cross-attention cache.
   encoded = jax.jit(functools.partial(model.apply, method=model.encode))(variables, inputs)
-  cache = jax.jit(search_lib.init_cache, static_argnums=(0, 4, 5))(
-      model, variables, encoded, inputs, buffer, 2 * k)
-  static = [x for path, x in jax.tree_util.tree_leaves_with_path(cache)
-            if path[-1].key in search_lib.STATIC_CACHE_NAMES]
+  cache = jax.jit(cache_lib.init_cache, static_argnums=(0, 4, 5))(
+    model, variables, encoded, inputs, buffer, 2 * k
+  )
+  static = [
+    x
+    for path, x in jax.tree_util.tree_leaves_with_path(cache)
+    if path[-1].key in cache_lib.STATIC_CACHE_NAMES
+  ]
   assert static and all(x.shape[int(scan_layers)] == 2 for x in static)
-  decode_step = jax.jit(search_lib.decode_step, static_argnums=0)
+  decode_step = jax.jit(cache_lib.decode_step, static_argnums=0)
   for step in range(steps):
     if step == reorder_at:
-      cache = search_lib.reorder_cache(cache, jnp.asarray(order), batch_axis=int(scan_layers),
-                                       length=jnp.int32(reorder_at))
+      cache = cache_lib.reorder_cache(
+        cache, jnp.asarray(order), batch_axis=int(scan_layers), length=jnp.int32(reorder_at)
+      )
     targets, expected = (before, expected_before) if step < reorder_at else (after, expected_after)
     previous = targets[:, step - 1] if step else np.zeros(2 * k, np.int32)
     log_probs, cache = decode_step(
-        model, variables, cache, encoded, inputs, jnp.asarray(previous), step)
+      model, variables, cache, encoded, inputs, jnp.asarray(previous), step
+    )
     np.testing.assert_allclose(log_probs[:, 1:], expected[:, step, 1:], atol=1e-5)
     assert np.all(np.isneginf(log_probs[:, 0]))  # the pad id is never emitted
 
 
 # --- greedy decoding ----------------------------------------------------------
+
 
 @pytest.mark.slow
 def test_greedy_takes_the_teacher_forced_argmax_and_stops_when_all_are_done():
@@ -255,10 +274,9 @@ def test_greedy_takes_the_teacher_forced_argmax_and_stops_when_all_are_done():
   lengths, limits = output_lengths(out.tokens), source_lengths(inputs) + 12
   all_log_probs = teacher_forced_log_probs(model, variables, inputs, out.tokens)
   for b in range(4):
-    hyp, log_probs = hypothesis(out.tokens, b), all_log_probs[b, :lengths[b]]
+    hyp, log_probs = hypothesis(out.tokens, b), all_log_probs[b, : lengths[b]]
     np.testing.assert_array_equal(np.argmax(log_probs[:, 1:], axis=-1) + 1, hyp)
-    np.testing.assert_allclose(out.scores[b], log_probs[np.arange(len(hyp)), hyp].sum(),
-                               atol=1e-4)
+    np.testing.assert_allclose(out.scores[b], log_probs[np.arange(len(hyp)), hyp].sum(), atol=1e-4)
     assert (hyp[-1] == EOS) != (lengths[b] == limits[b])  # ends at EOS or is cut at its limit
   assert EOS in hypothesis(out.tokens, 1)  # this fixture has one sentence that ends early
   assert lengths[4] == 0 and float(out.scores[4]) == 0.0  # empty source, empty output
@@ -266,6 +284,7 @@ def test_greedy_takes_the_teacher_forced_argmax_and_stops_when_all_are_done():
 
 
 # --- beam search ----------------------------------------------------------------
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize("fixture", ["transformer_eos_early", "transformer", "markov"])
@@ -287,8 +306,10 @@ def test_beam_of_one_is_greedy(fixture):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("alpha, normalization", [
-    (0.0, "gnmt"), (0.6, "gnmt"), (2.0, "gnmt"), (1.0, "length"), (2.0, "length")])
+@pytest.mark.parametrize(
+  "alpha, normalization",
+  [(0.0, "gnmt"), (0.6, "gnmt"), (2.0, "gnmt"), (1.0, "length"), (2.0, "length")],
+)
 @pytest.mark.parametrize("eos_bias, seed", [(0.0, 6), (-0.5, 7), (1.0, 6)])
 def test_transformer_large_beam_finds_the_brute_force_best(alpha, normalization, eos_bias, seed):
   """Limits 3 and 4 (source lengths 1 and 2, max_extra 2), every hypothesis enumerated.
@@ -297,13 +318,24 @@ def test_transformer_large_beam_finds_the_brute_force_best(alpha, normalization,
   """
   model, variables = tiny_model(eos_bias=eos_bias, seed=seed)
   inputs = jnp.array([[3, 0, 0], [2, 4, 0]])
-  out = search_lib.beam_search(model, variables, inputs, beam_size=108, alpha=alpha,
-                               max_len=8, max_extra=2, length_normalization=normalization)
+  out = search_lib.beam_search(
+    model,
+    variables,
+    inputs,
+    beam_size=108,
+    alpha=alpha,
+    max_len=8,
+    max_extra=2,
+    length_normalization=normalization,
+  )
   penalty = {"gnmt": gnmt_penalty, "length": length_power}[normalization]
   for b, limit in enumerate(source_lengths(inputs) + 2):
     best, score = brute_force_best(
-        lambda hyps, b=b: transformer_log_probs(model, variables, inputs[b], hyps), limit, alpha,
-        penalty)
+      lambda hyps, b=b: transformer_log_probs(model, variables, inputs[b], hyps),
+      limit,
+      alpha,
+      penalty,
+    )
     assert hypothesis(out.tokens, b) == best
     np.testing.assert_allclose(out.scores[b], score, rtol=1e-5)
 
@@ -312,8 +344,9 @@ def earliest_safe_stop(table, limit, alpha):
   """First step after which no unfinished hypothesis can beat the best finished one (enumerated)."""
   for step in range(1, limit):
     finished = [h for h in all_hypotheses(limit) if len(h) <= step and h[-1] == EOS]
-    best = max((markov_log_prob(table, h) / gnmt_penalty(len(h), alpha) for h in finished),
-               default=-np.inf)
+    best = max(
+      (markov_log_prob(table, h) / gnmt_penalty(len(h), alpha) for h in finished), default=-np.inf
+    )
     alive = max(markov_log_prob(table, p) for p in itertools.product(WORDS, repeat=step))
     if best >= alive / max(gnmt_penalty(step + 1, alpha), gnmt_penalty(limit, alpha)):
       return step
@@ -331,11 +364,13 @@ def test_markov_large_beam_finds_the_brute_force_best_and_stops_early(alpha, see
   model, variables, table = markov_model(seed, slope)
   inputs = jnp.array([[3, 2, 0], [2, 4, 4]])
   limits = source_lengths(inputs) + 3
-  out = search_lib.beam_search(model, variables, inputs, beam_size=972, alpha=alpha,
-                             max_len=8, max_extra=3)
+  out = search_lib.beam_search(
+    model, variables, inputs, beam_size=972, alpha=alpha, max_len=8, max_extra=3
+  )
   for b, limit in enumerate(limits):
     best, score = brute_force_best(
-        lambda hyps: [markov_log_prob(table, h) for h in hyps], limit, alpha)
+      lambda hyps: [markov_log_prob(table, h) for h in hyps], limit, alpha
+    )
     assert hypothesis(out.tokens, b) == best
     np.testing.assert_allclose(out.scores[b], score, rtol=1e-5)
   assert int(out.steps) == max(earliest_safe_stop(table, limit, alpha) for limit in limits)
@@ -347,7 +382,9 @@ def test_markov_fixtures_cover_early_stops_and_optima_of_every_length():
   for seed, slope in [(0, 0.5), (1, 1.0), (3, 1.0), (4, 2.0)]:
     _, _, table = markov_model(seed, slope)
     for alpha in (0.0, 0.6, 2.0):
-      best, _ = brute_force_best(lambda hyps: [markov_log_prob(table, h) for h in hyps], 6, alpha)
+      best, _ = brute_force_best(
+        lambda hyps, t=table: [markov_log_prob(t, h) for h in hyps], 6, alpha
+      )
       lengths.add(len(best))
       early += earliest_safe_stop(table, 6, alpha) < 6
   assert {2, 3, 5} <= lengths and early >= 6
@@ -356,41 +393,67 @@ def test_markov_fixtures_cover_early_stops_and_optima_of_every_length():
 MARKOV_SOURCES = np.array([[3, 2, 0], [2, 4, 4]], np.int32)  # Limits 5 and 6 with max_extra 3.
 
 
-def markov_reference(table, inputs, beam_size, alpha, normalization, max_len,
-                     early_stopping="exact", **options):
+def markov_reference(
+  table, inputs, beam_size, alpha, normalization, max_len, early_stopping="exact", **options
+):
   """`numpy_reference.beam_search` of each sentence of `inputs` (max_extra 3, a `max_len`
   buffer): (hypothesis, score, steps, alive beams from beyond the first ranks) per sentence."""
   penalty = lambda n: {"gnmt": gnmt_penalty, "length": length_power}[normalization](n, alpha)
   results = []
   for limit in np.minimum(source_lengths(inputs) + 3, max_len):
     log_probs_of = lambda prefix, limit=limit: ref.step_log_probs(
-        table[len(prefix), prefix[-1] if prefix else 0], last=len(prefix) + 1 == limit, eos=EOS,
-        **options)
+      table[len(prefix), prefix[-1] if prefix else 0],
+      last=len(prefix) + 1 == limit,
+      eos=EOS,
+      **options,
+    )
     results.append(ref.beam_search(log_probs_of, limit, beam_size, penalty, early_stopping))
   return results
 
 
-MARKOV_BEAMS = [(seed, slope, k) for seed, slope in [(0, 0.5), (1, 1.0), (4, 2.0), (5, 0.0)]
-                for k in (1, 2, 3)]
+MARKOV_BEAMS = [
+  (seed, slope, k) for seed, slope in [(0, 0.5), (1, 1.0), (4, 2.0), (5, 0.0)] for k in (1, 2, 3)
+]
 BOTH = {"force_eos": True, "renormalize": True}
 
 
-@pytest.mark.parametrize("early_stopping, options", [
-    ("exact", {}), ("exact", {"force_eos": True}), ("exact", {"renormalize": True}),
-    ("exact", BOTH), ("heuristic", {}), ("heuristic", BOTH), ("first_k", {}), ("first_k", BOTH)])
+@pytest.mark.parametrize(
+  "early_stopping, options",
+  [
+    ("exact", {}),
+    ("exact", {"force_eos": True}),
+    ("exact", {"renormalize": True}),
+    ("exact", BOTH),
+    ("heuristic", {}),
+    ("heuristic", BOTH),
+    ("first_k", {}),
+    ("first_k", BOTH),
+  ],
+)
 @pytest.mark.parametrize("alpha, normalization", [(0.6, "gnmt"), (1.0, "length"), (2.0, "length")])
 @pytest.mark.parametrize("max_len", [8, 5])
-def test_markov_beam_equals_the_reference_beam_search(early_stopping, options, alpha,
-                                                      normalization, max_len):
+def test_markov_beam_equals_the_reference_beam_search(
+  early_stopping, options, alpha, normalization, max_len
+):
   """Small beams, where the 2k rule decides which beams live on; a buffer of 5 caps both
   sentences at 5 tokens (an absolute cap), where `force_eos` ends every hypothesis with EOS."""
   for seed, slope, k in MARKOV_BEAMS:
     model, variables, table = markov_model(seed, slope)
-    out = search_lib.beam_search(model, variables, MARKOV_SOURCES, beam_size=k, alpha=alpha,
-                                 max_len=max_len, max_extra=3, length_normalization=normalization,
-                                 early_stopping=early_stopping, **options)
-    want = markov_reference(table, MARKOV_SOURCES, k, alpha, normalization, max_len,
-                            early_stopping, **options)
+    out = search_lib.beam_search(
+      model,
+      variables,
+      MARKOV_SOURCES,
+      beam_size=k,
+      alpha=alpha,
+      max_len=max_len,
+      max_extra=3,
+      length_normalization=normalization,
+      early_stopping=early_stopping,
+      **options,
+    )
+    want = markov_reference(
+      table, MARKOV_SOURCES, k, alpha, normalization, max_len, early_stopping, **options
+    )
     for b, (best, score, _, _) in enumerate(want):
       assert hypothesis(out.tokens, b) == best, (seed, slope, k, b)
       np.testing.assert_allclose(out.scores[b], score, rtol=1e-5)
@@ -426,19 +489,36 @@ def forced_eos_hypotheses(limit):
 @pytest.mark.parametrize("alpha", [0.0, 1.0, 2.0])
 @pytest.mark.parametrize("seed, slope", [(0, 0.5), (1, 1.0), (5, 0.0)])
 def test_markov_large_beam_with_a_cap_and_forced_eos_finds_the_brute_force_best(
-    renormalize, alpha, seed, slope):
+  renormalize, alpha, seed, slope
+):
   """A buffer of 5 caps both sentences at 5 tokens, the last one EOS; a beam of 4 * 3**5 keeps
   every candidate, so the search must find the best of every hypothesis enumerated."""
   model, variables, table = markov_model(seed, slope)
-  out = search_lib.beam_search(model, variables, MARKOV_SOURCES, beam_size=972, alpha=alpha,
-                               max_len=5, max_extra=3, length_normalization="length",
-                               force_eos=True, renormalize=renormalize)
+  out = search_lib.beam_search(
+    model,
+    variables,
+    MARKOV_SOURCES,
+    beam_size=972,
+    alpha=alpha,
+    max_len=5,
+    max_extra=3,
+    length_normalization="length",
+    force_eos=True,
+    renormalize=renormalize,
+  )
   hyps = forced_eos_hypotheses(5)
   scores = []
   for h in hyps:
-    log_probs = [ref.step_log_probs(table[i, h[i - 1] if i else 0], last=i + 1 == 5, eos=EOS,
-                                    force_eos=True, renormalize=renormalize)[t]
-                 for i, t in enumerate(h)]
+    log_probs = [
+      ref.step_log_probs(
+        table[i, h[i - 1] if i else 0],
+        last=i + 1 == 5,
+        eos=EOS,
+        force_eos=True,
+        renormalize=renormalize,
+      )[t]
+      for i, t in enumerate(h)
+    ]
     scores.append(sum(log_probs) / length_power(len(h), alpha))
   best = int(np.argmax(scores))
   assert sorted(scores)[-1] - sorted(scores)[-2] > 1e-4, "fixture has a near-tie"
@@ -453,8 +533,9 @@ def test_greedy_with_forced_eos_ends_every_sentence_at_its_limit_with_eos(renorm
   model, variables = tiny_model(eos_bias=-30.0, seed=10)  # EOS is never chosen
   inputs = jnp.array([[2, 3, 4, 0, 0], [3, 0, 0, 0, 0], [0, 0, 0, 0, 0], [4, 2, 2, 2, 3]])
   plain = search_lib.greedy_decode(model, variables, inputs, max_len=7, max_extra=3)
-  out = search_lib.greedy_decode(model, variables, inputs, max_len=7, max_extra=3,
-                                 force_eos=True, renormalize=renormalize)
+  out = search_lib.greedy_decode(
+    model, variables, inputs, max_len=7, max_extra=3, force_eos=True, renormalize=renormalize
+  )
   lengths = output_lengths(plain.tokens)
   np.testing.assert_array_equal(output_lengths(out.tokens), lengths)
   for b in range(4):
@@ -462,10 +543,13 @@ def test_greedy_with_forced_eos_ends_every_sentence_at_its_limit_with_eos(renorm
       assert hypothesis(out.tokens, b) == hypothesis(plain.tokens, b)[:-1] + [EOS]
   if not renormalize:
     last_word = teacher_forced_log_probs(model, variables, inputs, plain.tokens)[
-        np.arange(4), np.maximum(lengths - 1, 0), np.asarray(plain.tokens)[
-            np.arange(4), np.maximum(lengths - 1, 0)]]
-    np.testing.assert_allclose(out.scores, plain.scores - np.where(lengths > 0, last_word, 0.0),
-                               atol=1e-4)
+      np.arange(4),
+      np.maximum(lengths - 1, 0),
+      np.asarray(plain.tokens)[np.arange(4), np.maximum(lengths - 1, 0)],
+    ]
+    np.testing.assert_allclose(
+      out.scores, plain.scores - np.where(lengths > 0, last_word, 0.0), atol=1e-4
+    )
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="reads the CPU compiler's program")
@@ -475,12 +559,26 @@ def test_beam_search_ranks_the_candidates_with_a_top_k_not_a_sort_of_all(early_s
   sort of every candidate (4 sentences x 4 beams x 16 tokens here) made a beam search 13x
   slower at vocabulary 8k."""
   model, variables = tiny_model(vocab=16)
-  hlo = search_lib.beam_search.lower(model, variables, SOURCES_16, beam_size=4, max_len=16,
-                                     max_extra=6, early_stopping=early_stopping).compile().as_text()
+  hlo = (
+    search_lib.beam_search.lower(
+      model,
+      variables,
+      SOURCES_16,
+      beam_size=4,
+      max_len=16,
+      max_extra=6,
+      early_stopping=early_stopping,
+    )
+    .compile()
+    .as_text()
+  )
   sorts = [line for line in hlo.splitlines() if " sort(" in line]
   assert not [line for line in sorts if "[4,64]" in line], sorts
-  assert re.search(r"f32\[4,8\]\{[0-9,]*\}, s32\[4,8\]\{[0-9,]*\}\) custom-call\([^)]*\), "
-                   r"custom_call_target=\"TopK\"", hlo)  # The best 2k of the 64 candidates.
+  assert re.search(
+    r"f32\[4,8\]\{[0-9,]*\}, s32\[4,8\]\{[0-9,]*\}\) custom-call\([^)]*\), "
+    r"custom_call_target=\"TopK\"",
+    hlo,
+  )  # The best 2k of the 64 candidates.
 
 
 def test_beam_of_four_stops_before_the_limit():

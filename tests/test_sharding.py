@@ -12,15 +12,16 @@ import sys
 
 import flax.linen as nn
 import jax
-from jax.experimental import multihost_utils
 import numpy as np
 import pytest
+from jax.experimental import multihost_utils
 
 from helpers import environment, free_port, make_trainer, synthetic_batch, tiny_model_config
 from transformer_jax import sharding
 from transformer_jax.conventions import BATCH_KEYS
 from transformer_jax.errors import FieldError
 from transformer_jax.model.transformer import TransformerConfig
+from transformer_jax.placement import Placement, for_platform
 
 STEPS = 2
 
@@ -40,7 +41,10 @@ def test_mesh_shape_fills_in_the_rest_and_rejects_mismatches():
 def test_rules_from_presets_and_explicit_specs():
   assert sharding.logical_rules("fsdp") == sharding.RULE_PRESETS["fsdp"]
   assert sharding.logical_rules("batch=data+fsdp, heads=tensor, kv=") == (
-      ("batch", ("data", "fsdp")), ("heads", "tensor"), ("kv", None))
+    ("batch", ("data", "fsdp")),
+    ("heads", "tensor"),
+    ("kv", None),
+  )
   with pytest.raises(FieldError, match="unknown logical axis 'head'"):
     sharding.logical_rules("head=tensor")
 
@@ -79,10 +83,13 @@ def test_data_parallel_step_matches_one_device(data_parallel_8, one_device):
   _assert_same_run(data_parallel_8, one_device)
 
 
-@pytest.mark.parametrize("mesh_shape, rules, expected_spec", [
+@pytest.mark.parametrize(
+  "mesh_shape, rules, expected_spec",
+  [
     ({"fsdp": 8}, "fsdp", ("fsdp", None, None)),
     ({"data": 4, "tensor": 2}, "tp", ("fsdp", "tensor", None)),
-])
+  ],
+)
 @pytest.mark.slow
 def test_sharded_step_matches_one_device(batches, one_device, mesh_shape, rules, expected_spec):
   trainer = _trainer(mesh_shape, rules)
@@ -138,15 +145,16 @@ def test_every_logical_axis_name_of_the_model_is_known_to_the_rules():
     return original(x, logical_axis_resources, *args, **kwargs)
 
   for config in (tiny_model_config(), tiny_model_config(positional="learned", scan_layers=True)):
-    placement = sharding.Placement(config, sharding.make_mesh({"data": -1}),
-                                   sharding.logical_rules("dp"))
+    placement = Placement(config, sharding.make_mesh({"data": -1}), sharding.logical_rules("dp"))
     boxed = jax.eval_shape(placement.boxed_params, jax.random.key(0))
     jax.tree.map(collect, boxed, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))
     with pytest.MonkeyPatch.context() as patch:
       patch.setattr(nn, "with_logical_constraint", recording)
       batch = synthetic_batch(0)
-      jax.eval_shape(lambda p: placement.model.apply(
-          {"params": p}, *(batch[k] for k in BATCH_KEYS)), nn.unbox(boxed))
+      jax.eval_shape(
+        lambda p: placement.model.apply({"params": p}, *(batch[k] for k in BATCH_KEYS)),  # noqa: B023
+        nn.unbox(boxed),
+      )
   names |= {n for axes in constraints for n in axes if n is not None}
   assert constraints and {"layers", "vocab", "mlp", "heads", "kv", "embed", "batch"} <= names
   assert names <= set(sharding.LOGICAL_AXES), names - set(sharding.LOGICAL_AXES)
@@ -159,22 +167,31 @@ def test_two_processes_match_one_process(data_parallel_8, tmp_path):
 
   Data parallel: each process reads half of every batch, also when its devices
   hold every other shard of the batch (interleaved, as the hosts of a TPU slice
-  are along its torus; each process passes the rows its devices hold). Tensor parallel across the processes (devices
-  interleaved so that each data-parallel row pairs a device of each process):
+  are along its torus; each process passes the rows its devices hold). Tensor parallel across
+  the processes (devices interleaved so that each data-parallel row pairs a device of each process):
   both read the whole batch.
   """
   port = free_port()
   env = environment(devices=4)
   workers = [
-      subprocess.Popen([sys.executable, __file__, str(i), str(port), str(tmp_path)], env=env,
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-      for i in range(2)]
+    subprocess.Popen(
+      [sys.executable, __file__, str(i), str(port), str(tmp_path)],
+      env=env,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      text=True,
+    )
+    for i in range(2)
+  ]
   for worker in workers:
     output, _ = worker.communicate(timeout=600)
     assert worker.returncode == 0, output[-3000:]
   losses, params = data_parallel_8
-  for layout, shards in (("dp", [(0, 2), (1, 2)]), ("dp_interleaved", [(0, 2), (1, 2)]),
-                         ("tp_across", [(0, 1), (0, 1)])):
+  for layout, shards in (
+    ("dp", [(0, 2), (1, 2)]),
+    ("dp_interleaved", [(0, 2), (1, 2)]),
+    ("tp_across", [(0, 1), (0, 1)]),
+  ):
     for i in range(2):
       result = np.load(tmp_path / f"{layout}_{i}.npz")
       assert tuple(result["data_shard"]) == shards[i]
@@ -183,48 +200,63 @@ def test_two_processes_match_one_process(data_parallel_8, tmp_path):
 
 
 def _worker(process_id: int, port: int, out_dir: str):
-  """One of two processes: train each layout on its block of every batch; save losses and the embedding."""
+  """One of two processes: train each layout on its block of every batch; save losses, embedding."""
   jax.distributed.initialize(f"localhost:{port}", num_processes=2, process_id=process_id)
   assert jax.device_count() == 8 and jax.local_device_count() == 4
   interleaved = [d for pair in zip(jax.devices()[:4], jax.devices()[4:]) for d in pair]
-  layouts = {"dp": ({"data": -1}, "dp", None),
-             "dp_interleaved": ({"data": -1}, "dp", interleaved),
-             "tp_across": ({"data": 4, "tensor": 2}, "tp", interleaved)}
+  layouts = {
+    "dp": ({"data": -1}, "dp", None),
+    "dp_interleaved": ({"data": -1}, "dp", interleaved),
+    "tp_across": ({"data": 4, "tensor": 2}, "tp", interleaved),
+  }
   for name, (mesh_shape, rules, devices) in layouts.items():
     trainer = _trainer(mesh_shape, rules, devices)
     index, count = trainer.placement.data_shard
     # The rows this process's devices hold, in order: block `index` of the loader lands there
     # (`global_batch`), here the batch's own rows, so that every layout sees the same batch.
-    held = sorted({row for where in trainer.placement.batch_sharding.addressable_devices_indices_map(
-        (8, 12)).values() for row in range(*where[0].indices(8))})
+    held = sorted(
+      {
+        row
+        for where in trainer.placement.batch_sharding.addressable_devices_indices_map(
+          (8, 12)
+        ).values()
+        for row in range(*where[0].indices(8))
+      }
+    )
     assert len(held) == 8 // count
     state, losses = trainer.init(), []
     for seed in range(STEPS):
       batch = synthetic_batch(seed, rows=8)
       state, metrics = trainer.train_step(state, {k: v[held] for k, v in batch.items()})
-      losses.append(float(metrics["loss"].addressable_data(0))
-                    / float(metrics["tokens"].addressable_data(0)))
+      losses.append(
+        float(metrics["loss"].addressable_data(0)) / float(metrics["tokens"].addressable_data(0))
+      )
     embedding = multihost_utils.process_allgather(state.params["embed"]["embedding"], tiled=True)
-    np.savez(pathlib.Path(out_dir) / f"{name}_{process_id}.npz", losses=np.array(losses),
-             embedding=embedding, data_shard=np.array([index, count]))
+    np.savez(
+      pathlib.Path(out_dir) / f"{name}_{process_id}.npz",
+      losses=np.array(losses),
+      embedding=embedding,
+      data_shard=np.array([index, count]),
+    )
   jax.distributed.shutdown()
 
 
 def test_a_placed_model_takes_the_attention_of_its_mesh_platform():
-  config = TransformerConfig(vocab_size=16, num_layers=1, d_model=32, d_ff=32, num_heads=4,
-                             dtype="bfloat16")
-  assert sharding.for_platform(config, "gpu").attention_impl == "cudnn"
-  assert sharding.for_platform(config, "tpu").attention_impl == "xla"
-  assert sharding.for_platform(
-      dataclasses.replace(config, attention_impl="reference"), "gpu").attention_impl == "reference"
+  config = TransformerConfig(
+    vocab_size=16, num_layers=1, d_model=32, d_ff=32, num_heads=4, dtype="bfloat16"
+  )
+  assert for_platform(config, "gpu").attention_impl == "cudnn"
+  assert for_platform(config, "tpu").attention_impl == "xla"
+  assert (
+    for_platform(dataclasses.replace(config, attention_impl="reference"), "gpu").attention_impl
+    == "reference"
+  )
   with pytest.raises(FieldError, match="'cudnn' needs a GPU, bfloat16 or float16"):
-    sharding.for_platform(dataclasses.replace(config, attention_impl="cudnn"), "tpu")
+    for_platform(dataclasses.replace(config, attention_impl="cudnn"), "tpu")
   with pytest.raises(FieldError, match="got gpu, float32"):
-    sharding.for_platform(dataclasses.replace(config, attention_impl="cudnn", dtype="float32"),
-                          "gpu")
+    for_platform(dataclasses.replace(config, attention_impl="cudnn", dtype="float32"), "gpu")
   with pytest.raises(FieldError, match="needs d_k == d_v"):
-    TransformerConfig(vocab_size=16, d_model=32, num_heads=4, d_k=8, d_v=16,
-                      attention_impl="cudnn")
+    TransformerConfig(vocab_size=16, d_model=32, num_heads=4, d_k=8, d_v=16, attention_impl="cudnn")
 
 
 if __name__ == "__main__":

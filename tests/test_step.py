@@ -9,7 +9,8 @@ import pytest
 
 from helpers import synthetic_batch, tiny_model_config
 from transformer_jax.model.transformer import Transformer
-from transformer_jax.train import objective, step as step_lib
+from transformer_jax.train import objective
+from transformer_jax.train import step as step_lib
 
 pytestmark = pytest.mark.device
 
@@ -21,19 +22,20 @@ def test_gradient_accumulation_over_4_micro_batches_equals_the_whole_batch():
   batch = synthetic_batch(1, rows=16)
   params = jax.jit(model.init)(jax.random.key(0), batch["inputs"], batch["targets"])["params"]
   optimizer = optax.sgd(1.0)  # The parameter change is minus the gradient itself.
-  state = step_lib.TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                              opt_state=optimizer.init(params))
+  state = step_lib.TrainState(
+    step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params)
+  )
   results = []
   for accum in (1, 4):
-    step = step_lib.make_train_step(model, optimizer, label_smoothing=0.1,
-                                    grad_accum_steps=accum)
+    step = step_lib.make_train_step(model, optimizer, label_smoothing=0.1, grad_accum_steps=accum)
     new_state, metrics = jax.jit(step)(state, batch)
     results.append((jax.device_get(metrics), jax.device_get(new_state.params)))
   (whole, whole_params), (accumulated, accumulated_params) = results
   for key in ("loss", "nll", "tokens", "source_tokens", "grad_norm", "flops"):
     np.testing.assert_allclose(accumulated[key], whole[key], rtol=1e-5)
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), accumulated_params,
-               whole_params)
+  jax.tree.map(
+    lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), accumulated_params, whole_params
+  )
 
 
 def test_split_micro_batches_keeps_each_devices_rows_together():
@@ -50,9 +52,11 @@ def test_bfloat16_computation_keeps_float32_parameters_and_adam_state():
   batch = synthetic_batch(2)
   params = jax.jit(model.init)(jax.random.key(0), batch["inputs"], batch["targets"])["params"]
   optimizer, _ = objective.OptimizerSettings(warmup_steps=10, grad_clip_norm=1.0).make(
-      config.d_model)
-  state = step_lib.TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                              opt_state=optimizer.init(params))
+    config.d_model
+  )
+  state = step_lib.TrainState(
+    step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params)
+  )
   step = jax.jit(step_lib.make_train_step(model, optimizer, label_smoothing=0.1))
   state, metrics = step(state, batch)
   floats = [x for x in jax.tree.leaves((state.params, state.opt_state)) if x.ndim]

@@ -7,8 +7,11 @@ import pytest
 from transformer_jax.tools import step_benchmark
 
 TINY = step_benchmark.Workload(
-    dict(vocab_size=64, num_layers=1, d_model=32, d_ff=64, num_heads=2), batch=8, source_length=8,
-    target_length=12)
+  dict(vocab_size=64, num_layers=1, d_model=32, d_ff=64, num_heads=2),
+  batch=8,
+  source_length=8,
+  target_length=12,
+)
 
 
 def test_synthetic_batch_is_three_quarters_real_tokens():
@@ -24,8 +27,9 @@ def test_synthetic_batch_is_three_quarters_real_tokens():
 def test_run_reports_every_figure(vs):
   if vs:
     pytest.importorskip("torch")
-  results = step_benchmark.run(TINY, steps=3, warmup=0, decode_runs=1, dtype="float32", vs=vs,
-                               block=2)
+  results = step_benchmark.run(
+    TINY, steps=3, warmup=0, decode_runs=1, dtype="float32", vs=vs, block=2
+  )
   assert results["real_tokens_per_step"] == 8 * (6 + 9)
   assert results["train_flops_per_step"] > 0 and results["matmul_flops_per_s"] > 0
   for name in ("ours", "torch") if vs else ("ours",):

@@ -11,23 +11,37 @@ import helpers
 from transformer_jax.errors import UserError
 from transformer_jax.tools import step_benchmark, sweep
 
-TINY = step_benchmark.Workload(dict(vocab_size=64, num_layers=1, d_model=32, d_ff=64,
-                                    num_heads=2), batch=8, source_length=8, target_length=8)
+TINY = step_benchmark.Workload(
+  dict(vocab_size=64, num_layers=1, d_model=32, d_ff=64, num_heads=2),
+  batch=8,
+  source_length=8,
+  target_length=8,
+)
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def records(step_s=lambda tokens, length: tokens / 1000 * (1 + length / 256)):
   """One record per point of a 2 x 3 grid, shaped as `sweep.run_sweep` makes them."""
-  return [{"tokens": p.tokens, "length": p.length, "rows": p.rows,
-           "step_s": {"median": step_s(p.tokens, p.length)},
-           "tokens_per_s": 1.5 * p.tokens / step_s(p.tokens, p.length)}
-          for p in sweep.grid([1024, 2048], [32, 64, 128], max_len=512)]
+  return [
+    {
+      "tokens": p.tokens,
+      "length": p.length,
+      "rows": p.rows,
+      "step_s": {"median": step_s(p.tokens, p.length)},
+      "tokens_per_s": 1.5 * p.tokens / step_s(p.tokens, p.length),
+    }
+    for p in sweep.grid([1024, 2048], [32, 64, 128], max_len=512)
+  ]
 
 
 def test_batch_rows_are_tokens_over_length_in_ascending_order():
   points = sweep.grid([2048, 1024, 1024], [64, 32], max_len=64)
   assert [(p.tokens, p.length, p.rows) for p in points] == [
-      (1024, 32, 32), (1024, 64, 16), (2048, 32, 64), (2048, 64, 32)]
+    (1024, 32, 32),
+    (1024, 64, 16),
+    (2048, 32, 64),
+    (2048, 64, 32),
+  ]
 
 
 def test_rows_round_down_to_whole_rows_and_a_multiple_of_the_devices():
@@ -41,14 +55,17 @@ def test_sizes_reads_whole_numbers():
     sweep.sizes("sweep_tokens", ["1024", "2k"])
 
 
-@pytest.mark.parametrize("tokens, lengths, row_multiple, message", [
+@pytest.mark.parametrize(
+  "tokens, lengths, row_multiple, message",
+  [
     ([0, 1024], [32], 1, "--sweep_tokens: 0 is not positive"),
     ([1024], [-32, 64], 1, "--sweep_lengths: -32 is not positive"),
     ([], [32], 1, "--sweep_tokens is empty"),
     ([1024], [32, 1024], 1, "--sweep_lengths: 1024 is longer than the model's max_len 512"),
     ([1024, 16], [32], 1, "--sweep_tokens: 16 tokens make no batch of 1 row(s) of length 32"),
     ([64], [32], 4, "--sweep_tokens: 64 tokens make no batch of 4 row(s) of length 32"),
-])
+  ],
+)
 def test_grid_rejects_what_makes_no_batch(tokens, lengths, row_multiple, message):
   with pytest.raises(UserError) as error:
     sweep.grid(tokens, lengths, max_len=512, row_multiple=row_multiple)
@@ -79,7 +96,9 @@ def test_run_sweep_times_every_point_on_one_state():
   results = sweep.run_sweep(TINY, points, steps=2, warmup=0, dtype="float32", block=1)
   assert results["config"]["max_len"] == sweep.SWEEP_MAX_LEN
   assert [(r["length"], r["rows"], r["real_tokens_per_step"]) for r in results["points"]] == [
-      (4, 16, 16 * 2 * 3), (8, 8, 8 * 2 * 6)]
+    (4, 16, 16 * 2 * 3),
+    (8, 8, 8 * 2 * 6),
+  ]
   for r in results["points"]:
     step = r["step_s"]
     assert 0 < step["min"] <= step["median"] <= step["max"] and r["first_step_s"] > 0
@@ -93,9 +112,17 @@ def bench(*flags, cwd) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_the_command_line_sweeps_and_draws(tmp_path):
-  result = bench("--config=small", "--sweep_tokens=16", "--sweep_lengths=8", "--steps=1",
-                 "--warmup=0", "--block=1", "--plot=figure/scaling.png", "--json=results.json",
-                 cwd=tmp_path)
+  result = bench(
+    "--config=small",
+    "--sweep_tokens=16",
+    "--sweep_lengths=8",
+    "--steps=1",
+    "--warmup=0",
+    "--block=1",
+    "--plot=figure/scaling.png",
+    "--json=results.json",
+    cwd=tmp_path,
+  )
   assert result.returncode == 0, result.stderr[-3000:]
   assert "| 16 | 8 | 2 |" in result.stdout
   points = json.loads((tmp_path / "results.json").read_text())["points"]
@@ -104,11 +131,14 @@ def test_the_command_line_sweeps_and_draws(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("flags, message", [
+@pytest.mark.parametrize(
+  "flags, message",
+  [
     (["--sweep_lengths=32,1024"], "error: --sweep_lengths: 1024 is longer than the model's"),
     (["--sweep", "--sweep_tokens=1k"], "error: --sweep_tokens: '1k' is not a whole number"),
     (["--plot=scaling.png"], "error: --plot draws the sweep's figure"),
-])
+  ],
+)
 def test_a_bad_sweep_ends_in_one_error_line_before_any_timing(tmp_path, flags, message):
   result = bench("--config=small", *flags, cwd=tmp_path)
   errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]

@@ -7,15 +7,14 @@ import jax
 import numpy as np
 import pytest
 
-from transformer_jax import sharding
+import helpers
 from transformer_jax.model.transformer import Transformer
+from transformer_jax.placement import Placement
 from transformer_jax.train.objective import OptimizerSettings
 from transformer_jax.train.step import Trainer
 
-import helpers
-
 torch = pytest.importorskip("torch", reason="the PyTorch reference needs torch (the hf extra)")
-from transformer_jax.tools import torch_training  # pylint: disable=g-import-not-at-top
+from transformer_jax.tools import torch_training  # noqa: E402 (after the torch check)
 
 SCHEDULE = OptimizerSettings(learning_rate=2.0, warmup_steps=4, adam_eps=1e-8)
 
@@ -24,11 +23,12 @@ def _run_both(config, *, updates=8, reference_smoothing=0.1):
   """Per-update losses of our step and the reference's from the same start, and both final
   parameter trees (flattened)."""
   optimizer, _ = SCHEDULE.make(config.d_model)
-  trainer = Trainer(sharding.Placement.data_parallel(config), optimizer, label_smoothing=0.1)
+  trainer = Trainer(Placement.data_parallel(config), optimizer, label_smoothing=0.1)
   state = trainer.init()
   start = flax.traverse_util.flatten_dict(jax.device_get(state.params), sep="/")
-  reference = torch_training.Reference(config, SCHEDULE, label_smoothing=reference_smoothing,
-                                       params=start)
+  reference = torch_training.Reference(
+    config, SCHEDULE, label_smoothing=reference_smoothing, params=start
+  )
   ours, theirs = [], []
   for seed in range(updates):
     batch = helpers.synthetic_batch(seed)
@@ -42,8 +42,9 @@ def _run_both(config, *, updates=8, reference_smoothing=0.1):
 @pytest.mark.parametrize("norm", ["post", "pre"])
 @pytest.mark.parametrize("biases", [False, True])
 def test_same_start_and_batches_give_the_same_training(norm, biases):
-  config = helpers.tiny_model_config(dropout_rate=0.0, norm=norm, attention_bias=biases,
-                                     logits_bias=biases)
+  config = helpers.tiny_model_config(
+    dropout_rate=0.0, norm=norm, attention_bias=biases, logits_bias=biases
+  )
   ours, theirs, final, reference = _run_both(config)
   assert ours[-1] < ours[0] - 0.1  # It trained.
   # Adam turns the rounding noise of the key bias's (zero) gradient into steps of the full rate.
@@ -68,11 +69,14 @@ def test_fairseq_init_has_fairseq_scales():
   # U(-b, b): Xavier for attention (gain 2^-1/2 for Q, K, V; fan_in + fan_out = 128), torch's
   # nn.Linear default 1/sqrt(fan_in) for the feed-forward layers and the Q, K, V biases.
   layer = "encoder/layer_0"
-  for name, bound in (("self_attention/query", 2**-0.5 * (6 / 128)**0.5),
-                      ("self_attention/out", (6 / 128)**0.5),
-                      ("self_attention/value_bias", 64**-0.5),
-                      ("feed_forward/wi", 64**-0.5), ("feed_forward/bi", 64**-0.5),
-                      ("feed_forward/wo", 256**-0.5)):
+  for name, bound in (
+    ("self_attention/query", 2**-0.5 * (6 / 128) ** 0.5),
+    ("self_attention/out", (6 / 128) ** 0.5),
+    ("self_attention/value_bias", 64**-0.5),
+    ("feed_forward/wi", 64**-0.5),
+    ("feed_forward/bi", 64**-0.5),
+    ("feed_forward/wo", 256**-0.5),
+  ):
     leaf = p[f"{layer}/{name}"]
     assert np.abs(leaf).max() <= bound, name
     assert leaf.std() == pytest.approx(bound / 3**0.5, rel=0.25 if leaf.size < 100 else 0.1), name
@@ -82,13 +86,22 @@ def test_fairseq_init_has_fairseq_scales():
 
 
 def test_our_fairseq_init_draws_from_the_references_distributions():
-  config = helpers.tiny_model_config(d_model=64, d_ff=256, vocab_size=4000, attention_bias=True,
-                                     init="fairseq")
-  ours = flax.traverse_util.flatten_dict(jax.device_get(nn.unbox(
-      Transformer(config).init(jax.random.key(0), np.ones((1, 4), np.int32),
-                               np.ones((1, 4), np.int32))["params"])), sep="/")
-  theirs = torch_training.Reference(config, SCHEDULE, label_smoothing=0.1,
-                                    init="fairseq").numpy_params()
+  config = helpers.tiny_model_config(
+    d_model=64, d_ff=256, vocab_size=4000, attention_bias=True, init="fairseq"
+  )
+  ours = flax.traverse_util.flatten_dict(
+    jax.device_get(
+      nn.unbox(
+        Transformer(config).init(
+          jax.random.key(0), np.ones((1, 4), np.int32), np.ones((1, 4), np.int32)
+        )["params"]
+      )
+    ),
+    sep="/",
+  )
+  theirs = torch_training.Reference(
+    config, SCHEDULE, label_smoothing=0.1, init="fairseq"
+  ).numpy_params()
   assert set(ours) == set(theirs)
   for name, value in ours.items():
     mine, reference = np.abs(value).max(), np.abs(theirs[name]).max()
@@ -102,26 +115,36 @@ def test_dropout_follows_the_seed():
   config = helpers.tiny_model_config(dropout_rate=0.3)
   losses = []
   for seed in (0, 0, 1):
-    reference = torch_training.Reference(config, SCHEDULE, label_smoothing=0.1, init="fairseq",
-                                         seed=seed)
+    reference = torch_training.Reference(
+      config, SCHEDULE, label_smoothing=0.1, init="fairseq", seed=seed
+    )
     losses.append([reference.train_step(helpers.synthetic_batch(i))["loss"] for i in range(3)])
   assert losses[0] == losses[1] and losses[0] != losses[2]
 
 
 def test_settings_it_does_not_implement_are_named():
   config = helpers.tiny_model_config(activation="gelu", positional="learned")
-  with pytest.raises(ValueError, match="does not implement model.activation='gelu', "
-                     "model.positional='learned', grad_clip_norm=1.0"):
-    torch_training.Reference(config, OptimizerSettings(grad_clip_norm=1.0), label_smoothing=0.1,
-                             init="fairseq")
+  with pytest.raises(
+    ValueError,
+    match="does not implement model.activation='gelu', "
+    "model.positional='learned', grad_clip_norm=1.0",
+  ):
+    torch_training.Reference(
+      config, OptimizerSettings(grad_clip_norm=1.0), label_smoothing=0.1, init="fairseq"
+    )
 
 
 def test_reference_needs_params_to_copy():
   with pytest.raises(ValueError, match="needs the params"):
     torch_training.Reference(helpers.tiny_model_config(), SCHEDULE, label_smoothing=0.1)
   with pytest.raises(ValueError, match="do not match the config: missing .*, unexpected"):
-    torch_training.Reference(helpers.tiny_model_config(), SCHEDULE, label_smoothing=0.1,
-                             params={"embed/embedding": np.zeros((40, 32)), "extra": 0})
+    torch_training.Reference(
+      helpers.tiny_model_config(),
+      SCHEDULE,
+      label_smoothing=0.1,
+      params={"embed/embedding": np.zeros((40, 32)), "extra": 0},
+    )
   with pytest.raises(ValueError, match="init='xavier'; allowed: copied, fairseq"):
-    torch_training.Reference(helpers.tiny_model_config(), SCHEDULE, label_smoothing=0.1,
-                             init="xavier")
+    torch_training.Reference(
+      helpers.tiny_model_config(), SCHEDULE, label_smoothing=0.1, init="xavier"
+    )

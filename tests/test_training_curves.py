@@ -6,9 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from transformer_jax.workdir import Workdir
-
 import helpers
+from transformer_jax.workdir import Workdir
 
 pytest.importorskip("torch", reason="the PyTorch reference needs torch (the hf extra)")
 from transformer_jax.tools import training_curves  # pylint: disable=g-import-not-at-top
@@ -17,8 +16,9 @@ from transformer_jax.tools import training_curves  # pylint: disable=g-import-no
 def test_copied_start_without_dropout_gives_one_curve(shared, tmp_path):
   experiment = helpers.tiny_experiment(shared, model__dropout_rate=0.0)
   out = tmp_path / "curves.json"
-  result = training_curves.compare(experiment, Workdir(str(shared)), updates=6,
-                                   reference_init="copied", log_every=4, out=str(out))
+  result = training_curves.compare(
+    experiment, Workdir(str(shared)), updates=6, reference_init="copied", log_every=4, out=str(out)
+  )
   assert result["updates"] == 6 and len(result["tokens"]) == 6
   np.testing.assert_allclose(result["ours"]["loss"], result["reference"]["loss"], rtol=2e-5)
   np.testing.assert_allclose(result["ours"]["nll"], result["reference"]["nll"], rtol=2e-5)
@@ -34,20 +34,32 @@ def test_fairseq_start_is_another_run(shared, tmp_path):
   assert np.log(200) - 1 < ours[0] < np.log(200) + 2
   assert np.log(200) - 1 < theirs[0] < np.log(200) + 2
   pytest.importorskip("matplotlib")
-  training_curves.plot({"ours": ours, "reference": theirs}, str(tmp_path / "curves.png"),
-                       smooth=2)
+  training_curves.plot({"ours": ours, "reference": theirs}, str(tmp_path / "curves.png"), smooth=2)
   assert (tmp_path / "curves.png").stat().st_size > 1000
 
 
 def test_command_line_writes_both_curves(shared, tmp_path):
   out = tmp_path / "curves.json"
   done = helpers.python(
-      "-m", "transformer_jax.tools.compare_training", f"--workdir={shared}", "--updates=2",
-      "--reference_init=copied", f"--out={out}", *helpers.flags(shared), shared=shared)
+    "-m",
+    "transformer_jax.tools.compare_training",
+    f"--workdir={shared}",
+    "--updates=2",
+    "--reference_init=copied",
+    f"--out={out}",
+    *helpers.flags(shared),
+    shared=shared,
+  )
   assert done.returncode == 0, done.stderr[-2000:]
   result = json.loads(out.read_text())
   assert result["updates"] == 2 and result["reference_init"] == "copied"
-  bad = helpers.python("-m", "transformer_jax.tools.compare_training", f"--workdir={shared}",
-                       *helpers.flags(shared), "--config.model.d_model=33", shared=shared)
+  bad = helpers.python(
+    "-m",
+    "transformer_jax.tools.compare_training",
+    f"--workdir={shared}",
+    *helpers.flags(shared),
+    "--config.model.d_model=33",
+    shared=shared,
+  )
   assert bad.returncode != 0 and "error: config.model.d_model must be an even" in bad.stderr
   assert "Traceback" not in bad.stderr

@@ -9,7 +9,11 @@ import pytest
 import numpy_reference as ref
 from helpers import record_dropout_inputs, stack_layers
 from transformer_jax.model.transformer import (
-    PRESETS, Transformer, TransformerConfig, count_params, shift_right,
+  PRESETS,
+  Transformer,
+  TransformerConfig,
+  count_params,
+  shift_right,
 )
 
 pytestmark = pytest.mark.device
@@ -35,8 +39,19 @@ def tiny():
 
 
 # Table 3 and Table 2 of the paper: parameters in millions, vocabulary 37000.
-PAPER_PARAMS_M = {"base": 65, "B1": 58, "B2": 60, "C1": 36, "C2": 50, "C3": 80, "C4": 28,
-                  "C5": 168, "C6": 53, "C7": 90, "big": 213}
+PAPER_PARAMS_M = {
+  "base": 65,
+  "B1": 58,
+  "B2": 60,
+  "C1": 36,
+  "C2": 50,
+  "C3": 80,
+  "C4": 28,
+  "C5": 168,
+  "C6": 53,
+  "C7": 90,
+  "big": 213,
+}
 
 
 @pytest.mark.parametrize("row", sorted(PAPER_PARAMS_M))
@@ -56,14 +71,19 @@ def test_parameter_counts_match_the_paper(row):
 @pytest.mark.parametrize("row", ["base", "A1", "B1", "C4", "E", "big"])
 def test_count_params_equals_a_real_init(row):
   cfg = TransformerConfig.preset(row)
-  shapes = jax.eval_shape(Transformer(cfg).init, jax.random.key(0),
-                          jnp.ones((1, 3), jnp.int32), jnp.ones((1, 3), jnp.int32))
+  shapes = jax.eval_shape(
+    Transformer(cfg).init,
+    jax.random.key(0),
+    jnp.ones((1, 3), jnp.int32),
+    jnp.ones((1, 3), jnp.int32),
+  )
   assert sum(x.size for x in jax.tree_util.tree_leaves(shapes["params"])) == count_params(cfg)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("overrides", [dict(norm="pre"), dict(attention_bias=True),
-                                       dict(logits_bias=True, d_k=5, d_v=3)])
+@pytest.mark.parametrize(
+  "overrides", [dict(norm="pre"), dict(attention_bias=True), dict(logits_bias=True, d_k=5, d_v=3)]
+)
 def test_count_params_with_options_equals_a_real_init(overrides):
   model, variables = make(**overrides)
   real = sum(x.size for x in jax.tree_util.tree_leaves(nn.meta.unbox(variables["params"])))
@@ -73,8 +93,10 @@ def test_count_params_with_options_equals_a_real_init(overrides):
 @pytest.mark.slow
 def test_the_paper_model_has_no_biases_of_the_options():
   _, variables = make()
-  names = {jax.tree_util.keystr(path) for path, _ in
-           jax.tree_util.tree_flatten_with_path(nn.meta.unbox(variables["params"]))[0]}
+  names = {
+    jax.tree_util.keystr(path)
+    for path, _ in jax.tree_util.tree_flatten_with_path(nn.meta.unbox(variables["params"]))[0]
+  }
   assert not [name for name in names if "query_bias" in name or "logits_bias" in name]
 
 
@@ -82,21 +104,42 @@ def randomized(variables, seed):
   """Every parameter (biases and LayerNorm included) replaced by random normal values."""
   leaves, tree = jax.tree_util.tree_flatten(nn.meta.unbox(variables["params"]))
   keys = jax.random.split(jax.random.key(seed), len(leaves))
-  return {"params": jax.tree_util.tree_unflatten(
-      tree, [0.3 * jax.random.normal(k, x.shape, x.dtype) for k, x in zip(keys, leaves)])}
+  return {
+    "params": jax.tree_util.tree_unflatten(
+      tree, [0.3 * jax.random.normal(k, x.shape, x.dtype) for k, x in zip(keys, leaves)]
+    )
+  }
 
 
 def test_every_table3_row_has_a_preset_with_its_values():
-  expected = {f"A{i}" for i in range(1, 5)} | {"B1", "B2"} | {f"C{i}" for i in range(1, 8)} | {
-      f"D{i}" for i in range(1, 5)} | {"E", "base", "big"}
+  expected = (
+    {f"A{i}" for i in range(1, 5)}
+    | {"B1", "B2"}
+    | {f"C{i}" for i in range(1, 8)}
+    | {f"D{i}" for i in range(1, 5)}
+    | {"E", "base", "big"}
+  )
   assert set(PRESETS) == expected
   base = TransformerConfig.preset("base")
-  assert (base.num_layers, base.d_model, base.d_ff, base.num_heads, base.d_k, base.d_v,
-          base.dropout_rate, base.positional, base.norm) == (6, 512, 2048, 8, 64, 64, 0.1,
-                                                            "sinusoidal", "post")
+  assert (
+    base.num_layers,
+    base.d_model,
+    base.d_ff,
+    base.num_heads,
+    base.d_k,
+    base.d_v,
+    base.dropout_rate,
+    base.positional,
+    base.norm,
+  ) == (6, 512, 2048, 8, 64, 64, 0.1, "sinusoidal", "post")
   big = TransformerConfig.preset("big")
-  assert (big.d_model, big.d_ff, big.num_heads, big.d_k, big.dropout_rate) == (1024, 4096, 16,
-                                                                               64, 0.3)
+  assert (big.d_model, big.d_ff, big.num_heads, big.d_k, big.dropout_rate) == (
+    1024,
+    4096,
+    16,
+    64,
+    0.3,
+  )
   b1 = TransformerConfig.preset("B1")
   assert (b1.d_k, b1.d_v) == (16, 64)
   assert TransformerConfig.preset("A4").num_heads * TransformerConfig.preset("A4").d_k == 512
@@ -105,28 +148,28 @@ def test_every_table3_row_has_a_preset_with_its_values():
 
 
 @pytest.mark.parametrize(
-    "overrides, field",
-    [
-        (dict(d_model=510, num_heads=8), "d_k"),
-        (dict(num_layers=0), "num_layers"),
-        (dict(d_ff=-4), "d_ff"),
-        (dict(vocab_size=2.5), "vocab_size"),
-        (dict(d_k=0), "d_k"),
-        (dict(d_model=15, num_heads=3, d_k=5, d_v=5), "d_model"),
-        (dict(dropout_rate=1.0), "dropout_rate"),
-        (dict(dropout_rate=-0.1), "dropout_rate"),
-        (dict(positional="rotary"), "positional"),
-        (dict(norm="sandwich"), "norm"),
-        (dict(dtype="int8"), "dtype"),
-        (dict(attention_impl="flash"), "attention_impl"),
-        (dict(remat="some"), "remat"),
-        (dict(scan_layers="yes"), "scan_layers"),
-        (dict(attention_bias=1), "attention_bias"),
-        (dict(logits_bias="no"), "logits_bias"),
-        (dict(activation="tanh"), "activation"),
-        (dict(norm_epsilon=0.0), "norm_epsilon"),
-        (dict(norm_epsilon=True), "norm_epsilon"),
-    ],
+  "overrides, field",
+  [
+    (dict(d_model=510, num_heads=8), "d_k"),
+    (dict(num_layers=0), "num_layers"),
+    (dict(d_ff=-4), "d_ff"),
+    (dict(vocab_size=2.5), "vocab_size"),
+    (dict(d_k=0), "d_k"),
+    (dict(d_model=15, num_heads=3, d_k=5, d_v=5), "d_model"),
+    (dict(dropout_rate=1.0), "dropout_rate"),
+    (dict(dropout_rate=-0.1), "dropout_rate"),
+    (dict(positional="rotary"), "positional"),
+    (dict(norm="sandwich"), "norm"),
+    (dict(dtype="int8"), "dtype"),
+    (dict(attention_impl="flash"), "attention_impl"),
+    (dict(remat="some"), "remat"),
+    (dict(scan_layers="yes"), "scan_layers"),
+    (dict(attention_bias=1), "attention_bias"),
+    (dict(logits_bias="no"), "logits_bias"),
+    (dict(activation="tanh"), "activation"),
+    (dict(norm_epsilon=0.0), "norm_epsilon"),
+    (dict(norm_epsilon=True), "norm_epsilon"),
+  ],
 )
 def test_bad_config_values_raise_naming_the_field(overrides, field):
   with pytest.raises(ValueError, match=f"^model.{field}"):
@@ -151,8 +194,13 @@ def test_float64_logits_equal_the_float64_numpy_formula():
 @pytest.mark.parametrize("activation", ["swish", "gelu", "relu"])
 def test_float64_logits_with_biases_activation_and_epsilon_equal_the_numpy_formula(activation):
   with jax.enable_x64(True):
-    model, variables = make(dtype="float64", attention_bias=True, logits_bias=True,
-                            activation=activation, norm_epsilon=1e-5)
+    model, variables = make(
+      dtype="float64",
+      attention_bias=True,
+      logits_bias=True,
+      activation=activation,
+      norm_epsilon=1e-5,
+    )
     variables = randomized(variables, 5)
     inputs = np.array([[5, 6, 7, 8, 1, 0], [9, 4, 1, 0, 0, 0]], np.int32)
     targets = np.array([[3, 4, 5, 1], [6, 1, 0, 0]], np.int32)
@@ -186,11 +234,12 @@ def test_decoder_is_causal(tiny):
   inputs, targets = tokens(2, 2, 6), tokens(3, 2, 7)
   base = forward(variables, inputs, targets)
   for t in (0, 3, 5):
-    changed = targets.at[:, t + 1:].set(tokens(4, 2, 7)[:, t + 1:])
+    changed = targets.at[:, t + 1 :].set(tokens(4, 2, 7)[:, t + 1 :])
     # Logits at position i predict targets[i] from targets[:i]: positions <= t see
     # only targets[:t], so they cannot move when targets after t change.
-    np.testing.assert_allclose(forward(variables, inputs, changed)[:, :t + 1],
-                               base[:, :t + 1], atol=1e-6)
+    np.testing.assert_allclose(
+      forward(variables, inputs, changed)[:, : t + 1], base[:, : t + 1], atol=1e-6
+    )
   changed = targets.at[:, 3].set((targets[:, 3] + 1) % 23)
   assert not np.allclose(forward(variables, inputs, changed)[:, 4], base[:, 4])
 
@@ -203,8 +252,7 @@ def test_padding_the_source_or_target_changes_nothing(tiny):
   padded_inputs = jnp.pad(inputs, ((0, 0), (0, 6)))
   np.testing.assert_allclose(forward(variables, padded_inputs, targets), base, atol=1e-5)
   padded_targets = jnp.pad(targets, ((0, 0), (0, 3)))
-  np.testing.assert_allclose(forward(variables, inputs, padded_targets)[:, :4], base,
-                             atol=1e-5)
+  np.testing.assert_allclose(forward(variables, inputs, padded_targets)[:, :4], base, atol=1e-5)
 
 
 @pytest.mark.slow
@@ -249,20 +297,19 @@ def test_bfloat16_computation_stays_close_to_float32(tiny):
 def test_training_mode_uses_dropout_rng(tiny):
   model, variables, _ = tiny
   inputs, targets = tokens(14, 2, 6), tokens(15, 2, 5)
-  train = jax.jit(lambda v, key: model.apply(v, inputs, targets, train=True,
-                                             rngs={"dropout": key}))
+  train = jax.jit(lambda v, key: model.apply(v, inputs, targets, train=True, rngs={"dropout": key}))
   a, b, c = (train(variables, jax.random.key(s)) for s in (1, 1, 2))
   np.testing.assert_array_equal(a, b)
   assert not np.allclose(a, c)
 
 
 @pytest.mark.parametrize(
-    "inputs, targets, message",
-    [
-        (jnp.ones((2, 3, 1), jnp.int32), jnp.ones((2, 3), jnp.int32), r"inputs must be \[batch"),
-        (jnp.ones((2, 3), jnp.float32), jnp.ones((2, 3), jnp.int32), "integer token ids"),
-        (jnp.ones((2, 3), jnp.int32), jnp.ones((2, 40), jnp.int32), "max_len=32"),
-    ],
+  "inputs, targets, message",
+  [
+    (jnp.ones((2, 3, 1), jnp.int32), jnp.ones((2, 3), jnp.int32), r"inputs must be \[batch"),
+    (jnp.ones((2, 3), jnp.float32), jnp.ones((2, 3), jnp.int32), "integer token ids"),
+    (jnp.ones((2, 3), jnp.int32), jnp.ones((2, 40), jnp.int32), "max_len=32"),
+  ],
 )
 def test_bad_inputs_raise_clear_errors(tiny, inputs, targets, message):
   model, variables, _ = tiny
@@ -274,14 +321,23 @@ def incremental_logits(model, variables, inputs, targets):
   """Logits from decoding one position at a time through the cache, teacher-forced."""
   encoded = model.apply(variables, inputs, method=model.encode)
   length = targets.shape[1]
-  step = jax.jit(lambda v, prev, pos: model.apply(
-      v, encoded, inputs, prev, targets_position=pos, decode=True, method=model.decode,
-      mutable=["cache"]))
+  step = jax.jit(
+    lambda v, prev, pos: model.apply(
+      v,
+      encoded,
+      inputs,
+      prev,
+      targets_position=pos,
+      decode=True,
+      method=model.decode,
+      mutable=["cache"],
+    )
+  )
   _, state = step(variables, jnp.zeros_like(targets), jnp.zeros_like(targets))
   prev = shift_right(targets)
   out = []
   for i in range(length):
-    logits, state = step({**variables, **state}, prev[:, i:i + 1], jnp.full((2, 1), i))
+    logits, state = step({**variables, **state}, prev[:, i : i + 1], jnp.full((2, 1), i))
     out.append(logits[:, 0])
   return jnp.stack(out, axis=1)
 
@@ -293,13 +349,15 @@ def test_scanned_layers_equal_looped_layers_in_training_and_decoding():
   params = stack_layers(nn.meta.unbox(variables["params"]), 3)
   shapes = jax.eval_shape(scanned.init, jax.random.key(0), tokens(0, 1, 4), tokens(1, 1, 4))
   assert jax.tree_util.tree_map(jnp.shape, params) == jax.tree_util.tree_map(
-      jnp.shape, nn.meta.unbox(shapes["params"]))
+    jnp.shape, nn.meta.unbox(shapes["params"])
+  )
   inputs, targets = tokens(16, 2, 6), tokens(17, 2, 5)
   want = jax.jit(model.apply)(variables, inputs, targets)
   got = jax.jit(scanned.apply)({"params": params}, inputs, targets)
   np.testing.assert_allclose(got, want, atol=1e-5)
-  np.testing.assert_allclose(incremental_logits(scanned, {"params": params}, inputs, targets),
-                             want, atol=1e-5)
+  np.testing.assert_allclose(
+    incremental_logits(scanned, {"params": params}, inputs, targets), want, atol=1e-5
+  )
 
 
 @pytest.mark.slow
@@ -307,8 +365,11 @@ def test_incremental_decoding_with_attention_biases_equals_the_full_forward_pass
   model, variables = make(attention_bias=True, logits_bias=True, activation="swish")
   variables = randomized(variables, 6)
   inputs, targets = tokens(20, 2, 6), tokens(21, 2, 5)
-  np.testing.assert_allclose(incremental_logits(model, variables, inputs, targets),
-                             jax.jit(model.apply)(variables, inputs, targets), atol=1e-5)
+  np.testing.assert_allclose(
+    incremental_logits(model, variables, inputs, targets),
+    jax.jit(model.apply)(variables, inputs, targets),
+    atol=1e-5,
+  )
 
 
 @pytest.mark.slow
@@ -322,12 +383,17 @@ def test_remat_changes_neither_loss_nor_gradients(remat):
     def loss(v):
       logits = m.apply(v, inputs, targets, train=True, rngs={"dropout": jax.random.key(3)})
       return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], -1))
+
     return jax.jit(jax.value_and_grad(loss))(variables)
 
   grad_of = lambda m: jax.grad(lambda v: m.apply(v, inputs, targets).sum())
   assert "remat" in str(jax.make_jaxpr(grad_of(remat_model))(variables))
   assert "remat" not in str(jax.make_jaxpr(grad_of(model))(variables))
-  (want_loss, want_grads), (got_loss, got_grads) = loss_and_grads(model), loss_and_grads(remat_model)
+  (want_loss, want_grads), (got_loss, got_grads) = (
+    loss_and_grads(model),
+    loss_and_grads(remat_model),
+  )
   np.testing.assert_allclose(got_loss, want_loss, rtol=1e-6)
-  jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), got_grads,
-                         want_grads)
+  jax.tree_util.tree_map(
+    lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), got_grads, want_grads
+  )

@@ -17,6 +17,7 @@ from transformer_jax.conventions import EOS_ID as EOS
 from transformer_jax.decode import search as search_lib
 from transformer_jax.decode.translator import DecodeSettings, Translator
 from transformer_jax.model.transformer import TransformerConfig
+from transformer_jax.placement import Placement
 
 pytestmark = pytest.mark.device
 
@@ -34,10 +35,10 @@ class WordTokenizer:
 @pytest.fixture(scope="module")
 def model_and_params():
   """The placement (over the 8 simulated devices) and its parameters."""
-  cfg = TransformerConfig(vocab_size=24, num_layers=2, d_model=32, d_ff=64, num_heads=4,
-                          max_len=24, dropout_rate=0.0)
-  placement = sharding.Placement(cfg, sharding.make_mesh({"data": -1}),
-                                 sharding.logical_rules("dp"))
+  cfg = TransformerConfig(
+    vocab_size=24, num_layers=2, d_model=32, d_ff=64, num_heads=4, max_len=24, dropout_rate=0.0
+  )
+  placement = Placement(cfg, sharding.make_mesh({"data": -1}), sharding.logical_rules("dp"))
   params = nn.unbox(placement.boxed_params(jax.random.key(3)))
   return placement, params
 
@@ -49,8 +50,9 @@ def _translator(placement, beam_size, batch_size=4):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("beam_size", [1, 3])
-def test_batched_sharded_translation_equals_each_sentence_alone_in_order(model_and_params,
-                                                                         beam_size):
+def test_batched_sharded_translation_equals_each_sentence_alone_in_order(
+  model_and_params, beam_size
+):
   placement, params = model_and_params
   model = placement.model
   rng = np.random.default_rng(0)
@@ -66,15 +68,17 @@ def test_batched_sharded_translation_equals_each_sentence_alone_in_order(model_a
     if beam_size == 1:
       alone = search_lib.greedy_decode(model, {"params": params}, inputs, max_len=24, max_extra=5)
     else:
-      alone = search_lib.beam_search(model, {"params": params}, inputs, beam_size=beam_size,
-                                   alpha=0.6, max_len=24, max_extra=5)
+      alone = search_lib.beam_search(
+        model, {"params": params}, inputs, beam_size=beam_size, alpha=0.6, max_len=24, max_extra=5
+      )
     assert output == search_lib.trim(alone.tokens)[0]
     assert len(output) <= len(source) + 5  # Input length (EOS included) + max_extra.
 
 
 @pytest.mark.slow
 def test_lines_without_tokens_give_empty_lines_and_long_lines_are_cut_with_a_warning(
-    model_and_params, caplog):
+  model_and_params, caplog
+):
   placement, params = model_and_params
   model = placement.model
   translator = _translator(placement, beam_size=1)
@@ -85,7 +89,7 @@ def test_lines_without_tokens_give_empty_lines_and_long_lines_are_cut_with_a_war
     out = translator.translate(params, lines)
   assert sources[1] == sources[2] == []
   assert len(sources[3]) == model.config.max_len and sources[3][-1] == EOS
-  assert sources[3][:-1] == WordTokenizer().encode(long_line)[:model.config.max_len - 1]
+  assert sources[3][:-1] == WordTokenizer().encode(long_line)[: model.config.max_len - 1]
   assert "line 4 has 41 tokens" in caplog.text and "line 1 " not in caplog.text
   assert len(out) == 5 and out[1] == out[2] == ""
   assert out[0] == WordTokenizer().decode(translator.translate_ids(params, [sources[0]])[0])

@@ -28,8 +28,10 @@ _HIT = "/jax/compilation_cache/cache_hits"
 # XLA's compilation of a program, or the cache read that replaces it; and the tracing and
 # lowering before it, which a cache hit does not spare.
 _BACKEND = "/jax/core/compile/backend_compile_duration"
-_TRACING = ("/jax/core/compile/jaxpr_trace_duration",
-            "/jax/core/compile/jaxpr_to_mlir_module_duration")
+_TRACING = (
+  "/jax/core/compile/jaxpr_trace_duration",
+  "/jax/core/compile/jaxpr_to_mlir_module_duration",
+)
 
 
 def directory(value: str, environ=os.environ) -> str | None:
@@ -52,8 +54,10 @@ def unsafe_reason(path: str) -> str | None:
   if info.st_uid != os.getuid():
     return f"it belongs to another user (uid {info.st_uid})"
   if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-    return (f"others can write to it (mode {stat.S_IMODE(info.st_mode):o}), so what it holds "
-            f"may not be yours; remove it and the next run makes it anew for you alone")
+    return (
+      f"others can write to it (mode {stat.S_IMODE(info.st_mode):o}), so what it holds "
+      f"may not be yours; remove it and the next run makes it anew for you alone"
+    )
   return None
 
 
@@ -93,8 +97,10 @@ class CacheUse:
       used = f"nothing loaded from it, {self.requests} programs compiled"
     else:
       used = f"{self.loaded} of {self.requests} programs loaded from it"
-    return (f"compilation cache {self.path}: {used}; {self.backend_seconds:.1f} s compiling or "
-            f"loading, {self.tracing_seconds:.1f} s tracing and lowering")
+    return (
+      f"compilation cache {self.path}: {used}; {self.backend_seconds:.1f} s compiling or "
+      f"loading, {self.tracing_seconds:.1f} s tracing and lowering"
+    )
 
 
 def enable(value: str) -> CacheUse | None:
@@ -112,8 +118,7 @@ def enable(value: str) -> CacheUse | None:
     except OSError as error:
       problem = f"{error.strerror or error}"
     if problem:
-      log.warning("not using the compilation cache %s: %s; compiling everything", path,
-                  problem)
+      log.warning("not using the compilation cache %s: %s; compiling everything", path, problem)
   if path is None or problem:
     jax.config.update("jax_compilation_cache_dir", None)
     return None

@@ -21,7 +21,7 @@ from ml_collections import config_dict
 from transformer_jax import schema
 from transformer_jax.errors import FieldError, UserError
 from transformer_jax.experiment import Experiment
-from transformer_jax.model.transformer import preset_fields
+from transformer_jax.model.config import preset_fields
 
 
 class ConfigError(UserError, ValueError):
@@ -31,9 +31,15 @@ class ConfigError(UserError, ValueError):
 def _config_dict(values: dict) -> ml_collections.ConfigDict:
   """`values` as a ConfigDict; a None default becomes an integer placeholder (d_k, d_v)."""
   return ml_collections.ConfigDict(
-      {name: _config_dict(value) if isinstance(value, dict) else
-       config_dict.placeholder(int) if value is None else value
-       for name, value in values.items()})
+    {
+      name: _config_dict(value)
+      if isinstance(value, dict)
+      else config_dict.placeholder(int)
+      if value is None
+      else value
+      for name, value in values.items()
+    }
+  )
 
 
 def model_fields(preset: str = "base", **overrides) -> ml_collections.ConfigDict:
@@ -72,8 +78,10 @@ def load_file(spec: str) -> ml_collections.ConfigDict:
   if not os.path.isfile(path):
     folder = os.path.dirname(path) or "."
     files = sorted(glob.glob("*.py", root_dir=folder)) if os.path.isdir(folder) else []
-    raise ConfigError(f"--config={spec}: there is no file {path}" +
-                    (f" (the config files in {folder}: {', '.join(files)})" if files else ""))
+    raise ConfigError(
+      f"--config={spec}: there is no file {path}"
+      + (f" (the config files in {folder}: {', '.join(files)})" if files else "")
+    )
   loader = importlib.machinery.SourceFileLoader("_config_being_checked", path)
   module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
   try:
@@ -82,19 +90,25 @@ def load_file(spec: str) -> ml_collections.ConfigDict:
     raise ConfigError(f"--config={spec}: the file does not load: {_described(error)}") from None
   get_config = getattr(module, "get_config", None)
   if not callable(get_config):
-    raise ConfigError(f"--config={spec}: the file has no get_config(); a config file defines "
-                    "get_config() (or get_config(variant)) returning an ml_collections.ConfigDict")
+    raise ConfigError(
+      f"--config={spec}: the file has no get_config(); a config file defines "
+      "get_config() (or get_config(variant)) returning an ml_collections.ConfigDict"
+    )
   try:
     inspect.signature(get_config).bind(*variant)
   except TypeError:
-    raise ConfigError(f"--config={spec}: {path} takes no variant; drop ':{variant[0]}'" if variant
-                    else f"--config={spec}: {path} needs a variant: --config={path}:<variant>") \
-        from None
+    raise ConfigError(
+      f"--config={spec}: {path} takes no variant; drop ':{variant[0]}'"
+      if variant
+      else f"--config={spec}: {path} needs a variant: --config={path}:<variant>"
+    ) from None
   try:
     config = get_config(*variant)
   except Exception as error:  # pylint: disable=broad-except
     raise ConfigError(f"--config={spec}: {_described(error)}") from None
   if not isinstance(config, ml_collections.ConfigDict):
-    raise ConfigError(f"--config={spec}: get_config() returned {type(config).__name__}, not an "
-                    "ml_collections.ConfigDict")
+    raise ConfigError(
+      f"--config={spec}: get_config() returned {type(config).__name__}, not an "
+      "ml_collections.ConfigDict"
+    )
   return config

@@ -8,5 +8,11 @@ UNK_ID = 2  # A piece the vocabulary does not have.
 # order the model takes them: token ids (EOS appended, 0-padded, targets not
 # shifted), segment ids (1, 2, ... per pair in a row, 0 on padding) and each
 # token's position inside its pair.
-BATCH_KEYS = ("inputs", "targets", "inputs_segmentation", "targets_segmentation",
-              "inputs_position", "targets_position")
+BATCH_KEYS = (
+  "inputs",
+  "targets",
+  "inputs_segmentation",
+  "targets_segmentation",
+  "inputs_position",
+  "targets_position",
+)

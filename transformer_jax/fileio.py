@@ -1,11 +1,18 @@
-"""Writing a file whole: a reader (another process or host, or a run after a crash) sees the old
-content or the new one, never a part. Local paths and URLs such as gs:// alike."""
+"""Files, local paths and URLs such as gs:// alike: written whole (a reader, another process or
+host or a run after a crash, sees the old content or the new one, never a part); lines of UTF-8
+text in and out, with one clear error for a file that cannot be read or written; JSON records.
+"""
 
+import json
 import os
 import socket
+import sys
 import uuid
 
+import jax
 from etils import epath
+
+from transformer_jax.errors import UserError
 
 
 def temporary_name(path: str) -> str:
@@ -29,3 +36,62 @@ def write_atomically(path: str, content: bytes | str) -> None:
   except BaseException:  # The write or the rename failed: leave nothing beside the file.
     temporary.unlink(missing_ok=True)
     raise
+
+
+def read_lines(path: str | None) -> list[str]:
+  """The lines of the file at `path` (stdin for None or '-'), split at '\\n', as UTF-8 text.
+
+  A final '\\n' ends the last line rather than starting an empty one. Raises
+  UserError for an unreadable file, or naming the first line (1-based) that
+  is not valid UTF-8.
+  """
+  name = "stdin" if path in (None, "-") else path
+  try:
+    raw = sys.stdin.buffer.read() if name == "stdin" else epath.Path(path).read_bytes()
+  except OSError as error:
+    raise UserError(f"cannot read the input {name}: {error.strerror}") from None
+  pieces = raw.split(b"\n")
+  if pieces[-1] == b"":
+    pieces.pop()
+  lines = []
+  for number, piece in enumerate(pieces, 1):
+    try:
+      lines.append(piece.decode("utf-8"))
+    except UnicodeDecodeError as error:
+      raise UserError(
+        f"{name}, line {number}: not valid UTF-8 (byte 0x{piece[error.start]:02x} at byte "
+        f"{error.start + 1} of the line); the input must be UTF-8 text"
+      ) from None
+  return lines
+
+
+def write_lines(path: str | None, lines) -> None:
+  """Write `lines`, each ending in '\\n', as UTF-8 to the file at `path` (stdout for None or '-').
+
+  Process 0 only. The file's directory is made if needed; `path` may be a URL
+  such as gs://. Written in place, so that a device or a pipe (/dev/stdout,
+  /dev/fd/N) or a symbolic link can be the output.
+  """
+  if jax.process_index() != 0:
+    return
+  data = "".join(line + "\n" for line in lines).encode("utf-8")
+  if path in (None, "-"):
+    sys.stdout.buffer.write(data)
+    sys.stdout.buffer.flush()
+    return
+  try:
+    path = epath.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+  except OSError as error:
+    raise UserError(f"cannot write the output {path}: {error.strerror}") from None
+
+
+def write_json(path: str, record) -> None:
+  """Write `record` as indented JSON to `path` (a local path or a URL such as gs://); process 0."""
+  if jax.process_index() != 0:
+    return
+  try:
+    write_atomically(path, json.dumps(record, indent=2) + "\n")
+  except OSError as error:
+    raise UserError(f"cannot write {path}: {error.strerror or error}") from None

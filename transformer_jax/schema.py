@@ -12,8 +12,8 @@ fields sit beside its owner's in that mapping, and one declared with
 reference of every setting.
 """
 
-from collections.abc import Callable, Mapping
 import dataclasses
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from transformer_jax.errors import FieldError
@@ -137,10 +137,12 @@ def build(cls: type, values: Mapping, owner: str = ""):
       arguments[field.name] = _named(field, owner, {n: values[n] for n in names(field.type)})
     elif spec == "section":
       if not isinstance(values[field.name], Mapping):
-        raise FieldError(owner, field.name, f" must be a section of fields; got "
-                         f"{values[field.name]!r}")
-      arguments[field.name] = _named(field, FieldError(owner, field.name, "").path,
-                                     values[field.name])
+        raise FieldError(
+          owner, field.name, f" must be a section of fields; got {values[field.name]!r}"
+        )
+      arguments[field.name] = _named(
+        field, FieldError(owner, field.name, "").path, values[field.name]
+      )
     elif spec is not None:
       arguments[field.name] = values[field.name]
   return cls(**arguments)
@@ -159,8 +161,10 @@ def _named(field: dataclasses.Field, path: str, values: Mapping):
 
 def defaults(cls: type) -> dict:
   """`{name: declared default}` of `cls` as `build` reads it (groups flattened, sections nested)."""
-  return {field.name: defaults(field.type) if spec == "section" else field.default
-          for field, spec in _read(cls)}
+  return {
+    field.name: defaults(field.type) if spec == "section" else field.default
+    for field, spec in _read(cls)
+  }
 
 
 def describe(cls: type, prefix: str = "") -> list[tuple[str, Any, str, str]]:

@@ -1,4 +1,4 @@
-"""Device mesh, logical-axis rules, shardings, and a model placed on a mesh (`Placement`).
+"""Device mesh, logical-axis rules and shardings (a model placed on a mesh: placement.py).
 
 The mesh has three axes, `('data', 'fsdp', 'tensor')`. Parameters and
 activations carry logical axis names (`batch, length, embed, heads, kv, mlp,
@@ -10,21 +10,17 @@ sharded along `fsdp` in parameters but stays whole in activations, whose
 `batch` dimension already takes `fsdp`.
 """
 
-from collections.abc import Mapping, Sequence
 import dataclasses
 import math
+from collections.abc import Mapping, Sequence
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from transformer_jax import schema
-from transformer_jax.conventions import BATCH_KEYS
 from transformer_jax.errors import FieldError
-from transformer_jax.model.attention import cudnn_supports, resolve_implementation
-from transformer_jax.model.transformer import Transformer, TransformerConfig
 
 MESH_AXES = ("data", "fsdp", "tensor")
 LOGICAL_AXES = ("batch", "length", "embed", "heads", "kv", "mlp", "vocab", "layers")
@@ -34,23 +30,23 @@ Rules = tuple[tuple[str, str | tuple[str, ...] | None], ...]
 # Named rule tables. Whatever the mesh shape, each one is correct: a mesh axis
 # of size 1 shards nothing.
 RULE_PRESETS: dict[str, Rules] = {
-    # Data parallel: the batch is split over every device, parameters and
-    # optimizer state are replicated.
-    "dp": (("batch", MESH_AXES),),
-    # Fully sharded data parallel (ZeRO-3): the batch is split over every
-    # device and parameters/optimizer state along `embed` over `fsdp`; XLA
-    # gathers each weight where it is used.
-    "fsdp": (("batch", MESH_AXES), ("embed", "fsdp")),
-    # Tensor (Megatron-style) parallel over `tensor`: attention heads, the
-    # feed-forward inner dimension and the vocabulary are split; the batch goes
-    # over `data` and `fsdp`, and parameters along `embed` over `fsdp`.
-    "tp": (
-        ("batch", ("data", "fsdp")),
-        ("heads", "tensor"),
-        ("mlp", "tensor"),
-        ("vocab", "tensor"),
-        ("embed", "fsdp"),
-    ),
+  # Data parallel: the batch is split over every device, parameters and
+  # optimizer state are replicated.
+  "dp": (("batch", MESH_AXES),),
+  # Fully sharded data parallel (ZeRO-3): the batch is split over every
+  # device and parameters/optimizer state along `embed` over `fsdp`; XLA
+  # gathers each weight where it is used.
+  "fsdp": (("batch", MESH_AXES), ("embed", "fsdp")),
+  # Tensor (Megatron-style) parallel over `tensor`: attention heads, the
+  # feed-forward inner dimension and the vocabulary are split; the batch goes
+  # over `data` and `fsdp`, and parameters along `embed` over `fsdp`.
+  "tp": (
+    ("batch", ("data", "fsdp")),
+    ("heads", "tensor"),
+    ("mlp", "tensor"),
+    ("vocab", "tensor"),
+    ("embed", "fsdp"),
+  ),
 }
 
 
@@ -60,8 +56,12 @@ def _axes(entry) -> tuple[str, ...]:
 
 
 def _axis_size(default: int, help_: str):
-  return schema.setting(default, "a positive integer or -1 (the rest of the devices)",
-                        lambda v: schema.is_int(v) and (v >= 1 or v == -1), help_)
+  return schema.setting(
+    default,
+    "a positive integer or -1 (the rest of the devices)",
+    lambda v: schema.is_int(v) and (v >= 1 or v == -1),
+    help_,
+  )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,18 +91,27 @@ def resolve_mesh_shape(shape: Mapping[str, int], num_devices: int) -> tuple[int,
   """
   unknown = set(shape) - set(MESH_AXES)
   if unknown:
-    raise FieldError("mesh", "", f" has unknown axes {sorted(unknown)}; allowed: "
-                     f"{', '.join(MESH_AXES)}")
+    raise FieldError(
+      "mesh", "", f" has unknown axes {sorted(unknown)}; allowed: {', '.join(MESH_AXES)}"
+    )
   sizes = list(MeshConfig(**{axis: shape.get(axis, 1) for axis in MESH_AXES}).shape.values())
   known = math.prod(s for s in sizes if s != -1)
   if -1 in sizes:
     if num_devices % known:
-      raise FieldError("mesh", "", f"={dict(zip(MESH_AXES, sizes))}: the fixed axes use {known} "
-                       f"devices, which does not divide the {num_devices} devices present")
+      raise FieldError(
+        "mesh",
+        "",
+        f"={dict(zip(MESH_AXES, sizes))}: the fixed axes use {known} "
+        f"devices, which does not divide the {num_devices} devices present",
+      )
     sizes[sizes.index(-1)] = num_devices // known
   elif known != num_devices:
-    raise FieldError("mesh", "", f"={dict(zip(MESH_AXES, sizes))} needs {known} devices but "
-                     f"{num_devices} are present; set one axis to -1 to take the rest")
+    raise FieldError(
+      "mesh",
+      "",
+      f"={dict(zip(MESH_AXES, sizes))} needs {known} devices but "
+      f"{num_devices} are present; set one axis to -1 to take the rest",
+    )
   return tuple(sizes)
 
 
@@ -113,8 +122,9 @@ def make_mesh(shape: Mapping[str, int], devices: Sequence[jax.Device] | None = N
   """
   devices = list(jax.devices() if devices is None else devices)
   sizes = resolve_mesh_shape(shape, len(devices))
-  return jax.make_mesh(sizes, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES),
-                       devices=devices)
+  return jax.make_mesh(
+    sizes, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES), devices=devices
+  )
 
 
 def logical_rules(spec: str) -> Rules:
@@ -127,21 +137,29 @@ def logical_rules(spec: str) -> Rules:
   """
   if spec in RULE_PRESETS:
     return RULE_PRESETS[spec]
-  allowed = (f"allowed: a preset ({', '.join(RULE_PRESETS)}) or pairs like "
-             "'batch=data+fsdp,heads=tensor,embed=fsdp'")
+  allowed = (
+    f"allowed: a preset ({', '.join(RULE_PRESETS)}) or pairs like "
+    "'batch=data+fsdp,heads=tensor,embed=fsdp'"
+  )
   if not isinstance(spec, str) or "=" not in spec:
     raise FieldError("sharding_rules", "", f"={spec!r} is not understood; {allowed}")
   table = []
   for pair in spec.split(","):
     logical, _, mesh_axes = (part.strip() for part in pair.partition("="))
     if logical not in LOGICAL_AXES:
-      raise FieldError("sharding_rules", "", f": unknown logical axis {logical!r}; logical "
-                       f"axes: {', '.join(LOGICAL_AXES)}")
+      raise FieldError(
+        "sharding_rules",
+        "",
+        f": unknown logical axis {logical!r}; logical axes: {', '.join(LOGICAL_AXES)}",
+      )
     names = tuple(a.strip() for a in mesh_axes.split("+") if a.strip())
     for name in names:
       if name not in MESH_AXES:
-        raise FieldError("sharding_rules", "", f": unknown mesh axis {name!r} for {logical!r}; "
-                         f"mesh axes: {', '.join(MESH_AXES)}")
+        raise FieldError(
+          "sharding_rules",
+          "",
+          f": unknown mesh axis {name!r} for {logical!r}; mesh axes: {', '.join(MESH_AXES)}",
+        )
     table.append((logical, names[0] if len(names) == 1 else (names or None)))
   return tuple(table)
 
@@ -167,9 +185,12 @@ def check_divisible(abstract_tree, shardings) -> None:
       shards = math.prod(sharding.mesh.shape[a] for a in axes)
       if size % shards:
         raise FieldError(
-            "sharding_rules", "", f": {jax.tree_util.keystr(path)} has shape {leaf.shape}: "
-            f"dimension {dim} ({size}) cannot be split over mesh axes {axes} ({shards} shards); "
-            "change the model size, the mesh shape or the sharding rules")
+          "sharding_rules",
+          "",
+          f": {jax.tree_util.keystr(path)} has shape {leaf.shape}: "
+          f"dimension {dim} ({size}) cannot be split over mesh axes {axes} ({shards} shards); "
+          "change the model size, the mesh shape or the sharding rules",
+        )
 
 
 def batch_sharding(mesh: Mesh, rules: Rules) -> NamedSharding:
@@ -202,16 +223,19 @@ def data_shard(sharding: NamedSharding) -> tuple[int, int]:
   groups = sorted({frozenset(rows) for rows in held.values()}, key=min)
   sizes = {len(group) for group in groups}
   if len(sizes) != 1 or sum(map(len, groups)) != shards:
-    raise ValueError(f"the processes hold overlapping or unequal parts of the {shards} batch "
-                     f"shards: {[sorted(group) for group in groups]}")
+    raise ValueError(
+      f"the processes hold overlapping or unequal parts of the {shards} batch "
+      f"shards: {[sorted(group) for group in groups]}"
+    )
   return groups.index(frozenset(held[jax.process_index()])), len(groups)
 
 
 def abstract_tree(tree, shardings):
   """`jax.ShapeDtypeStruct` leaves of `tree` (arrays or abstract leaves) with `shardings`: what
   a checkpoint is restored onto."""
-  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                      tree, shardings)
+  return jax.tree.map(
+    lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings
+  )
 
 
 def global_batch(local_batch: Mapping[str, np.ndarray], sharding: NamedSharding) -> dict:
@@ -221,67 +245,6 @@ def global_batch(local_batch: Mapping[str, np.ndarray], sharding: NamedSharding)
   process this is a sharded `device_put`.
   """
   return {
-      key: jax.make_array_from_process_local_data(sharding, np.asarray(value))
-      for key, value in local_batch.items()
+    key: jax.make_array_from_process_local_data(sharding, np.asarray(value))
+    for key, value in local_batch.items()
   }
-
-
-def for_platform(model_config: TransformerConfig, platform: str) -> TransformerConfig:
-  """`model_config` with its attention implementation resolved for devices of `platform` ("cpu",
-  "gpu", "tpu"), so that a program compiled for a target takes the path a run there takes.
-  FieldError (owner `model`) for `attention_impl='cudnn'` where cuDNN cannot run it."""
-  attention = resolve_implementation(model_config.attention_impl, platform,
-                                     dtype=model_config.compute_dtype, d_k=model_config.d_k,
-                                     d_v=model_config.d_v)
-  if attention == "cudnn" and not cudnn_supports(platform, dtype=model_config.compute_dtype,
-                                                 d_k=model_config.d_k):
-    raise FieldError("model", "attention_impl", f"='cudnn' needs a GPU, bfloat16 or float16 and "
-                     f"a head size that is a multiple of 8 up to 128; got {platform}, "
-                     f"{model_config.dtype}, d_k={model_config.d_k} (use 'auto')")
-  return dataclasses.replace(model_config, attention_impl=attention)
-
-
-class Placement:
-  """A Transformer placed on a mesh: the model, its shardings and the context to run it in.
-
-  `param_shardings` and `abstract_params` (ShapeDtypeStructs with their
-  shardings) follow the parameters' logical axis names through `rules`;
-  batches are `[batch, length]` along the mesh axes of `batch`
-  (`batch_sharding`, split into `batch_shards` pieces, of which this process
-  reads block `data_shard`). Raises FieldError naming a parameter whose
-  dimension does not split evenly. The trainer, the translator and the
-  evaluation modes all hold one. The model's attention implementation is
-  resolved for the platform of the mesh's devices (`for_platform`), not the
-  process's default backend.
-  """
-
-  def __init__(self, model_config: TransformerConfig, mesh: Mesh, rules: Rules):
-    self.model = Transformer(for_platform(model_config, mesh.devices.flat[0].platform))
-    self.mesh, self.rules = mesh, rules
-    boxed = jax.eval_shape(self.boxed_params, jax.random.key(0))
-    self.param_shardings = tree_shardings(boxed, mesh, rules)
-    check_divisible(boxed, self.param_shardings)
-    self.abstract_params = abstract_tree(nn.unbox(boxed), self.param_shardings)
-    self.batch_sharding = batch_sharding(mesh, rules)
-    self.batch_shards = num_batch_shards(dict(mesh.shape), rules)
-    self.data_shard = data_shard(self.batch_sharding)
-
-  @classmethod
-  def data_parallel(cls, model_config: TransformerConfig, devices=None) -> "Placement":
-    """The model replicated on every one of `devices` (default: all), the batch split over them
-    (rules `dp`)."""
-    return cls(model_config, make_mesh({"data": -1}, devices), logical_rules("dp"))
-
-  def boxed_params(self, key):
-    """Freshly initialized parameters from `key`, boxed with their logical axis names."""
-    dummy = jnp.ones((1, 1), jnp.int32)
-    return self.model.init({"params": key}, dummy, dummy)["params"]
-
-  def run(self, fn, *args):
-    """`fn(*args)` inside the mesh and the logical-axis rules, so the model's constraints apply."""
-    with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
-      return fn(*args)
-
-  def global_batch(self, local_batch: Mapping[str, np.ndarray]) -> dict:
-    """This process's numpy rows (the `BATCH_KEYS` of a batch) -> the sharded global batch."""
-    return global_batch({k: local_batch[k] for k in BATCH_KEYS}, self.batch_sharding)

@@ -9,7 +9,7 @@ from transformer_jax.errors import UserError
 
 
 def absolute(path: str) -> str:
-  """`path` made absolute, unless it is a URL such as `gs://bucket/dir` (Orbax needs absolute paths)."""
+  """`path` absolute unless it is a URL such as `gs://bucket/dir` (Orbax needs them absolute)."""
   return path if "://" in path else os.path.abspath(path)
 
 
@@ -26,8 +26,8 @@ class Workdir:
   vocab/marian/         an imported Marian model's tokenizer files (`transformer_jax.pretrained`)
   config.py             the experiment an import wrote (`--config=<workdir>/config.py`)
   config.txt            the config of the latest training run
-  lock.json             the training run that holds the directory (`hosts.WorkdirLock`)
-  hosts/                each process's heartbeat while it runs (`hosts.Heartbeat`)
+  lock.json             the training run that holds the directory (`hosts.workdir_lock.WorkdirLock`)
+  hosts/                each process's heartbeat while it runs (`hosts.liveness.Heartbeat`)
   """
 
   root: str
@@ -102,7 +102,8 @@ class Workdir:
     try:
       epath.Path(self.root).mkdir(parents=True, exist_ok=True)
     except OSError as error:
-      raise UserError(f"--workdir={self.root}: cannot make the directory: "
-                      f"{error.strerror or error}") from None
+      raise UserError(
+        f"--workdir={self.root}: cannot make the directory: {error.strerror or error}"
+      ) from None
     if "://" not in self.root and not os.access(self.root, os.W_OK):
       raise UserError(f"--workdir={self.root} is not writable")

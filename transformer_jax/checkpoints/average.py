@@ -11,13 +11,20 @@ from transformer_jax.checkpoints import store
 log = logging.getLogger(__name__)
 
 _accumulate = jax.jit(
-    lambda total, params: jax.tree.map(lambda t, p: t + p.astype(jnp.float32), total, params),
-    donate_argnums=0)
+  lambda total, params: jax.tree.map(lambda t, p: t + p.astype(jnp.float32), total, params),
+  donate_argnums=0,
+)
 _divide = jax.jit(lambda total, n: jax.tree.map(lambda t: t / n, total), donate_argnums=0)
 
 
-def average_params(manager: ocp.CheckpointManager, steps, abstract_params, *,
-                   count: int | None = None, hint: str = ""):
+def average_params(
+  manager: ocp.CheckpointManager,
+  steps,
+  abstract_params,
+  *,
+  count: int | None = None,
+  hint: str = "",
+):
   """`(mean, used)`: the float32 mean of the parameters of the newest `count` (default: all) of
   checkpoints `steps` that read back intact, parameter by parameter, and the steps used.
 
@@ -30,7 +37,8 @@ def average_params(manager: ocp.CheckpointManager, steps, abstract_params, *,
   its shards of two copies of the model.
   """
   as_float32 = jax.tree.map(
-      lambda a: jax.ShapeDtypeStruct(a.shape, jnp.float32, sharding=a.sharding), abstract_params)
+    lambda a: jax.ShapeDtypeStruct(a.shape, jnp.float32, sharding=a.sharding), abstract_params
+  )
   total, used = None, []
   for step in sorted(steps, reverse=True):
     if len(used) == count:
@@ -44,6 +52,7 @@ def average_params(manager: ocp.CheckpointManager, steps, abstract_params, *,
     used.append(step)
   if not used:
     raise store.CorruptCheckpointError(
-        f"none of the checkpoints {', '.join(map(str, sorted(steps)))} in {manager.directory} "
-        "reads back intact (see the warnings above): nothing to average")
+      f"none of the checkpoints {', '.join(map(str, sorted(steps)))} in {manager.directory} "
+      "reads back intact (see the warnings above): nothing to average"
+    )
   return _divide(total, float(len(used))), sorted(used)

@@ -12,20 +12,23 @@ import zlib
 
 import jax
 import jax.numpy as jnp
-from jax.experimental import multihost_utils
 import numpy as np
+from jax.experimental import multihost_utils
 
 _UINTS = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}
 
 
 def leaf_name(path) -> str:
   """'opt_state/1/0/mu/embed/embedding' for a key path, whatever the containers (dicts,
-  sequences, dataclasses, named tuples) along it: the same for a train state and its restored dict."""
+  sequences, dataclasses, named tuples) along it: the same for a train state and its restored
+  dict."""
+
   def name(key):
     for attribute in ("key", "name", "idx"):
       if hasattr(key, attribute):
         return str(getattr(key, attribute))
     return str(key)
+
   return "/".join(name(key) for key in path)
 
 
@@ -67,7 +70,7 @@ def data_fingerprint(position) -> str:
 
 
 def iterator_fingerprints(iterator) -> list[str]:
-  """`data_fingerprint` of each process's iterator position (`iterator.get_state()`), in process order.
+  """`data_fingerprint` of each process's iterator position (`iterator.get_state()`), in order.
 
   Every process calls this at the same time (it gathers across processes).
   """
@@ -90,5 +93,5 @@ def process_zero_steps(steps: list[int]) -> list[int]:
     return list(steps)
   count = int(multihost_utils.broadcast_one_to_all(np.int32(len(steps))))
   padded = np.zeros(count, np.int32)
-  padded[:min(count, len(steps))] = steps[:count]
+  padded[: min(count, len(steps))] = steps[:count]
   return [int(step) for step in multihost_utils.broadcast_one_to_all(padded)]

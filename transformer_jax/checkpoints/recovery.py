@@ -20,12 +20,12 @@ import logging
 import os
 import time
 
-from etils import epath
 import jax
-from jax.experimental import multihost_utils
 import orbax.checkpoint as ocp
+from etils import epath
+from jax.experimental import multihost_utils
 
-from transformer_jax.checkpoints import integrity, store
+from transformer_jax.checkpoints import integrity, reading, store
 from transformer_jax.errors import UserError, first_line
 
 log = logging.getLogger(__name__)
@@ -51,13 +51,16 @@ def _on_main_process(fn):
 
 
 def remove_partial_writes(directory, step: int | None = None) -> list[str]:
-  """Delete the uncommitted writes in `directory` (of `step` only, if given); returns their paths."""
+  """Delete the uncommitted writes in `directory` (of `step` only, if given); return their paths."""
   try:
     names = [p.name for p in epath.Path(directory).iterdir()]
   except OSError:  # Missing, or not a directory: nothing to remove.
     return []
-  found = sorted(os.path.join(directory, name) for name in names
-                 if PARTIAL_MARK in name and (step is None or name.split(".", 1)[0] == str(step)))
+  found = sorted(
+    os.path.join(directory, name)
+    for name in names
+    if PARTIAL_MARK in name and (step is None or name.split(".", 1)[0] == str(step))
+  )
 
   def remove():
     for path in found:
@@ -65,19 +68,22 @@ def remove_partial_writes(directory, step: int | None = None) -> list[str]:
         epath.Path(path).rmtree()
       except OSError as error:
         log.warning("could not remove the partial checkpoint %s: %s", path, error)
+
   _on_main_process(remove)
   return found
 
 
 def _quarantine(manager: ocp.CheckpointManager, steps) -> list[str]:
-  """Rename the step directories of `steps` to `<step>.unusable-<UTC time>`; returns the new paths."""
-  stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S")
-  moves = [(manager.directory / str(s), manager.directory / f"{s}{UNUSABLE_MARK}{stamp}")
-           for s in steps]
+  """Rename the step directories of `steps` to `<step>.unusable-<UTC time>`; return new paths."""
+  stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%S")
+  moves = [
+    (manager.directory / str(s), manager.directory / f"{s}{UNUSABLE_MARK}{stamp}") for s in steps
+  ]
 
   def move():
     for source, target in moves:
       source.rename(target)
+
   _on_main_process(move)
   manager.reload()
   return [str(target) for _, target in moves]
@@ -89,6 +95,7 @@ def delete_steps(manager: ocp.CheckpointManager, steps) -> None:
   A run killed meanwhile leaves a partial write (which the next run removes),
   never a half-deleted step that looks committed. Failures are logged only.
   """
+
   def delete():
     for step in steps:
       doomed = manager.directory / f"{step}{PARTIAL_MARK}-deleting"
@@ -96,15 +103,18 @@ def delete_steps(manager: ocp.CheckpointManager, steps) -> None:
         (manager.directory / str(step)).rename(doomed)
         doomed.rmtree()
       except OSError as error:
-        log.warning("could not delete the old checkpoint %s: %s",
-                    manager.directory / str(step), error)
+        log.warning(
+          "could not delete the old checkpoint %s: %s", manager.directory / str(step), error
+        )
+
   if steps:
     _on_main_process(delete)
     manager.reload()
 
 
-def resume(manager: ocp.CheckpointManager, abstract_state, data_iterator=None, *,
-           start_over: bool = False):
+def resume(
+  manager: ocp.CheckpointManager, abstract_state, data_iterator=None, *, start_over: bool = False
+):
   """The newest checkpointed state that restores and verifies, or None when there is none to resume.
 
   `data_iterator` is moved to that checkpoint's data position (and left at
@@ -115,36 +125,45 @@ def resume(manager: ocp.CheckpointManager, abstract_state, data_iterator=None, *
   file).
   """
   for path in remove_partial_writes(manager.directory):
-    log.warning("removed %s, left by a checkpoint write (or deletion) that was interrupted",
-                path)
+    log.warning("removed %s, left by a checkpoint write (or deletion) that was interrupted", path)
   manager.reload()
   steps = sorted(integrity.process_zero_steps(manager.all_steps()), reverse=True)
   if not steps:
     return None
   bad = []
   for step in steps:
-    state, error = store.storage_failure(
-        lambda step=step: store.restore(manager, abstract_state, data_iterator, step=step),
-        passes=(store.CheckpointMismatchError,))  # A changed config, not a broken file.
+    state, error = reading.storage_failure(
+      lambda step=step: store.restore(manager, abstract_state, data_iterator, step=step),
+      passes=(store.CheckpointMismatchError,),
+    )  # A changed config, not a broken file.
     if error is not None:  # Any failure to read it back makes the step unusable.
-      log.warning("checkpoint %s is unusable, skipping it: %s", manager.directory / str(step),
-                  first_line(error))
+      log.warning(
+        "checkpoint %s is unusable, skipping it: %s",
+        manager.directory / str(step),
+        first_line(error),
+      )
       bad.append(step)
       continue
     if bad:
       moved = _quarantine(manager, bad)
-      log.warning("resuming from step %d, the newest good checkpoint; the unusable ones were "
-                  "moved aside: %s", step, ", ".join(moved))
+      log.warning(
+        "resuming from step %d, the newest good checkpoint; the unusable ones were moved aside: %s",
+        step,
+        ", ".join(moved),
+      )
     return state
   if not start_over:
     raise UnusableCheckpointsError(
-        f"none of the {len(steps)} checkpoints in {manager.directory} (steps "
-        f"{', '.join(map(str, sorted(steps)))}) can be restored; see the warnings above. Move "
-        "them away or fix them, or start over (start_over) to move them aside and train from "
-        "step 0")
+      f"none of the {len(steps)} checkpoints in {manager.directory} (steps "
+      f"{', '.join(map(str, sorted(steps)))}) can be restored; see the warnings above. Move "
+      "them away or fix them, or start over (start_over) to move them aside and train from "
+      "step 0"
+    )
   moved = _quarantine(manager, steps)
-  log.warning("starting over from step 0 (start_over); the "
-              "unusable checkpoints were moved aside: %s", ", ".join(moved))
+  log.warning(
+    "starting over from step 0 (start_over); the unusable checkpoints were moved aside: %s",
+    ", ".join(moved),
+  )
   return None
 
 
@@ -158,8 +177,9 @@ def _check_writable(directory) -> None:
   if "://" in path:
     return
   if not os.path.isdir(path):
-    raise NotADirectoryError(errno.ENOTDIR, "the checkpoint directory is gone or not a directory",
-                             path)
+    raise NotADirectoryError(
+      errno.ENOTDIR, "the checkpoint directory is gone or not a directory", path
+    )
   if not os.access(path, os.W_OK):
     raise PermissionError(errno.EACCES, "the checkpoint directory is not writable", path)
 
@@ -188,7 +208,7 @@ class CheckpointWriter:
   def save(self, step: int, state, data_iterator=None) -> None:
     """Start saving `state` (and the iterator's position) as `step`."""
     self._wait()
-    started, error = store.storage_failure(lambda: self._start(step, state, data_iterator))
+    started, error = reading.storage_failure(lambda: self._start(step, state, data_iterator))
     if error is not None:
       self._failed(step, error)
     elif started:
@@ -203,20 +223,21 @@ class CheckpointWriter:
     self._wait()
     if self.failed_step is not None:
       raise CheckpointSaveError(
-          f"the checkpoint of step {self.failed_step} could not be written (see the errors "
-          f"above); the latest good checkpoint in {self.manager.directory} is step "
-          f"{self.manager.latest_step()}")
+        f"the checkpoint of step {self.failed_step} could not be written (see the errors "
+        f"above); the latest good checkpoint in {self.manager.directory} is step "
+        f"{self.manager.latest_step()}"
+      )
 
   def _wait(self):
     step, self._pending = self._pending, None
-    _, error = store.storage_failure(self.manager.wait_until_finished)
+    _, error = reading.storage_failure(self.manager.wait_until_finished)
     if error is not None:  # The background write failed.
       self._failed(step, error)
       return
     if step is not None:
       self.failed_step = None
       if self.keep:
-        delete_steps(self.manager, self.manager.all_steps()[:-self.keep])
+        delete_steps(self.manager, self.manager.all_steps()[: -self.keep])
 
   def _failed(self, step, error):
     # Writes of the failed save that were still under way may recreate its directory.
@@ -227,11 +248,14 @@ class CheckpointWriter:
     if epath.Path(self.manager.directory).is_dir():  # Else keep what the manager knew.
       self.manager.reload()
     self.failed_step = step
-    message = (f"could not save the checkpoint of step {step} in {self.manager.directory}: "
-               f"{first_line(error)}. The latest good checkpoint is step "
-               f"{self.manager.latest_step()}")
+    message = (
+      f"could not save the checkpoint of step {step} in {self.manager.directory}: "
+      f"{first_line(error)}. The latest good checkpoint is step "
+      f"{self.manager.latest_step()}"
+    )
     if self.on_error == "stop":
-      raise CheckpointSaveError(
-          f"{message}; stopping (on_error='stop')") from error
-    log.error("%s; training goes on and tries again at the next checkpoint step "
-              "(on_error='continue')", message)
+      raise CheckpointSaveError(f"{message}; stopping (on_error='stop')") from error
+    log.error(
+      "%s; training goes on and tries again at the next checkpoint step (on_error='continue')",
+      message,
+    )

@@ -16,21 +16,23 @@ dtypes, without reading the arrays), `saved_fingerprints`,
 compares the arrays with what a run expects.
 """
 
-import asyncio
-import contextlib
 import functools
 import glob
 import json
 import os
-import warnings
 
-from etils import epath
 import grain
 import jax
 import orbax.checkpoint as ocp
+from etils import epath
 
 from transformer_jax.checkpoints import integrity
-from transformer_jax.errors import UserError, first_line
+from transformer_jax.checkpoints.reading import (
+  CheckpointMismatchError,
+  CorruptCheckpointError,
+  verified_read,
+)
+from transformer_jax.errors import first_line
 from transformer_jax.workdir import absolute
 
 STATE = "state"
@@ -41,25 +43,26 @@ PARAMS = "params"
 COMMIT_MARKER = "commit_success.txt"  # Orbax's, in object stores.
 
 
-class CorruptCheckpointError(UserError):
-  """A checkpoint step that cannot be read back as it was written."""
-
-
-class CheckpointMismatchError(UserError):
-  """A checkpoint holds arrays of other names or shapes than the run expects."""
-
-
-def make_manager(directory: str, *, max_to_keep: int | None = None, async_save: bool = True,
-                 read_only: bool = False) -> ocp.CheckpointManager:
+def make_manager(
+  directory: str,
+  *,
+  max_to_keep: int | None = None,
+  async_save: bool = True,
+  read_only: bool = False,
+) -> ocp.CheckpointManager:
   """A CheckpointManager over `directory` (made absolute), keeping the last `max_to_keep` steps.
 
   `max_to_keep=None` keeps every step. The caller decides when to save.
   """
   options = ocp.CheckpointManagerOptions(
-      max_to_keep=max_to_keep, enable_async_checkpointing=async_save, create=not read_only,
-      read_only=read_only)
-  return ocp.CheckpointManager(epath.Path(absolute(directory)), options=options,
-                               item_names=(STATE, DATA, INTEGRITY, INFO))
+    max_to_keep=max_to_keep,
+    enable_async_checkpointing=async_save,
+    create=not read_only,
+    read_only=read_only,
+  )
+  return ocp.CheckpointManager(
+    epath.Path(absolute(directory)), options=options, item_names=(STATE, DATA, INTEGRITY, INFO)
+  )
 
 
 def save(manager: ocp.CheckpointManager, step: int, state, data_iterator=None) -> bool:
@@ -72,8 +75,10 @@ def save(manager: ocp.CheckpointManager, step: int, state, data_iterator=None) -
   """
   if manager.latest_step() == step:
     return False
-  fingerprints = {STATE: integrity.tree_fingerprint(state),
-                  PARAMS: integrity.tree_fingerprint({PARAMS: _params_of(state)})}
+  fingerprints = {
+    STATE: integrity.tree_fingerprint(state),
+    PARAMS: integrity.tree_fingerprint({PARAMS: _params_of(state)}),
+  }
   items = {STATE: ocp.args.StandardSave(state)}
   if data_iterator is not None:
     items[DATA] = grain.checkpoint.CheckpointSave(data_iterator)
@@ -92,8 +97,11 @@ def committed_steps(directory: str) -> list[int]:
   except OSError:
     return []
   url = "://" in str(path)
-  return sorted(int(name) for name in names
-                if name.isdigit() and (not url or (path / name / COMMIT_MARKER).exists()))
+  return sorted(
+    int(name)
+    for name in names
+    if name.isdigit() and (not url or (path / name / COMMIT_MARKER).exists())
+  )
 
 
 def _latest(manager: ocp.CheckpointManager, step: int | None) -> int:
@@ -107,95 +115,13 @@ def _params_of(state):
   return state[PARAMS] if isinstance(state, dict) else getattr(state, PARAMS)
 
 
-_READ, _BROKEN, _MISMATCHED = range(3)  # How a read went, for `_agree`.
-
-
-def _agree(path, local_error: UserError | None) -> None:
-  """Raise on every process when the read of the checkpoint at `path` failed on any. Each process
-  read its own shards and data position and says how that went (`local_error`); every process
-  calls this at the same point, so all go on, or all skip the checkpoint, and all run the same
-  collectives after."""
-  code = (_READ if local_error is None else
-          _MISMATCHED if isinstance(local_error, CheckpointMismatchError) else _BROKEN)
-  codes = integrity.gather_codes(code)
-  failed = [process for process, other in enumerate(codes) if other != _READ]
-  if failed:
-    kind = CheckpointMismatchError if _MISMATCHED in codes else CorruptCheckpointError
-    raise kind(str(local_error) if local_error is not None else (
-        f"checkpoint {path} cannot be read on process {', '.join(map(str, failed))} (see its "
-        "log), so no process uses it"))
-
-
-class _FinishingLoop(asyncio.SelectorEventLoop):
-  """An event loop that, closed with tasks still pending, cancels them and waits for them."""
-
-  def close(self):
-    if not self.is_closed() and not self.is_running():
-      pending = [task for task in asyncio.all_tasks(self) if not task.done()]
-      for task in pending:
-        task.cancel()
-      if pending:
-        self.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-    super().close()
-
-
-class _FinishingPolicy(asyncio.DefaultEventLoopPolicy):
-  def new_event_loop(self):
-    return _FinishingLoop()
-
-
-@contextlib.contextmanager
-def _reads_that_finish():
-  """Orbax runs a read in an event loop of its own and closes it as soon as one array fails,
-  leaving the other arrays' reads pending: they end later as "Exception ignored" noise. Within
-  this block, its event loops cancel and wait for them before they close."""
-  with warnings.catch_warnings():  # Python 3.14 deprecates event loop policies.
-    warnings.simplefilter("ignore", DeprecationWarning)
-    previous = asyncio.get_event_loop_policy()
-    asyncio.set_event_loop_policy(_FinishingPolicy())
-  try:
-    yield
-  finally:
-    with warnings.catch_warnings():
-      warnings.simplefilter("ignore", DeprecationWarning)
-      asyncio.set_event_loop_policy(previous)
-
-
-def storage_failure(action, passes: tuple[type[Exception], ...] = ()):
-  """`(action(), None)`, or `(None, error)` for whatever the storage raised. A failed computation
-  or collective (`JaxRuntimeError`: another process is gone, and the command line ends this one)
-  and the errors in `passes` propagate."""
-  try:
-    return action(), None
-  except (jax.errors.JaxRuntimeError, *passes):
-    raise
-  except Exception as error:  # pylint: disable=broad-except  # Whatever the storage raised.
-    return None, error
-
-
-def _verified_read(path, read, what: str):
-  """`read()`'s `(tree, extra)` once every process has read its part (`_agree`) and `tree`
-  matches the fingerprint `read()` found for it: `read()` returns `(fingerprint, tree, extra)`.
-  CorruptCheckpointError naming `what` when the two differ."""
-  with _reads_that_finish():
-    result, error = storage_failure(read)
-  if error is not None and not isinstance(error, UserError):  # The files do not read back.
-    error = CorruptCheckpointError(f"checkpoint {path} cannot be read: {first_line(error)}")
-  _agree(path, error)
-  expected, tree, extra = result
-  if integrity.tree_fingerprint(tree) != expected:  # The same on every process.
-    raise CorruptCheckpointError(
-        f"checkpoint {path}: the {what} read back differ from those saved (fingerprint "
-        "mismatch)")
-  return tree, extra
-
-
 def _fingerprints(manager: ocp.CheckpointManager, step: int) -> dict:
   """The fingerprints saved with `step`; CorruptCheckpointError when it has none."""
   saved = saved_fingerprints(manager, step)
   if saved is None:
-    raise CorruptCheckpointError(f"checkpoint {manager.directory / str(step)} has no "
-                                 "fingerprints: its writing did not finish")
+    raise CorruptCheckpointError(
+      f"checkpoint {manager.directory / str(step)} has no fingerprints: its writing did not finish"
+    )
   return saved
 
 
@@ -207,18 +133,21 @@ def _position_file(process, count) -> str:
 
 def _read_data_position(path, saved: dict):
   """This process's saved data position in step directory `path`, checked against `saved`."""
-  position = json.loads((path / DATA / _position_file(jax.process_index(),
-                                                     jax.process_count())).read_text())
+  position = json.loads(
+    (path / DATA / _position_file(jax.process_index(), jax.process_count())).read_text()
+  )
   if DATA not in saved:
     raise CorruptCheckpointError(f"checkpoint {path} was saved without a data position")
   if integrity.data_fingerprint(position) != saved[DATA][jax.process_index()]:
     raise CorruptCheckpointError(
-        f"checkpoint {path}: the data position read back differs from the one saved")
+      f"checkpoint {path}: the data position read back differs from the one saved"
+    )
   return position
 
 
-def restore(manager: ocp.CheckpointManager, abstract_state, data_iterator=None, *,
-            step: int | None = None):
+def restore(
+  manager: ocp.CheckpointManager, abstract_state, data_iterator=None, *, step: int | None = None
+):
   """The state saved at `step` (default: the latest), laid out as `abstract_state` says.
 
   `abstract_state` is a tree of `jax.ShapeDtypeStruct` with shardings (see
@@ -228,7 +157,7 @@ def restore(manager: ocp.CheckpointManager, abstract_state, data_iterator=None, 
   CorruptCheckpointError when the files cannot be read or what was read
   disagrees with the fingerprints saved with them. Each process reads its
   shards and its data position; when any of them fails, every process raises
-  (`_agree`).
+  (`agree`).
   """
   step = _latest(manager, step)
   path = manager.directory / str(step)
@@ -237,11 +166,12 @@ def restore(manager: ocp.CheckpointManager, abstract_state, data_iterator=None, 
     check_layout(manager, step, abstract_state)
     saved = _fingerprints(manager, step)
     state = _reader(ocp.StandardCheckpointHandler).restore(
-        path / STATE, args=ocp.args.StandardRestore(abstract_state))
+      path / STATE, args=ocp.args.StandardRestore(abstract_state)
+    )
     position = None if data_iterator is None else _read_data_position(path, saved)
     return saved[STATE], state, position
 
-  state, position = _verified_read(path, read, "arrays")
+  state, position = verified_read(path, read, "arrays")
   if data_iterator is not None:
     data_iterator.set_state(position)
   return state
@@ -258,15 +188,23 @@ def save_params(manager: ocp.CheckpointManager, step: int, params, **info) -> No
   if step in manager.all_steps():
     manager.delete(step)
   state = {PARAMS: params}
-  manager.save(step, args=ocp.args.Composite(**{
-      STATE: ocp.args.StandardSave(state),
-      INTEGRITY: ocp.args.JsonSave({STATE: integrity.tree_fingerprint(state)}),
-      INFO: ocp.args.JsonSave(info)}), force=True)
+  manager.save(
+    step,
+    args=ocp.args.Composite(
+      **{
+        STATE: ocp.args.StandardSave(state),
+        INTEGRITY: ocp.args.JsonSave({STATE: integrity.tree_fingerprint(state)}),
+        INFO: ocp.args.JsonSave(info),
+      }
+    ),
+    force=True,
+  )
   manager.wait_until_finished()
 
 
-def restore_params(manager: ocp.CheckpointManager, abstract_params, *, step: int | None = None,
-                   hint: str = ""):
+def restore_params(
+  manager: ocp.CheckpointManager, abstract_params, *, step: int | None = None, hint: str = ""
+):
   """The parameters saved at `step` (default: the latest), laid out as `abstract_params` says.
 
   Reads a train checkpoint (skipping its optimizer state) or a params-only
@@ -275,14 +213,14 @@ def restore_params(manager: ocp.CheckpointManager, abstract_params, *, step: int
   CheckpointMismatchError, ending with `hint`, when the saved parameters have
   other names or shapes. `abstract_params` is a tree of
   `jax.ShapeDtypeStruct` with shardings; every process reads only its shards,
-  and all raise when any fails (`_agree`).
+  and all raise when any fails (`agree`).
   """
   step = _latest(manager, step)
   path = manager.directory / str(step)
   item = {PARAMS: abstract_params}
   args = ocp.args.PyTreeRestore(
-      item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item),
-      partial_restore=True)
+    item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item), partial_restore=True
+  )
 
   def read():
     check_layout(manager, step, abstract_params, under=PARAMS, hint=hint)
@@ -294,17 +232,18 @@ def restore_params(manager: ocp.CheckpointManager, abstract_params, *, step: int
     restored = _reader(ocp.PyTreeCheckpointHandler).restore(path / STATE, args=args)
     return expected, restored, None
 
-  restored, _ = _verified_read(path, read, "parameters")
+  restored, _ = verified_read(path, read, "parameters")
   return restored[PARAMS]
 
 
 @functools.cache
 def _reader(handler_type) -> ocp.Checkpointer:
   """A checkpointer of `handler_type` that reads for this process alone (no barrier with the
-  others: `_agree` is the one meeting point). One per process, never closed: closing one while
+  others: `agree` is the one meeting point). One per process, never closed: closing one while
   reads of a broken file are still completing makes them fail noisily."""
-  alone = ocp.options.MultiprocessingOptions(primary_host=None,
-                                             active_processes={jax.process_index()})
+  alone = ocp.options.MultiprocessingOptions(
+    primary_host=None, active_processes={jax.process_index()}
+  )
   return ocp.Checkpointer(handler_type(), multiprocessing_options=alone)
 
 
@@ -321,8 +260,9 @@ def saved_arrays(manager: ocp.CheckpointManager, step: int) -> dict:
     tree = handler.metadata(manager.directory / str(step) / STATE).tree
   finally:
     handler.close()
-  return {integrity.leaf_name(path): leaf
-          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+  return {
+    integrity.leaf_name(path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
+  }
 
 
 def read_state_on_host(manager: ocp.CheckpointManager, step: int):
@@ -334,8 +274,9 @@ def read_state_on_host(manager: ocp.CheckpointManager, step: int):
 def saved_data_positions(manager: ocp.CheckpointManager, step: int) -> list:
   """The data-iterator position of each process saved in `step`, in process order ([] if none)."""
   pattern = os.path.join(manager.directory, str(step), DATA, _position_file("*", "*"))
-  files = sorted(glob.glob(pattern),
-                 key=lambda f: int(os.path.basename(f).split("_")[1].split("-")[0]))
+  files = sorted(
+    glob.glob(pattern), key=lambda f: int(os.path.basename(f).split("_")[1].split("-")[0])
+  )
   positions = []
   for name in files:
     with open(name) as f:
@@ -361,8 +302,9 @@ def saved_info(manager: ocp.CheckpointManager, step: int) -> dict:
   return _read_json(manager, step, INFO) or {}
 
 
-def check_layout(manager: ocp.CheckpointManager, step: int, abstract_tree, *,
-                 under: str = "", hint: str = "") -> None:
+def check_layout(
+  manager: ocp.CheckpointManager, step: int, abstract_tree, *, under: str = "", hint: str = ""
+) -> None:
   """Raise CheckpointMismatchError unless `step` holds the arrays of `abstract_tree`, by name and
   shape.
 
@@ -376,16 +318,22 @@ def check_layout(manager: ocp.CheckpointManager, step: int, abstract_tree, *,
   try:
     arrays = saved_arrays(manager, step)
   except Exception as error:  # Whatever the metadata's reader raised.
-    raise CorruptCheckpointError(f"checkpoint {manager.directory / str(step)} cannot be read: "
-                                 f"{first_line(error)}") from error
+    raise CorruptCheckpointError(
+      f"checkpoint {manager.directory / str(step)} cannot be read: {first_line(error)}"
+    ) from error
   saved = {name: tuple(leaf.shape) for name, leaf in arrays.items() if name.startswith(prefix)}
-  wanted = {prefix + integrity.leaf_name(path): tuple(leaf.shape)
-            for path, leaf in jax.tree_util.tree_flatten_with_path(abstract_tree)[0]}
+  wanted = {
+    prefix + integrity.leaf_name(path): tuple(leaf.shape)
+    for path, leaf in jax.tree_util.tree_flatten_with_path(abstract_tree)[0]
+  }
   if saved == wanted:
     return
-  differences = [f"{key}: {saved.get(key, 'absent')} in the checkpoint, "
-                 f"{wanted.get(key, 'absent')} expected"
-                 for key in sorted(set(saved) | set(wanted)) if saved.get(key) != wanted.get(key)]
+  differences = [
+    f"{key}: {saved.get(key, 'absent')} in the checkpoint, {wanted.get(key, 'absent')} expected"
+    for key in sorted(set(saved) | set(wanted))
+    if saved.get(key) != wanted.get(key)
+  ]
   raise CheckpointMismatchError(
-      f"checkpoint {manager.directory / str(step)} does not fit the model ({len(differences)} "
-      f"arrays differ; first: {'; '.join(differences[:3])}){'. ' + hint if hint else ''}")
+    f"checkpoint {manager.directory / str(step)} does not fit the model ({len(differences)} "
+    f"arrays differ; first: {'; '.join(differences[:3])}){'. ' + hint if hint else ''}"
+  )

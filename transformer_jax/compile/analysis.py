@@ -47,8 +47,9 @@ class ProgramCost:
   @property
   def total_bytes(self) -> int:
     """Arguments, outputs that do not reuse an argument, temporaries and code."""
-    return (self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes
-            + self.code_bytes)
+    return (
+      self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes + self.code_bytes
+    )
 
   def estimated_seconds(self, peak_flops: float, loop: str = "") -> tuple[float | None, str]:
     """`(seconds, why)`: the compiler's estimate corrected for its prefetch calls, or None and
@@ -74,7 +75,9 @@ class ProgramCost:
     return {**dataclasses.asdict(self), "total_bytes": self.total_bytes}
 
 
-_OUT_OF_MEMORY = re.compile(r"RESOURCE_EXHAUSTED: Ran out of memory.*?temporaries \(([\d.]+)([KMGT]?)\)")
+_OUT_OF_MEMORY = re.compile(
+  r"RESOURCE_EXHAUSTED: Ran out of memory.*?temporaries \(([\d.]+)([KMGT]?)\)"
+)
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
@@ -85,10 +88,20 @@ def refused_cost(message: str, seconds: float) -> ProgramCost | None:
   if match is None:
     return None
   temp = int(float(match[1]) * _UNITS[match[2]])
-  return ProgramCost(compile_seconds=seconds, argument_bytes=0, output_bytes=0, alias_bytes=0,
-                     temp_bytes=temp, code_bytes=0, flops=None, bytes_accessed=None,
-                     optimal_seconds=None, prefetch_calls=0, cudnn_attention_calls=0,
-                     refused=message.strip().splitlines()[0])
+  return ProgramCost(
+    compile_seconds=seconds,
+    argument_bytes=0,
+    output_bytes=0,
+    alias_bytes=0,
+    temp_bytes=temp,
+    code_bytes=0,
+    flops=None,
+    bytes_accessed=None,
+    optimal_seconds=None,
+    prefetch_calls=0,
+    cudnn_attention_calls=0,
+    refused=message.strip().splitlines()[0],
+  )
 
 
 def compile_and_measure(lowered, compiler_options=None) -> ProgramCost:
@@ -112,15 +125,15 @@ def measure_compiled(compiled, compile_seconds: float) -> ProgramCost:
     cost = cost[0] if cost else {}
   text = compiled.as_text()
   return ProgramCost(
-      compile_seconds=compile_seconds,
-      argument_bytes=int(memory.argument_size_in_bytes),
-      output_bytes=int(memory.output_size_in_bytes),
-      alias_bytes=int(memory.alias_size_in_bytes),
-      temp_bytes=int(memory.temp_size_in_bytes),
-      code_bytes=int(memory.generated_code_size_in_bytes),
-      flops=cost.get("flops"),
-      bytes_accessed=cost.get("bytes accessed"),
-      optimal_seconds=cost.get("optimal_seconds"),
-      prefetch_calls=len(_PREFETCH.findall(text)),
-      cudnn_attention_calls=cudnn_attention_calls(text),
+    compile_seconds=compile_seconds,
+    argument_bytes=int(memory.argument_size_in_bytes),
+    output_bytes=int(memory.output_size_in_bytes),
+    alias_bytes=int(memory.alias_size_in_bytes),
+    temp_bytes=int(memory.temp_size_in_bytes),
+    code_bytes=int(memory.generated_code_size_in_bytes),
+    flops=cost.get("flops"),
+    bytes_accessed=cost.get("bytes accessed"),
+    optimal_seconds=cost.get("optimal_seconds"),
+    prefetch_calls=len(_PREFETCH.findall(text)),
+    cudnn_attention_calls=cudnn_attention_calls(text),
   )

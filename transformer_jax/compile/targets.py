@@ -50,28 +50,52 @@ class Chip:
 
 
 CHIPS = {
-    # cloud.google.com/tpu/docs/v4: 32 GiB HBM2, 1200 GB/s, 275 TFLOP/s bf16 per chip.
-    "v4": Chip("TPU v4", "tpu", 32 * GIB, 275e12, 1200e9, "cloud.google.com/tpu/docs/v4"),
-    # cloud.google.com/tpu/docs/v5e: 16 GiB HBM2, 819 GB/s, 197 TFLOP/s bf16 per chip.
-    "v5e": Chip("TPU v5e", "tpu", 16 * GIB, 197e12, 819e9, "cloud.google.com/tpu/docs/v5e"),
-    # cloud.google.com/tpu/docs/v5p: 95 GiB HBM2e, 2765 GB/s, 459 TFLOP/s bf16 per chip.
-    "v5p": Chip("TPU v5p", "tpu", 95 * GIB, 459e12, 2765e9, "cloud.google.com/tpu/docs/v5p"),
-    # cloud.google.com/tpu/docs/v6e: 32 GiB HBM, 1640 GB/s, 918 TFLOP/s bf16 per chip.
-    "v6e": Chip("TPU v6e", "tpu", 32 * GIB, 918e12, 1640e9, "cloud.google.com/tpu/docs/v6e"),
-    # NVIDIA H100 datasheet (SXM5): 989 TFLOP/s dense bf16, 3.35 TB/s; 81559 MiB as the driver
-    # reports an H100 80GB HBM3.
-    "h100": Chip("NVIDIA H100 SXM 80GB", "gpu", 81559 * MIB, 989e12, 3.35e12,
-                 "NVIDIA H100 Tensor Core GPU datasheet", usable_fraction=0.75),
-    # NVIDIA A100 datasheet (SXM4 80GB): 312 TFLOP/s dense bf16, 2039 GB/s.
-    "a100": Chip("NVIDIA A100 SXM 80GB", "gpu", 80 * GIB, 312e12, 2.039e12,
-                 "NVIDIA A100 Tensor Core GPU datasheet", usable_fraction=0.75),
-    # NVIDIA H200 datasheet (SXM): 989 TFLOP/s dense bf16, 4.8 TB/s; 143771 MiB as the driver
-    # reports it.
-    "h200": Chip("NVIDIA H200 SXM 141GB", "gpu", 143771 * MIB, 989e12, 4.8e12,
-                 "NVIDIA H200 Tensor Core GPU datasheet", usable_fraction=0.75),
+  # cloud.google.com/tpu/docs/v4: 32 GiB HBM2, 1200 GB/s, 275 TFLOP/s bf16 per chip.
+  "v4": Chip("TPU v4", "tpu", 32 * GIB, 275e12, 1200e9, "cloud.google.com/tpu/docs/v4"),
+  # cloud.google.com/tpu/docs/v5e: 16 GiB HBM2, 819 GB/s, 197 TFLOP/s bf16 per chip.
+  "v5e": Chip("TPU v5e", "tpu", 16 * GIB, 197e12, 819e9, "cloud.google.com/tpu/docs/v5e"),
+  # cloud.google.com/tpu/docs/v5p: 95 GiB HBM2e, 2765 GB/s, 459 TFLOP/s bf16 per chip.
+  "v5p": Chip("TPU v5p", "tpu", 95 * GIB, 459e12, 2765e9, "cloud.google.com/tpu/docs/v5p"),
+  # cloud.google.com/tpu/docs/v6e: 32 GiB HBM, 1640 GB/s, 918 TFLOP/s bf16 per chip.
+  "v6e": Chip("TPU v6e", "tpu", 32 * GIB, 918e12, 1640e9, "cloud.google.com/tpu/docs/v6e"),
+  # NVIDIA H100 datasheet (SXM5): 989 TFLOP/s dense bf16, 3.35 TB/s; 81559 MiB as the driver
+  # reports an H100 80GB HBM3.
+  "h100": Chip(
+    "NVIDIA H100 SXM 80GB",
+    "gpu",
+    81559 * MIB,
+    989e12,
+    3.35e12,
+    "NVIDIA H100 Tensor Core GPU datasheet",
+    usable_fraction=0.75,
+  ),
+  # NVIDIA A100 datasheet (SXM4 80GB): 312 TFLOP/s dense bf16, 2039 GB/s.
+  "a100": Chip(
+    "NVIDIA A100 SXM 80GB",
+    "gpu",
+    80 * GIB,
+    312e12,
+    2.039e12,
+    "NVIDIA A100 Tensor Core GPU datasheet",
+    usable_fraction=0.75,
+  ),
+  # NVIDIA H200 datasheet (SXM): 989 TFLOP/s dense bf16, 4.8 TB/s; 143771 MiB as the driver
+  # reports it.
+  "h200": Chip(
+    "NVIDIA H200 SXM 141GB",
+    "gpu",
+    143771 * MIB,
+    989e12,
+    4.8e12,
+    "NVIDIA H200 Tensor Core GPU datasheet",
+    usable_fraction=0.75,
+  ),
 }
-GPU_SPECS = {"h100": "h100_sxm_80gb.txtpb", "a100": "a100_sxm_80gb.txtpb",
-             "h200": "h200_sxm_141gb.txtpb"}
+GPU_SPECS = {
+  "h100": "h100_sxm_80gb.txtpb",
+  "a100": "a100_sxm_80gb.txtpb",
+  "h200": "h200_sxm_141gb.txtpb",
+}
 GPUS_PER_HOST = 8
 # Cloud TPU names count TensorCores for v4 and v5p (two per chip) and chips for v5e and v6e.
 _CORES_PER_NAME_UNIT = {"v4": 2, "v5p": 2, "v5e": 1, "v6e": 1}
@@ -106,8 +130,19 @@ class Target:
 
 # Slice topologies by chip count: 2D for v5e and v6e (at most 256 chips), 3D for v4 and v5p.
 _SHAPES_2D = {4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16", 256: "16x16"}
-_SHAPES_3D = {4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4", 128: "4x4x8",
-              256: "4x8x8", 512: "8x8x8", 1024: "8x8x16", 2048: "8x16x16", 4096: "16x16x16"}
+_SHAPES_3D = {
+  4: "2x2x1",
+  8: "2x2x2",
+  16: "2x2x4",
+  32: "2x4x4",
+  64: "4x4x4",
+  128: "4x4x8",
+  256: "4x8x8",
+  512: "8x8x8",
+  1024: "8x8x16",
+  2048: "8x16x16",
+  4096: "16x16x16",
+}
 
 
 def parse_target(name: str) -> Target:
@@ -116,16 +151,20 @@ def parse_target(name: str) -> Target:
   if match := re.fullmatch(r"(\d+)x(h100|a100|h200)", name):
     count, gpu = int(match[1]), match[2]
     if count < 1 or (count > GPUS_PER_HOST and count % GPUS_PER_HOST):
-      raise TargetError(f"--target={name}: {count} GPUs; a machine has 1 to {GPUS_PER_HOST}, "
-                        f"several hosts a multiple of {GPUS_PER_HOST}")
+      raise TargetError(
+        f"--target={name}: {count} GPUs; a machine has 1 to {GPUS_PER_HOST}, "
+        f"several hosts a multiple of {GPUS_PER_HOST}"
+      )
     hosts, per_host = max(1, count // GPUS_PER_HOST), min(count, GPUS_PER_HOST)
     return Target(name, CHIPS[gpu], gpu, f"{hosts}x1x{per_host}", count)
   if match := re.fullmatch(r"(v4|v5e|v5p|v6e):(\d+(?:x\d+)+)", name):
     generation, dims = match[1], [int(d) for d in match[2].split("x")]
     if len(dims) != _DIMENSIONS[generation] or min(dims) < 1:
-      raise TargetError(f"--target={name}: a {generation} topology has "
-                        f"{_DIMENSIONS[generation]} dimensions, e.g. "
-                        f"{generation}:{'2x4' if _DIMENSIONS[generation] == 2 else '2x2x1'}")
+      raise TargetError(
+        f"--target={name}: a {generation} topology has "
+        f"{_DIMENSIONS[generation]} dimensions, e.g. "
+        f"{generation}:{'2x4' if _DIMENSIONS[generation] == 2 else '2x2x1'}"
+      )
     return Target(name, CHIPS[generation], generation, name, math.prod(dims))
   if match := re.fullmatch(r"(v4|v5e|v5p|v6e|v5litepod)-(\d+)", name):
     generation = "v5e" if match[1] == "v5litepod" else match[1]
@@ -136,12 +175,14 @@ def parse_target(name: str) -> Target:
     if odd or chips not in shapes:
       unit = "TensorCores, 2 per chip" if per_chip == 2 else "chips"
       sizes = ", ".join(f"{generation}-{n * per_chip}" for n in shapes)
-      raise TargetError(f"--target={name}: no {generation} slice of {units} {unit} is known; "
-                        f"the slices: {sizes}")
+      raise TargetError(
+        f"--target={name}: no {generation} slice of {units} {unit} is known; the slices: {sizes}"
+      )
     topology = f"{generation}:{shapes[chips]}"
     return Target(name, CHIPS[generation], generation, topology, chips)
-  raise TargetError(f"--target={name or '(empty)'} is not a target; TPUs: {TPU_EXAMPLES}; "
-                    f"GPUs: {GPU_EXAMPLES}")
+  raise TargetError(
+    f"--target={name or '(empty)'} is not a target; TPUs: {TPU_EXAMPLES}; GPUs: {GPU_EXAMPLES}"
+  )
 
 
 def _quiet_compilers() -> None:
@@ -170,8 +211,10 @@ def installed(module: str) -> bool:
 
 def _require(modules: tuple[str, ...], target: Target, what: str) -> None:
   if not any(installed(module) for module in modules):
-    raise TargetError(f"--target={target.name} needs {what}: pip install -e '.[{target.extra}]' "
-                      f"(or ./.venv/bin/pip install -e '.[{target.extra}]')")
+    raise TargetError(
+      f"--target={target.name} needs {what}: pip install -e '.[{target.extra}]' "
+      f"(or ./.venv/bin/pip install -e '.[{target.extra}]')"
+    )
 
 
 def gpu_spec(generation: str) -> str:
@@ -186,30 +229,35 @@ def compile_devices(target: Target) -> list:
   them. The process must run JAX on the CPU backend (`JAX_PLATFORMS=cpu`): TargetError
   otherwise, and when the target's compiler is missing."""
   if jax.default_backend() != "cpu":
-    raise TargetError(f"--target={target.name}: compiling for a target runs on the CPU backend; "
-                      f"set JAX_PLATFORMS=cpu (this process has {jax.default_backend()})")
+    raise TargetError(
+      f"--target={target.name}: compiling for a target runs on the CPU backend; "
+      f"set JAX_PLATFORMS=cpu (this process has {jax.default_backend()})"
+    )
   if target.platform == "tpu":
     _require(("libtpu",), target, "XLA's TPU compiler (libtpu)")
     options = dict(_TOPOLOGY_OPTIONS.get(target.generation, {}))
     if target.generation in _SINGLE_HOST_8 and target.chips == 8:
       options["chips_per_host_bounds"] = (2, 4, 1)
     describe = lambda: topologies.get_topology_desc(
-        topology_name=target.topology, platform="tpu", **options)
+      topology_name=target.topology, platform="tpu", **options
+    )
   else:
     _require(CUDA_PLUGINS, target, "the jax CUDA plugin")
     describe = lambda: topologies.get_topology_desc(
-        target.generation, "cuda", target_config=gpu_spec(target.generation),
-        topology=target.topology)
+      target.generation, "cuda", target_config=gpu_spec(target.generation), topology=target.topology
+    )
   _quiet_compilers()
   try:
     description = describe()
   except jax.errors.JaxRuntimeError as error:
-    raise TargetError(f"--target={target.name}: the compiler takes no such topology: "
-                      f"{str(error).splitlines()[0]}") from None
+    raise TargetError(
+      f"--target={target.name}: the compiler takes no such topology: {str(error).splitlines()[0]}"
+    ) from None
   devices = list(description.devices)
   if len(devices) != target.chips:
-    raise TargetError(f"--target={target.name}: the compiler gave {len(devices)} devices for "
-                      f"{target.chips} chips")
+    raise TargetError(
+      f"--target={target.name}: the compiler gave {len(devices)} devices for {target.chips} chips"
+    )
   return devices
 
 

@@ -19,23 +19,32 @@ Errors the user fixes: DataError (a file or split), DataUnavailableError (not pr
 """
 
 from transformer_jax.data import marian
-from transformer_jax.data.config import BATCH_MODES
-from transformer_jax.data.config import DataConfig
-from transformer_jax.data.pipeline import make_eval_batches
-from transformer_jax.data.pipeline import make_train_loader
-from transformer_jax.data.pipeline import padded_length
-from transformer_jax.data.pipeline import rows_multiple
-from transformer_jax.data.pipeline import train_batch_shapes
-from transformer_jax.data.errors import DataError
-from transformer_jax.data.errors import DataUnavailableError
-from transformer_jax.data.sources import open_split
-from transformer_jax.data.sources import split_texts
-from transformer_jax.data.tokenizer import Tokenizer
-from transformer_jax.data.tokenizer import get_tokenizer
-from transformer_jax.data.tokenizer import load_tokenizer
+from transformer_jax.data.config import BATCH_MODES, DataConfig
+from transformer_jax.data.errors import DataError, DataUnavailableError
+from transformer_jax.data.pipeline import (
+  make_eval_batches,
+  make_train_loader,
+  padded_length,
+  rows_multiple,
+  train_batch_shapes,
+)
+from transformer_jax.data.sources import open_split, split_texts
+from transformer_jax.data.tokenizer import Tokenizer, get_tokenizer, load_tokenizer
 
 __all__ = [
-    "BATCH_MODES", "DataConfig", "DataError", "DataUnavailableError", "Tokenizer",
-    "get_tokenizer", "load_tokenizer", "make_eval_batches", "make_train_loader", "marian",
-    "open_split", "padded_length", "rows_multiple", "split_texts", "train_batch_shapes",
+  "BATCH_MODES",
+  "DataConfig",
+  "DataError",
+  "DataUnavailableError",
+  "Tokenizer",
+  "get_tokenizer",
+  "load_tokenizer",
+  "make_eval_batches",
+  "make_train_loader",
+  "marian",
+  "open_split",
+  "padded_length",
+  "rows_multiple",
+  "split_texts",
+  "train_batch_shapes",
 ]

@@ -6,15 +6,15 @@ from transformer_jax import schema
 from transformer_jax.errors import FieldError
 
 DATASETS = {
-    # name: the language pair it holds
-    "embedded": ("en", "sy"),
-    "embedded_tiny": ("en", "sy"),
-    "wmt14_translate/de-en": ("de", "en"),
-    "wmt14_translate/fr-en": ("fr", "en"),
-    "wmt17_translate/de-en": ("de", "en"),
-    "multi30k": ("en", "de", "fr", "cs"),  # a copy of github.com/multi30k/dataset in manual_dir
-    "multi30k_tok": ("en", "de", "fr", "cs"),
-    "text": None,  # any two languages: files <prefix>.<source_lang>, <prefix>.<target_lang>
+  # name: the language pair it holds
+  "embedded": ("en", "sy"),
+  "embedded_tiny": ("en", "sy"),
+  "wmt14_translate/de-en": ("de", "en"),
+  "wmt14_translate/fr-en": ("fr", "en"),
+  "wmt17_translate/de-en": ("de", "en"),
+  "multi30k": ("en", "de", "fr", "cs"),  # a copy of github.com/multi30k/dataset in manual_dir
+  "multi30k_tok": ("en", "de", "fr", "cs"),
+  "text": None,  # any two languages: files <prefix>.<source_lang>, <prefix>.<target_lang>
 }
 BATCH_MODES = ("tokens", "packed", "padded")
 OVERLONG = ("drop", "truncate")
@@ -29,47 +29,69 @@ class DataConfig:
   source_lang: str = schema.text("en", "translate from this language of the pair")
   target_lang: str = schema.text("sy", "into this one (swap the two to reverse the direction)")
   data_dir: str = schema.text("", "TFDS data dir ('' = $TFDS_DATA_DIR or ~/tensorflow_datasets)")
-  manual_dir: str = schema.text("", "WMT files downloaded by hand ('' = "
-                                "<data_dir>/downloads/manual); 'multi30k', 'multi30k_tok': the "
-                                "root of a clone of github.com/multi30k/dataset")
+  manual_dir: str = schema.text(
+    "",
+    "WMT files downloaded by hand ('' = "
+    "<data_dir>/downloads/manual); 'multi30k', 'multi30k_tok': the "
+    "root of a clone of github.com/multi30k/dataset",
+  )
   text_train: str = schema.text("", "'text': path prefix of the training files <prefix>.<lang>")
   text_validation: str = schema.text("", "'text': path prefix of the validation files")
   text_test: str = schema.text("", "'text': path prefix of the test files ('' = no test split)")
   train_split: str = schema.text("train", "split to train on")
   eval_split: str = schema.text("validation", "split evaluated during training")
   vocab_size: int = schema.count(
-      1000, "shared SentencePiece BPE vocabulary (paper: 37000 EN-DE, 32000 EN-FR); a size the "
-      "training text cannot fill (or its characters do not fit) stops the run, naming the "
-      "largest (smallest) size that works", minimum=16)
+    1000,
+    "shared SentencePiece BPE vocabulary (paper: 37000 EN-DE, 32000 EN-FR); a size the "
+    "training text cannot fill (or its characters do not fit) stops the run, naming the "
+    "largest (smallest) size that works",
+    minimum=16,
+  )
   vocab_path: str = schema.text(
-      "", "SentencePiece model, or a directory of Marian files source.spm, target.spm, "
-      "vocab.json ('' = <workdir>/vocab/<dataset>-<langs>-<size>.model)")
-  tokenizer_sample_size: int = schema.count(200_000, "at most this many training pairs (evenly "
-                                            "spaced) train the vocabulary")
+    "",
+    "SentencePiece model, or a directory of Marian files source.spm, target.spm, "
+    "vocab.json ('' = <workdir>/vocab/<dataset>-<langs>-<size>.model)",
+  )
+  tokenizer_sample_size: int = schema.count(
+    200_000, "at most this many training pairs (evenly spaced) train the vocabulary"
+  )
   batch_mode: str = schema.choice(
-      "tokens", "'tokens': length-bucketed batches (paper); 'packed': packed rows; 'padded': one "
-      "pair per row, every row max(max_source_length, max_target_length) long (one shape)",
-      *BATCH_MODES)
+    "tokens",
+    "'tokens': length-bucketed batches (paper); 'packed': packed rows; 'padded': one "
+    "pair per row, every row max(max_source_length, max_target_length) long (one shape)",
+    *BATCH_MODES,
+  )
   bucket_growth: float = schema.number(
-      1.25, "'tokens': each bucket length is about this times the one before (8, 16, 24, 32, "
-      "40, 56, ... at 1.25; 8, 16, 32, 64, ... at 2); fewer buckets compile fewer train steps "
-      "but pad more", "a number in (1, 4]", lambda v: 1 < v <= 4)
-  tokens_per_batch: int = schema.count(4096, "'tokens', 'padded': max source and max target "
-                                       "tokens (padding included) per global batch")
+    1.25,
+    "'tokens': each bucket length is about this times the one before (8, 16, 24, 32, "
+    "40, 56, ... at 1.25; 8, 16, 32, 64, ... at 2); fewer buckets compile fewer train steps "
+    "but pad more",
+    "a number in (1, 4]",
+    lambda v: 1 < v <= 4,
+  )
+  tokens_per_batch: int = schema.count(
+    4096, "'tokens', 'padded': max source and max target tokens (padding included) per global batch"
+  )
   batch_size: int = schema.count(32, "'packed': rows per global batch")
   max_length: int = schema.count(128, "'packed': tokens per row")
-  max_source_length: int = schema.count(72, "training pairs with more source tokens (EOS "
-                                         "included) are over-long")
-  max_target_length: int = schema.count(72, "training pairs with more target tokens (EOS "
-                                         "included) are over-long")
-  overlong: str = schema.choice("drop", "over-long training pairs are dropped or truncated "
-                                "(evaluation keeps all)", *OVERLONG)
-  batch_multiple: int = schema.count(8, "global batch rows are a multiple of this (the "
-                                     "data-parallel device count)")
-  window: int = schema.count(16384, "training pairs grouped by length / packed together (more: "
-                             "less padding)")
-  num_workers: int = schema.count(0, "Grain worker processes", minimum=0,
-                                  zero="one background thread in this process")
+  max_source_length: int = schema.count(
+    72, "training pairs with more source tokens (EOS included) are over-long"
+  )
+  max_target_length: int = schema.count(
+    72, "training pairs with more target tokens (EOS included) are over-long"
+  )
+  overlong: str = schema.choice(
+    "drop", "over-long training pairs are dropped or truncated (evaluation keeps all)", *OVERLONG
+  )
+  batch_multiple: int = schema.count(
+    8, "global batch rows are a multiple of this (the data-parallel device count)"
+  )
+  window: int = schema.count(
+    16384, "training pairs grouped by length / packed together (more: less padding)"
+  )
+  num_workers: int = schema.count(
+    0, "Grain worker processes", minimum=0, zero="one background thread in this process"
+  )
   eval_batch_size: int = schema.count(64, "rows per global evaluation batch")
 
   def __post_init__(self):
@@ -84,17 +106,22 @@ class DataConfig:
     if self.source_lang == self.target_lang:
       _fail("target_lang", self.target_lang, "a language other than data.source_lang")
     if self.name == "text" and not self.text_train:
-      _fail("text_train", self.text_train,
-            "a path prefix (files <prefix>.<lang>) when data.name='text'")
+      _fail(
+        "text_train", self.text_train, "a path prefix (files <prefix>.<lang>) when data.name='text'"
+      )
     if self.batch_mode == "packed":
       for field in ("max_source_length", "max_target_length"):
         if getattr(self, field) > self.max_length:
-          _fail(field, getattr(self, field),
-                f"at most data.max_length={self.max_length} in 'packed' mode")
+          _fail(
+            field,
+            getattr(self, field),
+            f"at most data.max_length={self.max_length} in 'packed' mode",
+          )
     for field in ("batch_size",) * (self.batch_mode == "packed") + ("eval_batch_size",):
       if getattr(self, field) % self.batch_multiple:
-        _fail(field, getattr(self, field),
-              f"a multiple of data.batch_multiple={self.batch_multiple}")
+        _fail(
+          field, getattr(self, field), f"a multiple of data.batch_multiple={self.batch_multiple}"
+        )
 
 
 def _fail(field, value, allowed):

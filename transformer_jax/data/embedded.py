@@ -1,4 +1,5 @@
-"""A synthetic parallel corpus that needs real translation: English-like source, invented target.
+"""A synthetic parallel corpus that needs real translation: English-like source, invented target
+(its words: embedded_lexicon.py).
 
 The target language ('sy') differs from the English-like source ('en') in the
 ways a translator has to learn, so that copying or word-by-word substitution
@@ -20,154 +21,34 @@ near 100. Generation is deterministic from a seed (`generate_corpus`).
 import dataclasses
 import random
 
+from transformer_jax.data.embedded_lexicon import (
+  ADJECTIVES,
+  ADVERBS,
+  ANIMATE,
+  COMPLEMENT,
+  CONJUNCTIONS,
+  DETERMINERS,
+  ENDINGS,
+  INTRANSITIVE,
+  LEXICON,
+  NOUN_PLURAL,
+  NOUNS,
+  PLURALS,
+  PREPOSITIONS,
+  SUBORDINATORS,
+  TRANSITIVE,
+  VERB_ENDINGS,
+)
+
 SOURCE_LANG = "en"
 TARGET_LANG = "sy"
 MAX_WORDS = 40
-
-# (singular, plural) English nouns; plural forms never equal a singular form.
-_NOUNS = (
-    ("dog", "dogs"), ("cat", "cats"), ("bird", "birds"), ("horse", "horses"),
-    ("cow", "cows"), ("fox", "foxes"), ("wolf", "wolves"), ("bear", "bears"),
-    ("mouse", "mice"), ("goat", "goats"), ("child", "children"), ("man", "men"),
-    ("woman", "women"), ("teacher", "teachers"), ("doctor", "doctors"),
-    ("farmer", "farmers"), ("king", "kings"), ("queen", "queens"),
-    ("student", "students"), ("friend", "friends"), ("girl", "girls"),
-    ("boy", "boys"), ("baker", "bakers"), ("soldier", "soldiers"),
-    ("sailor", "sailors"), ("singer", "singers"), ("painter", "painters"),
-    ("neighbor", "neighbors"), ("house", "houses"), ("tree", "trees"),
-    ("river", "rivers"), ("garden", "gardens"), ("city", "cities"),
-    ("book", "books"), ("letter", "letters"), ("table", "tables"),
-    ("car", "cars"), ("boat", "boats"), ("bridge", "bridges"), ("road", "roads"),
-    ("forest", "forests"), ("village", "villages"), ("mountain", "mountains"),
-    ("school", "schools"), ("window", "windows"), ("door", "doors"),
-    ("apple", "apples"), ("cake", "cakes"), ("ship", "ships"), ("hill", "hills"),
-    ("lake", "lakes"), ("tower", "towers"), ("castle", "castles"),
-    ("picture", "pictures"), ("song", "songs"), ("box", "boxes"),
-    ("chair", "chairs"), ("flower", "flowers"), ("stone", "stones"),
-    ("market", "markets"),
-)
-_PLURALS = dict(_NOUNS)
-_ANIMATE = frozenset(sg for sg, _ in _NOUNS[:28])  # 'who' vs 'which'
-_ADJECTIVES = (
-    "big", "small", "old", "young", "red", "green", "blue", "happy", "sad",
-    "quick", "slow", "tall", "short", "dark", "bright", "quiet", "loud", "rich",
-    "poor", "clever", "strong", "weak", "kind", "cold", "warm", "new", "strange",
-    "brave", "lazy", "hungry", "famous", "gentle", "proud", "wild", "tired",
-    "lucky",
-)
-# (3rd person singular present, plural present, past)
-_TRANSITIVE = (
-    ("sees", "see", "saw"), ("likes", "like", "liked"), ("finds", "find", "found"),
-    ("follows", "follow", "followed"), ("helps", "help", "helped"),
-    ("knows", "know", "knew"), ("watches", "watch", "watched"),
-    ("carries", "carry", "carried"), ("calls", "call", "called"),
-    ("meets", "meet", "met"), ("builds", "build", "built"),
-    ("paints", "paint", "painted"), ("takes", "take", "took"),
-    ("writes", "write", "wrote"), ("eats", "eat", "ate"),
-    ("holds", "hold", "held"), ("catches", "catch", "caught"),
-    ("brings", "bring", "brought"), ("teaches", "teach", "taught"),
-    ("buys", "buy", "bought"), ("draws", "draw", "drew"),
-    ("loves", "love", "loved"), ("visits", "visit", "visited"),
-    ("pushes", "push", "pushed"), ("pulls", "pull", "pulled"),
-    ("washes", "wash", "washed"), ("opens", "open", "opened"),
-    ("hides", "hide", "hid"), ("chases", "chase", "chased"),
-    ("forgets", "forget", "forgot"),
-)
-_INTRANSITIVE = (
-    ("sleeps", "sleep", "slept"), ("runs", "run", "ran"),
-    ("laughs", "laugh", "laughed"), ("sings", "sing", "sang"),
-    ("dances", "dance", "danced"), ("swims", "swim", "swam"),
-    ("waits", "wait", "waited"), ("works", "work", "worked"),
-    ("cries", "cry", "cried"), ("falls", "fall", "fell"),
-    ("smiles", "smile", "smiled"), ("jumps", "jump", "jumped"),
-    ("walks", "walk", "walked"), ("arrives", "arrive", "arrived"),
-    ("plays", "play", "played"), ("sits", "sit", "sat"),
-    ("stays", "stay", "stayed"), ("rests", "rest", "rested"),
-    ("shouts", "shout", "shouted"), ("grows", "grow", "grew"),
-)
-# Verbs taking a 'that' clause.
-_COMPLEMENT = (
-    ("says", "say", "said"), ("thinks", "think", "thought"),
-    ("hopes", "hope", "hoped"), ("believes", "believe", "believed"),
-    ("hears", "hear", "heard"), ("forgets", "forget", "forgot"),
-)
-_ADVERBS = (
-    "often", "rarely", "always", "sometimes", "usually", "seldom", "again",
-    "already", "still", "also",
-)
-_PREPOSITIONS = (
-    "in", "on", "near", "under", "behind", "with", "without", "from",
-    "beside", "above",
-)
-_SUBORDINATORS = ("because", "when", "although", "if", "while", "before", "after")
-_CONJUNCTIONS = ("and", "but", "or")
-# Determiners: (word, number it requires: 'sg', 'pl' or 'any', inflects?)
-_DETERMINERS = (
-    ("the", "any", True), ("a", "sg", True), ("this", "sg", True),
-    ("these", "pl", True), ("every", "sg", True), ("some", "pl", True),
-    ("my", "any", True), ("our", "any", True), ("two", "pl", False),
-    ("three", "pl", False), ("many", "pl", False),
-)
-
-# Agreement endings [case][number][gender]; cases nom, acc, dat; genders m, f, n.
-_ENDINGS = {
-    "nom": {"sg": ("o", "a", "e"), "pl": ("i", "i", "i")},
-    "acc": {"sg": ("on", "an", "e"), "pl": ("is", "is", "is")},
-    "dat": {"sg": ("om", "ar", "em"), "pl": ("im", "im", "im")},
-}
-_NOUN_PLURAL = ("en", "es", "a")  # by gender
-_VERB_ENDINGS = {("present", "sg"): "at", ("present", "pl"): "ant",
-                 ("past", "sg"): "it", ("past", "pl"): "int"}
-
-
-def _invent_words(count, rng, taken):
-  """`count` new pronounceable stems (consonant-vowel syllables), unique in `taken`."""
-  consonants, vowels = "bdfgklmnprstvz", "aeiou"
-  words = []
-  while len(words) < count:
-    syllables = rng.choice((2, 2, 3))
-    word = "".join(rng.choice(consonants) + rng.choice(vowels)
-                   for _ in range(syllables))
-    word = word[:-1] if rng.random() < 0.5 else word  # some end in a consonant
-    if word not in taken:
-      taken.add(word)
-      words.append(word)
-  return words
-
-
-@dataclasses.dataclass(frozen=True)
-class Lexicon:
-  """The target words for every source lemma (fixed; part of the language)."""
-  nouns: dict  # English singular -> (stem, gender index)
-  adjectives: dict  # English -> stem (takes an agreement ending)
-  verbs: dict  # English 3sg present -> stem (takes a tense/number ending)
-  words: dict  # other English words -> invariant target word
-  determiners: dict  # inflecting English determiner -> stem
-
-
-def make_lexicon():
-  """The one fixed lexicon of the language pair (independent of the corpus seed)."""
-  rng = random.Random(20170612)
-  taken = set()
-  noun_stems = _invent_words(len(_NOUNS), rng, taken)
-  nouns = {sg: (stem, rng.randrange(3)) for (sg, _), stem in zip(_NOUNS, noun_stems)}
-  adjectives = dict(zip(_ADJECTIVES, _invent_words(len(_ADJECTIVES), rng, taken)))
-  all_verbs = sorted({v[0] for v in _TRANSITIVE + _INTRANSITIVE + _COMPLEMENT})
-  verbs = dict(zip(all_verbs, _invent_words(len(all_verbs), rng, taken)))
-  invariant = (_ADVERBS + _PREPOSITIONS + _SUBORDINATORS + _CONJUNCTIONS
-               + ("two", "three", "many", "not", "that"))
-  words = dict(zip(invariant, _invent_words(len(invariant), rng, taken)))
-  inflecting = [d for d, _, inflects in _DETERMINERS if inflects] + ["who/which"]
-  determiners = dict(zip(inflecting, _invent_words(len(inflecting), rng, taken)))
-  return Lexicon(nouns, adjectives, verbs, words, determiners)
-
-
-LEXICON = make_lexicon()
 
 
 @dataclasses.dataclass
 class NounPhrase:
   """Determiner, adjectives, noun and an optional relative clause."""
+
   det: str
   adjectives: list
   noun: str  # English singular
@@ -178,6 +59,7 @@ class NounPhrase:
 @dataclasses.dataclass
 class PrepPhrase:
   """A preposition and its noun phrase (dative in the target)."""
+
   prep: str
   np: NounPhrase
 
@@ -185,6 +67,7 @@ class PrepPhrase:
 @dataclasses.dataclass
 class Clause:
   """One clause. `subject` or `obj` is None inside a relative clause (the gap)."""
+
   subject: NounPhrase | None
   verb: tuple  # one of the (3sg, pl, past) tuples
   tense: str  # 'present' | 'past'
@@ -213,14 +96,14 @@ class _Generator:
     return next(v for v, c in zip(values, cumulative) if r < c)
 
   def noun_phrase(self, depth):
-    det, number_rule, _ = self.pick(_DETERMINERS)
+    det, number_rule, _ = self.pick(DETERMINERS)
     number = number_rule if number_rule != "any" else self.pick(("sg", "pl"))
     adjectives = []
     for _ in range(self.weighted((0, 1, 2), (5, 9, 10))):
-      adjective = self.pick(_ADJECTIVES)
+      adjective = self.pick(ADJECTIVES)
       if adjective not in adjectives:
         adjectives.append(adjective)
-    np = NounPhrase(det, adjectives, self.pick(_NOUNS)[0], number)
+    np = NounPhrase(det, adjectives, self.pick(NOUNS)[0], number)
     if depth < 2 and self.chance(0.12):
       np.relative = self.clause(depth + 1, gap=self.pick(("subject", "obj")))
     return np
@@ -229,33 +112,32 @@ class _Generator:
     if gap == "obj":
       kind = "trans"
     else:
-      kind = self.weighted(("trans", "intrans", "comp"),
-                           (5, 8, 10) if depth < 2 else (5, 8, 8))
-    verbs = {"trans": _TRANSITIVE, "intrans": _INTRANSITIVE, "comp": _COMPLEMENT}
+      kind = self.weighted(("trans", "intrans", "comp"), (5, 8, 10) if depth < 2 else (5, 8, 8))
+    verbs = {"trans": TRANSITIVE, "intrans": INTRANSITIVE, "comp": COMPLEMENT}
     c = Clause(
-        subject=None if gap == "subject" else self.noun_phrase(depth + 1),
-        verb=self.pick(verbs[kind]),
-        tense=self.pick(("present", "past")),
-        negated=self.chance(0.2))
+      subject=None if gap == "subject" else self.noun_phrase(depth + 1),
+      verb=self.pick(verbs[kind]),
+      tense=self.pick(("present", "past")),
+      negated=self.chance(0.2),
+    )
     if kind == "trans" and gap != "obj":
       c.obj = self.noun_phrase(depth + 1)
     if kind == "comp":
       c.complement = self.clause(depth + 1)
     if self.chance(0.25):
-      c.adverb = self.pick(_ADVERBS)
+      c.adverb = self.pick(ADVERBS)
     # No prepositional phrase in relative clauses: after an object's relative
     # clause it would be ambiguous which clause it belongs to.
     if gap is None and self.chance(0.25):
-      c.pp = PrepPhrase(self.pick(_PREPOSITIONS), self.noun_phrase(depth + 1))
+      c.pp = PrepPhrase(self.pick(PREPOSITIONS), self.noun_phrase(depth + 1))
     if gap is None and depth == 0 and self.chance(0.25):
-      c.sub = (self.pick(_SUBORDINATORS), self.clause(depth + 1), self.chance(0.5))
+      c.sub = (self.pick(SUBORDINATORS), self.clause(depth + 1), self.chance(0.5))
     return c
 
   def sentence(self):
     """A list of (conjunction or None, main Clause)."""
     n = self.weighted((1, 2, 3), (14, 19, 20))
-    return [(None if i == 0 else self.pick(_CONJUNCTIONS), self.clause(0))
-            for i in range(n)]
+    return [(None if i == 0 else self.pick(CONJUNCTIONS), self.clause(0)) for i in range(n)]
 
 
 def _subject_number(clause, head_number):
@@ -264,8 +146,9 @@ def _subject_number(clause, head_number):
 
 # ---- English ---------------------------------------------------------------
 
+
 def _en_np(np):
-  noun = np.noun if np.number == "sg" else _PLURALS[np.noun]
+  noun = np.noun if np.number == "sg" else PLURALS[np.noun]
   words = [*np.adjectives, noun]
   det = "an" if np.det == "a" and words[0][0] in "aeiou" else np.det
   words.insert(0, det)
@@ -284,14 +167,13 @@ def _en_clause(c, head=None):
   if c.tense == "past":
     verb, aux = c.verb[2], "did"
   else:
-    verb, aux = c.verb[0] if number == "sg" else c.verb[1], (
-        "does" if number == "sg" else "do")
+    verb, aux = c.verb[0] if number == "sg" else c.verb[1], ("does" if number == "sg" else "do")
   vp = [aux, "not", c.verb[1]] if c.negated else [verb]
   if c.adverb:
     vp = vp[:2] + [c.adverb] + vp[2:] if c.negated else [c.adverb] + vp
   words = []
   if head is not None:
-    words.append("who" if head.noun in _ANIMATE else "which")
+    words.append("who" if head.noun in ANIMATE else "which")
   if c.subject is not None:
     words += _en_np(c.subject)
   words += vp
@@ -304,15 +186,15 @@ def _en_clause(c, head=None):
   if c.sub:
     subordinator, sub_clause, fronted = c.sub
     sub_words = [subordinator, *_en_clause(sub_clause)]
-    words = sub_words[:-1] + [sub_words[-1] + ","] + words if fronted else (
-        words + sub_words)
+    words = sub_words[:-1] + [sub_words[-1] + ","] + words if fronted else (words + sub_words)
   return words
 
 
 # ---- target ----------------------------------------------------------------
 
+
 def _ending(case, number, gender):
-  return _ENDINGS[case][number][gender]
+  return ENDINGS[case][number][gender]
 
 
 def _sy_np(np, case):
@@ -322,9 +204,10 @@ def _sy_np(np, case):
     words.append(LEXICON.determiners[np.det] + _ending(case, np.number, gender))
   else:
     words.append(LEXICON.words[np.det])
-  words.append(stem + (_NOUN_PLURAL[gender] if np.number == "pl" else ""))
-  words += [LEXICON.adjectives[a] + _ending(case, np.number, gender)
-            for a in reversed(np.adjectives)]
+  words.append(stem + (NOUN_PLURAL[gender] if np.number == "pl" else ""))
+  words += [
+    LEXICON.adjectives[a] + _ending(case, np.number, gender) for a in reversed(np.adjectives)
+  ]
   if np.relative:
     words += _sy_clause(np.relative, main=False, head=np)
   return words
@@ -337,14 +220,17 @@ def _sy_pp(pp):
 def _sy_clause(c, main, head=None):
   """Target words: main clauses verb-second, subordinate/relative verb-final."""
   number = _subject_number(c, head.number if head else None)
-  verb = [LEXICON.verbs[c.verb[0]] + _VERB_ENDINGS[(c.tense, number)]]
+  verb = [LEXICON.verbs[c.verb[0]] + VERB_ENDINGS[(c.tense, number)]]
   neg = [LEXICON.words["not"]] if c.negated else []
   adverb = [LEXICON.words[c.adverb]] if c.adverb else []
   subject = _sy_np(c.subject, "nom") if c.subject is not None else []
   obj = _sy_np(c.obj, "acc") if c.obj is not None else []
   pp = _sy_pp(c.pp) if c.pp else []
-  complement = ([LEXICON.words["that"], *_sy_clause(c.complement, main=False)]
-                if c.complement is not None else [])
+  complement = (
+    [LEXICON.words["that"], *_sy_clause(c.complement, main=False)]
+    if c.complement is not None
+    else []
+  )
   sub_words, fronted = [], False
   if c.sub:
     subordinator, sub_clause, fronted = c.sub
@@ -373,8 +259,7 @@ def _sentence_text(clauses):
 def render(sentence):
   """(English text, target text) of a parse tree from the generator."""
   en = [(conj, _en_clause(c)) for conj, c in sentence]
-  sy = [(LEXICON.words[conj] if conj else None, _sy_clause(c, main=True))
-        for conj, c in sentence]
+  sy = [(LEXICON.words[conj] if conj else None, _sy_clause(c, main=True)) for conj, c in sentence]
   return _sentence_text(en), _sentence_text(sy)
 
 
@@ -393,6 +278,6 @@ def generate_corpus(seed, sizes):
       pairs.append((src, tgt))
   out, start = {}, 0
   for split, n in sizes.items():
-    out[split] = pairs[start:start + n]
+    out[split] = pairs[start : start + n]
     start += n
   return out

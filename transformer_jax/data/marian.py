@@ -119,7 +119,7 @@ class MarianTokenizer:
     `vocab.json`, with any piece that model lacks joined as it is)."""
     ids = [int(i) for i in np.asarray(ids).reshape(-1)]
     if EOS_ID in ids:
-      ids = ids[:ids.index(EOS_ID)]
+      ids = ids[: ids.index(EOS_ID)]
     pieces = [self._pieces[i] for i in ids if i not in (PAD_ID, UNK_ID)]
     return self._source.decode_pieces(pieces).replace(WORD_START, " ").strip()
 

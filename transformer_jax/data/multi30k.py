@@ -22,12 +22,12 @@ URL = "https://github.com/multi30k/dataset"
 # split name -> (the file name of the repository, the languages it has)
 _WMT17 = ("en", "de", "fr")  # the 2017 test sets have no Czech
 SPLITS = {
-    "train": ("train", LANGUAGES),
-    "validation": ("val", LANGUAGES),
-    "test_2016_flickr": ("test_2016_flickr", LANGUAGES),
-    "test_2017_flickr": ("test_2017_flickr", _WMT17),
-    "test_2017_mscoco": ("test_2017_mscoco", _WMT17),
-    "test_2018_flickr": ("test_2018_flickr", LANGUAGES),
+  "train": ("train", LANGUAGES),
+  "validation": ("val", LANGUAGES),
+  "test_2016_flickr": ("test_2016_flickr", LANGUAGES),
+  "test_2017_flickr": ("test_2017_flickr", _WMT17),
+  "test_2017_mscoco": ("test_2017_mscoco", _WMT17),
+  "test_2018_flickr": ("test_2018_flickr", LANGUAGES),
 }
 ALIASES = {"test": "test_2016_flickr"}
 
@@ -44,26 +44,29 @@ def stored_split(c: DataConfig, split: str) -> str:
   DataError if Multi30k has no such split, or not in both languages of `c`."""
   stored = ALIASES.get(split, split)
   if stored not in SPLITS:
-    raise DataError(f"{c.name} has no split {split!r}: it has "
-                    f"{' | '.join([*SPLITS, *ALIASES])}.")
+    raise DataError(f"{c.name} has no split {split!r}: it has {' | '.join([*SPLITS, *ALIASES])}.")
   file, langs = SPLITS[stored]
   for lang in (c.source_lang, c.target_lang):
     if lang not in langs:
       have = [s for s, (_, ls) in SPLITS.items() if c.source_lang in ls and c.target_lang in ls]
       have += [alias for alias, target in ALIASES.items() if target in have]
-      raise DataError(f"{c.name} has no {lang} text for split {split!r} (the repository's "
-                      f"{file} is {', '.join(langs)} only): {c.source_lang}-{c.target_lang} "
-                      f"has {' | '.join(have)} (data.train_split, data.eval_split, "
-                      "decode.split).")
+      raise DataError(
+        f"{c.name} has no {lang} text for split {split!r} (the repository's "
+        f"{file} is {', '.join(langs)} only): {c.source_lang}-{c.target_lang} "
+        f"has {' | '.join(have)} (data.train_split, data.eval_split, "
+        "decode.split)."
+      )
   return stored
 
 
 def _expected_files(c: DataConfig, root: str) -> dict:
   """{split: (path of language a, path of language b)} of every split with both languages."""
   languages = sorted((c.source_lang, c.target_lang))
-  return {split: tuple(os.path.join(root, relative_path(c.name, file, lang))
-                       for lang in languages)
-          for split, (file, langs) in SPLITS.items() if set(languages) <= set(langs)}
+  return {
+    split: tuple(os.path.join(root, relative_path(c.name, file, lang)) for lang in languages)
+    for split, (file, langs) in SPLITS.items()
+    if set(languages) <= set(langs)
+  }
 
 
 def builder(c: DataConfig):
@@ -71,17 +74,20 @@ def builder(c: DataConfig):
   `data.manual_dir` is not set or lacks a file of the pair."""
   if not c.manual_dir:
     raise DataUnavailableError(
-        f"data.name={c.name!r} reads a copy of {URL} and data.manual_dir is not set: git clone "
-        f"{URL} and run with --config.data.manual_dir=<the clone> (the directory holding "
-        f"{relative_path(c.name, 'train', c.source_lang)}); nothing is downloaded.")
+      f"data.name={c.name!r} reads a copy of {URL} and data.manual_dir is not set: git clone "
+      f"{URL} and run with --config.data.manual_dir=<the clone> (the directory holding "
+      f"{relative_path(c.name, 'train', c.source_lang)}); nothing is downloaded."
+    )
   root = os.path.abspath(c.manual_dir)
   files = _expected_files(c, root)
-  missing = [os.path.relpath(p, root) for pair in files.values() for p in pair
-             if not os.path.isfile(p)]
+  missing = [
+    os.path.relpath(p, root) for pair in files.values() for p in pair if not os.path.isfile(p)
+  ]
   if missing:
     raise DataUnavailableError(
-        f"{c.name}: {root} (data.manual_dir) lacks {len(missing)} of the {2 * len(files)} "
-        f"files of {c.source_lang}-{c.target_lang}: {', '.join(missing)}. Put a copy of {URL} "
-        f"there (git clone {URL}) or set --config.data.manual_dir to one (the directory "
-        "holding data/task1); nothing is downloaded.")
+      f"{c.name}: {root} (data.manual_dir) lacks {len(missing)} of the {2 * len(files)} "
+      f"files of {c.source_lang}-{c.target_lang}: {', '.join(missing)}. Put a copy of {URL} "
+      f"there (git clone {URL}) or set --config.data.manual_dir to one (the directory "
+      "holding data/task1); nothing is downloaded."
+    )
   return parallel_text.builder(files, tuple(sorted((c.source_lang, c.target_lang))), c.data_dir)

@@ -26,11 +26,16 @@ class ParallelTextConfig(tfds.core.BuilderConfig):
   """The files of a dataset: {split: (file of lang_a, file of lang_b)}."""
 
   def __init__(self, *, files, languages):
-    identity = repr((sorted(files.items()), languages,
-                     [(os.path.getsize(p), os.path.getmtime(p))
-                      for pair in files.values() for p in pair]))
-    super().__init__(name=hashlib.sha1(identity.encode()).hexdigest()[:16],
-                     version=tfds.core.Version("1.1.0"))  # 1.1: BOM dropped, empty sides skipped
+    identity = repr(
+      (
+        sorted(files.items()),
+        languages,
+        [(os.path.getsize(p), os.path.getmtime(p)) for pair in files.values() for p in pair],
+      )
+    )
+    super().__init__(
+      name=hashlib.sha1(identity.encode()).hexdigest()[:16], version=tfds.core.Version("1.1.0")
+    )  # 1.1: BOM dropped, empty sides skipped
     self.files = files
     self.languages = languages
 
@@ -40,15 +45,17 @@ class TransformerJaxParallelText(tfds.core.GeneratorBasedBuilder):
 
   def _info(self):
     return tfds.core.DatasetInfo(
-        builder=self,
-        description="Parallel text files: " + repr(self.builder_config.files),
-        features=tfds.features.Translation(languages=self.builder_config.languages),
-        disable_shuffling=True)  # keep the file order
+      builder=self,
+      description="Parallel text files: " + repr(self.builder_config.files),
+      features=tfds.features.Translation(languages=self.builder_config.languages),
+      disable_shuffling=True,
+    )  # keep the file order
 
   def _split_generators(self, dl_manager):
     del dl_manager
-    return {split: self._generate_examples(paths)
-            for split, paths in self.builder_config.files.items()}
+    return {
+      split: self._generate_examples(paths) for split, paths in self.builder_config.files.items()
+    }
 
   def _generate_examples(self, paths):
     lang_a, lang_b = self.builder_config.languages
@@ -74,8 +81,14 @@ class TransformerJaxParallelText(tfds.core.GeneratorBasedBuilder):
         yield i, {lang_a: texts[0], lang_b: texts[1]}
     for reason, lines in skipped.items():
       if lines:
-        log.warning("%s, %s: skipped %d line pairs %s (lines %s%s)", *paths, len(lines),
-                    reason, ", ".join(map(str, lines[:10])), ", ..." * (len(lines) > 10))
+        log.warning(
+          "%s, %s: skipped %d line pairs %s (lines %s%s)",
+          *paths,
+          len(lines),
+          reason,
+          ", ".join(map(str, lines[:10])),
+          ", ..." * (len(lines) > 10),
+        )
     if not kept:
       raise DataError(f"{paths[0]}, {paths[1]}: no usable line pairs (see the warnings above).")
 
@@ -83,8 +96,11 @@ class TransformerJaxParallelText(tfds.core.GeneratorBasedBuilder):
 def builder(files: dict, languages: tuple[str, str], data_dir: str):
   """The (maybe not yet prepared) dataset of `files` ({split: (file of languages[0], file of
   languages[1])}) in `data_dir` ('' = TFDS's default)."""
-  return TransformerJaxParallelText(config=ParallelTextConfig(files=files, languages=languages),
-                                    data_dir=data_dir or None, file_format="array_record")
+  return TransformerJaxParallelText(
+    config=ParallelTextConfig(files=files, languages=languages),
+    data_dir=data_dir or None,
+    file_format="array_record",
+  )
 
 
 def _digest_and_count(path):
@@ -109,8 +125,12 @@ def check_files(path_a, path_b):
     if not count:
       raise DataError(f"{path} is empty: parallel text holds one sentence per line.")
   if counts[0] != counts[1]:
-    raise DataError(f"{path_a} has {counts[0]} lines but {path_b} has {counts[1]}: "
-                     "line i of one file must translate line i of the other.")
+    raise DataError(
+      f"{path_a} has {counts[0]} lines but {path_b} has {counts[1]}: "
+      "line i of one file must translate line i of the other."
+    )
   if contents[0] == contents[1]:
-    raise DataError(f"{path_a} and {path_b} are the same text: the file of each language "
-                    "must hold its own side of the translation.")
+    raise DataError(
+      f"{path_a} and {path_b} are the same text: the file of each language "
+      "must hold its own side of the translation."
+    )

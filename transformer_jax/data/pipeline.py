@@ -23,25 +23,19 @@ The training stream, deterministic from the seed:
 
 import dataclasses
 import fractions
-import hashlib
-import io
 import logging
 import math
-import os
 
-from absl import flags  # Grain reads its settings from these flags.
 import grain
 import numpy as np
 
-from transformer_jax import fileio
-from transformer_jax.conventions import BATCH_KEYS, EOS_ID
+from transformer_jax.conventions import BATCH_KEYS
+from transformer_jax.data import lengths as lengths_lib
 from transformer_jax.data import sources
 from transformer_jax.data.config import DataConfig
 from transformer_jax.errors import FieldError
 
 log = logging.getLogger(__name__)
-
-_CHUNK = 4096  # pairs read and tokenized at a time when counting lengths
 
 
 def _next_length(length, growth=1.25):
@@ -68,17 +62,23 @@ def train_batch_shapes(c: DataConfig, shard_count=1):
   multiple = rows_multiple(c, 0, shard_count)
   if c.batch_mode == "packed":
     if c.batch_size % multiple:
-      raise FieldError("data", "batch_size", f"={c.batch_size} must be a multiple of "
-                       f"{multiple} (data.batch_multiple x shard count).")
+      raise FieldError(
+        "data",
+        "batch_size",
+        f"={c.batch_size} must be a multiple of {multiple} (data.batch_multiple x shard count).",
+      )
     return [(c.batch_size, c.max_length)]
   longest = max(c.max_source_length, c.max_target_length)
   buckets = bucket_lengths(longest, c.bucket_growth) if c.batch_mode == "tokens" else (longest,)
   rows = [c.tokens_per_batch // length // multiple * multiple for length in buckets]
   if not rows[-1]:
     raise FieldError(
-        "data", "tokens_per_batch", f"={c.tokens_per_batch} is too small: the longest "
-        f"bucket ({buckets[-1]} tokens) needs at least {buckets[-1] * multiple} "
-        f"for {multiple} rows (data.batch_multiple x shard count).")
+      "data",
+      "tokens_per_batch",
+      f"={c.tokens_per_batch} is too small: the longest "
+      f"bucket ({buckets[-1]} tokens) needs at least {buckets[-1] * multiple} "
+      f"for {multiple} rows (data.batch_multiple x shard count).",
+    )
   return list(zip(rows, buckets))
 
 
@@ -97,6 +97,7 @@ class Plan:
   ids[i] (a pair index in the split) goes into row rows[i]; pairs sharing a row
   are packed in the order given.
   """
+
   length: int
   num_rows: int
   ids: np.ndarray
@@ -114,79 +115,15 @@ def layout(examples, rows, num_rows, length):
       start = cursor[key][row]
       end = start + len(ids)
       if end > length:
-        raise ValueError(f"{key} of row {row} needs {end} tokens, more than {length}: "
-                         "the length table does not match the tokenizer.")
+        raise ValueError(
+          f"{key} of row {row} needs {end} tokens, more than {length}: "
+          "the length table does not match the tokenizer."
+        )
       batch[key][row, start:end] = ids
       batch[key + "_segmentation"][row, start:end] = segment[row]
       batch[key + "_position"][row, start:end] = np.arange(len(ids))
       cursor[key][row] = end
   return batch
-
-
-def tokenize_pairs(tokenizer, pairs, caps=None):
-  """[(source ids, target ids)] with EOS appended, cut to `caps` = (max source, max target)."""
-  pairs = list(pairs)
-  sources = tokenizer.encode_batch([src for src, _ in pairs])
-  targets = tokenizer.encode_target_batch([tgt for _, tgt in pairs])
-  out = []
-  for s, t in zip(sources, targets):
-    s, t = s + [EOS_ID], t + [EOS_ID]
-    out.append((s, t) if caps is None else (s[:caps[0]], t[:caps[1]]))
-  return out
-
-
-def _allow_grain_workers():
-  """Grain 0.2 reads its settings from command-line flags when starting workers; outside the
-  command line (tests, notebooks) they are unparsed and that raises: use their defaults."""
-  if not flags.FLAGS.is_parsed():
-    flags.FLAGS.mark_as_parsed()
-
-
-class _CountChunk:
-  """Token counts [(source, target)] (EOS included) of the pairs of one chunk of the split.
-
-  A list rather than an array: Grain would pass arrays through shared memory.
-  """
-
-  def __init__(self, source, tokenizer):
-    self.source, self.tokenizer = source, tokenizer
-
-  def __call__(self, chunk):
-    ids = range(chunk * _CHUNK, min((chunk + 1) * _CHUNK, len(self.source)))
-    return [(len(s), len(t)) for s, t in
-            tokenize_pairs(self.tokenizer, self.source.pairs(ids))]
-
-
-def pair_lengths(source, tokenizer, num_workers=0):
-  """[pairs, 2] token counts (EOS included) of a split; cached beside the vocabulary file."""
-  cache = None
-  if tokenizer.path:
-    key = hashlib.sha1(f"{source.fingerprint}|{tokenizer.digest}".encode()).hexdigest()
-    cache = os.path.join(os.path.dirname(os.path.abspath(tokenizer.path)), "lengths",
-                         key[:20] + ".npy")
-    if os.path.exists(cache):
-      lengths = np.load(cache)
-      if lengths.shape == (len(source), 2):
-        return lengths
-  log.info("Counting the tokens of %d pairs (%s)", len(source), source.fingerprint)
-  chunks = grain.MapDataset.range(-(-len(source) // _CHUNK)).map(
-      _CountChunk(source, tokenizer)).to_iter_dataset()
-  if num_workers:
-    _allow_grain_workers()
-    chunks = chunks.mp_prefetch(grain.MultiprocessingOptions(num_workers=num_workers))
-  it = iter(chunks)
-  try:
-    lengths = np.array([n for chunk in it for n in chunk], np.int32).reshape(-1, 2)
-  finally:
-    it.close()
-  if cache:
-    table = io.BytesIO()
-    np.save(table, lengths)
-    try:
-      fileio.write_atomically(cache, table.getvalue())  # Hosts sharing the directory agree.
-    except OSError as e:  # e.g. a read-only shared vocabulary directory
-      log.warning("Could not cache the length table in %s: %s", cache, e)
-  return lengths
 
 
 class _Planner:
@@ -235,11 +172,12 @@ class _TokenPlanner(_Planner):
       rows = self.rows_per_bucket[b]
       full = len(members) // rows * rows
       for start in range(0, full, rows):
-        batches.append((int(length), rows, members[start:start + rows], np.arange(rows)))
+        batches.append((int(length), rows, members[start : start + rows], np.arange(rows)))
       carry = members[full:]
     if len(carry):  # a partial batch of the last bucket, padded with empty rows
-      batches.append((int(self.buckets[-1]), self.rows_per_bucket[-1], carry,
-                      np.arange(len(carry))))
+      batches.append(
+        (int(self.buckets[-1]), self.rows_per_bucket[-1], carry, np.arange(len(carry)))
+      )
     return batches
 
 
@@ -275,6 +213,7 @@ class _PackPlanner(_Planner):
 
 class _Unpack(grain.experimental.FlatMapTransform):
   """A window's list of Plans -> one Plan per element."""
+
   max_fan_out = 1 << 20
 
   def flat_map(self, element):
@@ -288,17 +227,23 @@ class _Build:
     self.source, self.tokenizer, self.caps = source, tokenizer, caps
 
   def __call__(self, plan):
-    examples = tokenize_pairs(self.tokenizer, self.source.pairs(plan.ids), self.caps)
+    examples = lengths_lib.tokenize_pairs(self.tokenizer, self.source.pairs(plan.ids), self.caps)
     return layout(examples, plan.rows, plan.num_rows, plan.length)
 
 
 def rows_multiple(c, shard_index, shard_count):
   """Global batch rows come in multiples of this: `data.batch_multiple` and the shard count.
   ValueError for a shard that is not one of `shard_count`."""
-  if not (isinstance(shard_count, int) and shard_count >= 1
-          and isinstance(shard_index, int) and 0 <= shard_index < shard_count):
-    raise ValueError(f"shard_index={shard_index!r}, shard_count={shard_count!r}: "
-                     "need 0 <= shard_index < shard_count.")
+  if not (
+    isinstance(shard_count, int)
+    and shard_count >= 1
+    and isinstance(shard_index, int)
+    and 0 <= shard_index < shard_count
+  ):
+    raise ValueError(
+      f"shard_index={shard_index!r}, shard_count={shard_count!r}: "
+      "need 0 <= shard_index < shard_count."
+    )
   return math.lcm(c.batch_multiple, shard_count)
 
 
@@ -321,37 +266,52 @@ def make_train_loader(c: DataConfig, tokenizer, *, seed, shard_index, shard_coun
   if not (isinstance(seed, (int, np.integer)) and 0 <= seed < 2**32):
     raise ValueError(f"seed={seed!r}: need an integer in [0, 2**32).")
   source = sources.open_split(c, c.train_split)
-  lengths = pair_lengths(source, tokenizer, c.num_workers)
+  lengths = lengths_lib.pair_lengths(source, tokenizer, c.num_workers)
   caps = np.array([c.max_source_length, c.max_target_length])
   overlong = (lengths > caps).any(axis=1)
-  log.info("%s: %d of %d training pairs exceed %d source / %d target tokens: %s.",
-           c.name, overlong.sum(), len(lengths), *caps,
-           "dropped" if c.overlong == "drop" else "truncated")
+  log.info(
+    "%s: %d of %d training pairs exceed %d source / %d target tokens: %s.",
+    c.name,
+    overlong.sum(),
+    len(lengths),
+    *caps,
+    "dropped" if c.overlong == "drop" else "truncated",
+  )
   ids = np.flatnonzero(~overlong) if c.overlong == "drop" else np.arange(len(lengths))
   if not len(ids):
-    raise sources.DataError(f"No training pair of {c.name} fits data.max_source_length / "
-                            "data.max_target_length.")
+    raise sources.DataError(
+      f"No training pair of {c.name} fits data.max_source_length / data.max_target_length."
+    )
   lengths = np.minimum(lengths, caps)
-  common = dict(lengths=lengths, ids=ids, seed=int(seed), shard_index=shard_index,
-                shard_count=shard_count)
+  common = dict(
+    lengths=lengths, ids=ids, seed=int(seed), shard_index=shard_index, shard_count=shard_count
+  )
   if c.batch_mode in ("tokens", "padded"):
-    planner = _TokenPlanner([length for _, length in shapes], [rows for rows, _ in shapes],
-                            **common)
+    planner = _TokenPlanner(
+      [length for _, length in shapes], [rows for rows, _ in shapes], **common
+    )
   else:
     planner = _PackPlanner(c.max_length, c.batch_size, **common)
-  plans = (grain.MapDataset.range(len(ids)).shuffle(int(seed)).repeat()
-           .batch(c.window).map_with_index(planner)
-           .to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=2)))
+  plans = (
+    grain.MapDataset.range(len(ids))
+    .shuffle(int(seed))
+    .repeat()
+    .batch(c.window)
+    .map_with_index(planner)
+    .to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=2))
+  )
   batches = grain.experimental.FlatMapIterDataset(plans, _Unpack()).map(
-      _Build(source, tokenizer, tuple(int(x) for x in caps)))
+    _Build(source, tokenizer, tuple(int(x) for x in caps))
+  )
   if c.num_workers:
-    _allow_grain_workers()
+    lengths_lib.allow_grain_workers()
     return batches.mp_prefetch(grain.MultiprocessingOptions(num_workers=c.num_workers))
   return grain.experimental.ThreadPrefetchIterDataset(batches, prefetch_buffer_size=4)
 
 
-def make_eval_batches(c: DataConfig, tokenizer, split, *, shard_index=0, shard_count=1,
-                      max_length: int | None = None):
+def make_eval_batches(
+  c: DataConfig, tokenizer, split, *, shard_index=0, shard_count=1, max_length: int | None = None
+):
   """Every pair of `split` exactly once, in order, as a list of batches.
 
   Nothing is dropped. Batches have `data.eval_batch_size` global rows
@@ -364,18 +324,27 @@ def make_eval_batches(c: DataConfig, tokenizer, split, *, shard_index=0, shard_c
   """
   multiple = rows_multiple(c, shard_index, shard_count)
   if c.eval_batch_size % multiple:
-    raise FieldError("data", "eval_batch_size", f"={c.eval_batch_size} must be a multiple "
-                     f"of {multiple} (data.batch_multiple x shard count).")
-  pairs = sources.open_split(c, split).all_pairs(_CHUNK)
-  examples = tokenize_pairs(tokenizer, pairs)
+    raise FieldError(
+      "data",
+      "eval_batch_size",
+      f"={c.eval_batch_size} must be a multiple of {multiple} (data.batch_multiple x shard count).",
+    )
+  pairs = sources.open_split(c, split).all_pairs(lengths_lib.CHUNK)
+  examples = lengths_lib.tokenize_pairs(tokenizer, pairs)
   if max_length is not None:
     if max_length < 1:
       raise ValueError(f"max_length={max_length}: need at least 1 position")
     cut = sum(max(len(s), len(t)) > max_length for s, t in examples)
     if cut:
-      log.warning("%s: %d of %d pairs have a side longer than the model's %d positions "
-                  "(model.max_len); their loss counts only the first %d tokens of it.",
-                  split, cut, len(examples), max_length, max_length)
+      log.warning(
+        "%s: %d of %d pairs have a side longer than the model's %d positions "
+        "(model.max_len); their loss counts only the first %d tokens of it.",
+        split,
+        cut,
+        len(examples),
+        max_length,
+        max_length,
+      )
       examples = [(s[:max_length], t[:max_length]) for s, t in examples]
   local = c.eval_batch_size // shard_count
   out = []

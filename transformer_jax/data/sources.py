@@ -38,8 +38,8 @@ log = logging.getLogger(__name__)
 
 
 _WMT_MODULES = {
-    "wmt14_translate": "tensorflow_datasets.translate.wmt14",
-    "wmt17_translate": "tensorflow_datasets.translate.wmt17",
+  "wmt14_translate": "tensorflow_datasets.translate.wmt14",
+  "wmt17_translate": "tensorflow_datasets.translate.wmt17",
 }
 
 
@@ -49,6 +49,7 @@ class ParallelSource:
 
   Picklable, so Grain worker processes can read from it.
   """
+
   records: object  # a TFDS ArrayRecord data source of {language: bytes} dicts
   source_lang: str
   target_lang: str
@@ -60,13 +61,17 @@ class ParallelSource:
   def pairs(self, ids):
     """[(source text, target text)] for the example indices `ids`."""
     records = self.records.__getitems__([int(i) for i in ids])
-    return [(r[self.source_lang].decode("utf-8"), r[self.target_lang].decode("utf-8"))
-            for r in records]
+    return [
+      (r[self.source_lang].decode("utf-8"), r[self.target_lang].decode("utf-8")) for r in records
+    ]
 
   def all_pairs(self, chunk: int = 4096):
     """Every (source text, target text) of the split, in order, read `chunk` at a time."""
-    return [pair for start in range(0, len(self), chunk)
-            for pair in self.pairs(range(start, min(start + chunk, len(self))))]
+    return [
+      pair
+      for start in range(0, len(self), chunk)
+      for pair in self.pairs(range(start, min(start + chunk, len(self))))
+    ]
 
 
 class EmbeddedConfig(tfds.core.BuilderConfig):
@@ -83,25 +88,32 @@ class TransformerJaxEmbedded(tfds.core.GeneratorBasedBuilder):
   """The embedded synthetic parallel corpus (see `embedded.py`), in generation order."""
 
   BUILDER_CONFIGS = [
-      EmbeddedConfig(name="full", seed=0, description="100k/2k/2k pairs",
-                     sizes={"train": 100_000, "validation": 2_000, "test": 2_000}),
-      EmbeddedConfig(name="tiny", seed=1, description="2k/200/200 pairs, for tests",
-                     sizes={"train": 2_000, "validation": 200, "test": 200}),
+    EmbeddedConfig(
+      name="full",
+      seed=0,
+      description="100k/2k/2k pairs",
+      sizes={"train": 100_000, "validation": 2_000, "test": 2_000},
+    ),
+    EmbeddedConfig(
+      name="tiny",
+      seed=1,
+      description="2k/200/200 pairs, for tests",
+      sizes={"train": 2_000, "validation": 200, "test": 200},
+    ),
   ]
 
   def _info(self):
     return tfds.core.DatasetInfo(
-        builder=self,
-        description="Synthetic English-like to invented-language translation.",
-        features=tfds.features.Translation(
-            languages=(embedded.SOURCE_LANG, embedded.TARGET_LANG)),
-        supervised_keys=(embedded.SOURCE_LANG, embedded.TARGET_LANG),
-        disable_shuffling=True)  # keep the generated order
+      builder=self,
+      description="Synthetic English-like to invented-language translation.",
+      features=tfds.features.Translation(languages=(embedded.SOURCE_LANG, embedded.TARGET_LANG)),
+      supervised_keys=(embedded.SOURCE_LANG, embedded.TARGET_LANG),
+      disable_shuffling=True,
+    )  # keep the generated order
 
   def _split_generators(self, dl_manager):
     del dl_manager
-    corpus = embedded.generate_corpus(self.builder_config.seed,
-                                      self.builder_config.sizes)
+    corpus = embedded.generate_corpus(self.builder_config.seed, self.builder_config.sizes)
     return {split: self._generate_examples(pairs) for split, pairs in corpus.items()}
 
   def _generate_examples(self, pairs):
@@ -112,17 +124,24 @@ class TransformerJaxEmbedded(tfds.core.GeneratorBasedBuilder):
 def _text_builder(c: DataConfig):
   languages = tuple(sorted((c.source_lang, c.target_lang)))
   files = {}
-  for split, prefix in (("train", c.text_train), ("validation", c.text_validation),
-                        ("test", c.text_test)):
+  for split, prefix in (
+    ("train", c.text_train),
+    ("validation", c.text_validation),
+    ("test", c.text_test),
+  ):
     if not prefix:
       continue
     paths = tuple(f"{os.path.abspath(prefix)}.{lang}" for lang in languages)
     for p in paths:
       if not os.path.isfile(p):
         found = sorted(glob.glob(glob.escape(os.path.abspath(prefix)) + ".*"))
-        raise FieldError("data", f"text_{split}", f"={prefix!r}: no file {p} (expected "
-                         "<prefix>.<lang> for data.source_lang and data.target_lang; "
-                         f"{'found ' + ', '.join(found) if found else 'no <prefix>.* exists'}).")
+        raise FieldError(
+          "data",
+          f"text_{split}",
+          f"={prefix!r}: no file {p} (expected "
+          "<prefix>.<lang> for data.source_lang and data.target_lang; "
+          f"{'found ' + ', '.join(found) if found else 'no <prefix>.* exists'}).",
+        )
     files[split] = paths
   return parallel_text.builder(files, languages, c.data_dir)
 
@@ -152,23 +171,29 @@ def _reachable(host, port):
 
 
 def _prepare_wmt(builder, manual_dir):
-  """Downloads and prepares a WMT builder (as `_prepare`), or raises one clear DataUnavailableError."""
+  """Download and prepare a WMT builder (as `_prepare`), or raise one clear DataUnavailableError."""
   downloads = _wmt_downloads(builder)
   missing = [d for d in downloads if not os.path.exists(os.path.join(manual_dir, d[1]))]
-  hosts = sorted({(u.hostname, u.port or (443 if u.scheme == "https" else 80))
-                  for u in (urllib.parse.urlparse(url) for url, _, _ in missing)})
+  hosts = sorted(
+    {
+      (u.hostname, u.port or (443 if u.scheme == "https" else 80))
+      for u in (urllib.parse.urlparse(url) for url, _, _ in missing)
+    }
+  )
   unreachable = [h for h, p in hosts if not _reachable(h, p)]
   if unreachable:
     sizes = [size for _, _, size in missing]
-    size = (("about " if None not in sizes else "more than ")
-            + f"{sum(s or 0 for s in sizes) / 1e9:.1f} GB")
+    size = (
+      "about " if None not in sizes else "more than "
+    ) + f"{sum(s or 0 for s in sizes) / 1e9:.1f} GB"
     files = "\n".join(f"  {name}  <-  {url}" for url, name, _ in missing)
     raise DataUnavailableError(
-        f"{builder.info.full_name} is not prepared in {builder.data_dir_root} and "
-        f"cannot be downloaded: no network connection to {', '.join(unreachable)}. "
-        f"Either run once with network access (it downloads {len(missing)} files, "
-        f"{size}, then writes ArrayRecord files there), or download these files "
-        f"elsewhere and put them in {manual_dir} (set by data.manual_dir):\n{files}")
+      f"{builder.info.full_name} is not prepared in {builder.data_dir_root} and "
+      f"cannot be downloaded: no network connection to {', '.join(unreachable)}. "
+      f"Either run once with network access (it downloads {len(missing)} files, "
+      f"{size}, then writes ArrayRecord files there), or download these files "
+      f"elsewhere and put them in {manual_dir} (set by data.manual_dir):\n{files}"
+    )
   # TFDS takes a file from the manual dir only if it knows the file's checksum;
   # some WMT files have none registered (wmt14's giga-fren, UN): add them.
   infos = builder.url_infos
@@ -176,10 +201,8 @@ def _prepare_wmt(builder, manual_dir):
     path = os.path.join(manual_dir, name)
     if infos is not None and url not in infos and os.path.exists(path):
       infos[url] = tfds.core.download.checksums.compute_url_info(path)
-  log.info("Preparing %s (downloading %d files)", builder.info.full_name,
-           len(missing))
-  return _prepare(builder,
-                  download_config=tfds.download.DownloadConfig(manual_dir=manual_dir))
+  log.info("Preparing %s (downloading %d files)", builder.info.full_name, len(missing))
+  return _prepare(builder, download_config=tfds.download.DownloadConfig(manual_dir=manual_dir))
 
 
 def _prepare(builder, **kwargs) -> bool:
@@ -192,8 +215,9 @@ def _prepare(builder, **kwargs) -> bool:
     log.info("%s was prepared by another process meanwhile", builder.info.full_name)
     return False
   except OSError as error:  # An unwritable data dir, an unreadable file, a full disk.
-    raise DataError(f"cannot prepare {builder.info.full_name} in {builder.data_dir_root} "
-                    f"(data.data_dir): {error}") from None
+    raise DataError(
+      f"cannot prepare {builder.info.full_name} in {builder.data_dir_root} (data.data_dir): {error}"
+    ) from None
   return True
 
 
@@ -202,8 +226,10 @@ def get_builder(c: DataConfig):
   data_dir = c.data_dir or None
   if c.name.startswith("embedded"):
     builder = TransformerJaxEmbedded(
-        config="tiny" if c.name == "embedded_tiny" else "full",
-        data_dir=data_dir, file_format="array_record")
+      config="tiny" if c.name == "embedded_tiny" else "full",
+      data_dir=data_dir,
+      file_format="array_record",
+    )
     if not _prepare(builder):
       return get_builder(c)
   elif c.name == "text" or c.name in multi30k.NAMES:
@@ -218,8 +244,7 @@ def get_builder(c: DataConfig):
     importlib.import_module(_WMT_MODULES[c.name.split("/")[0]])
     builder = tfds.builder(c.name, data_dir=data_dir, file_format="array_record")
     if not builder.is_prepared():
-      manual_dir = c.manual_dir or os.path.join(builder.data_dir_root,
-                                                "downloads", "manual")
+      manual_dir = c.manual_dir or os.path.join(builder.data_dir_root, "downloads", "manual")
       if not _prepare_wmt(builder, manual_dir):
         return get_builder(c)
   return builder
@@ -238,12 +263,19 @@ def open_split(c: DataConfig, split):
   builder = get_builder(c)
   if split not in builder.info.splits:
     if c.name == "text" and split in ("validation", "test"):
-      raise FieldError("data", f"text_{split}", f"={getattr(c, f'text_{split}')!r}: there is "
-                       f"no {split} split to read; set it to the prefix of the {split} files "
-                       "(or evaluate another split: data.eval_split, decode.split).")
-    raise DataError(f"{builder.info.full_name} has no split {split!r}: it has "
-                     f"{' | '.join(builder.info.splits)}.")
+      raise FieldError(
+        "data",
+        f"text_{split}",
+        f"={getattr(c, f'text_{split}')!r}: there is "
+        f"no {split} split to read; set it to the prefix of the {split} files "
+        "(or evaluate another split: data.eval_split, decode.split).",
+      )
+    raise DataError(
+      f"{builder.info.full_name} has no split {split!r}: it has {' | '.join(builder.info.splits)}."
+    )
   records = builder.as_data_source(split=split)
-  fingerprint = (f"{builder.info.full_name}:{builder.data_dir}:{split}:"
-                 f"{len(records)}:{c.source_lang}->{c.target_lang}")
+  fingerprint = (
+    f"{builder.info.full_name}:{builder.data_dir}:{split}:"
+    f"{len(records)}:{c.source_lang}->{c.target_lang}"
+  )
   return ParallelSource(records, c.source_lang, c.target_lang, fingerprint)

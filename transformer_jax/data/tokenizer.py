@@ -39,12 +39,13 @@ class Tokenizer:
     try:
       self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
     except RuntimeError:  # SentencePiece's error for bytes that are not a model.
-      raise sources.DataError(f"{path or 'the vocabulary'} is not a SentencePiece model") \
-          from None
+      raise sources.DataError(f"{path or 'the vocabulary'} is not a SentencePiece model") from None
     ids = (self._sp.pad_id(), self._sp.eos_id(), self._sp.unk_id(), self._sp.bos_id())
     if ids != (PAD_ID, EOS_ID, UNK_ID, -1):
-      raise sources.DataError(f"SentencePiece model {path or ''} has (pad, eos, unk, bos) "
-                       f"ids {ids}; this project needs {(PAD_ID, EOS_ID, UNK_ID, -1)}.")
+      raise sources.DataError(
+        f"SentencePiece model {path or ''} has (pad, eos, unk, bos) "
+        f"ids {ids}; this project needs {(PAD_ID, EOS_ID, UNK_ID, -1)}."
+      )
 
   @property
   def vocab_size(self):
@@ -68,7 +69,7 @@ class Tokenizer:
     """Text of `ids` (list or 1-D array), stopping at the first EOS, ignoring PAD."""
     ids = [int(i) for i in np.asarray(ids).reshape(-1)]
     if EOS_ID in ids:
-      ids = ids[:ids.index(EOS_ID)]
+      ids = ids[: ids.index(EOS_ID)]
     return self._sp.decode([i for i in ids if i != PAD_ID])
 
   def __getstate__(self):
@@ -93,18 +94,34 @@ def train_model(sentences, vocab_size):
   try:
     with open(os.devnull, "w") as quiet:
       spm.SentencePieceTrainer.train(
-          sentence_iterator=iter(sentences), model_writer=buffer, logstream=quiet,
-          vocab_size=vocab_size, model_type="bpe", character_coverage=1.0,
-          pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID, bos_id=-1,
-          input_sentence_size=0, shuffle_input_sentence=False,
-          num_threads=os.cpu_count() or 1)
+        sentence_iterator=iter(sentences),
+        model_writer=buffer,
+        logstream=quiet,
+        vocab_size=vocab_size,
+        model_type="bpe",
+        character_coverage=1.0,
+        pad_id=PAD_ID,
+        eos_id=EOS_ID,
+        unk_id=UNK_ID,
+        bos_id=-1,
+        input_sentence_size=0,
+        shuffle_input_sentence=False,
+        num_threads=os.cpu_count() or 1,
+      )
   except RuntimeError as error:
     if match := _TOO_LARGE.search(str(error)):
-      raise FieldError("data", "vocab_size", f"={vocab_size} is more than the training text "
-                       f"supports: set it to at most {match[1]}") from None
+      raise FieldError(
+        "data",
+        "vocab_size",
+        f"={vocab_size} is more than the training text supports: set it to at most {match[1]}",
+      ) from None
     if match := _TOO_SMALL.search(str(error)):
-      raise FieldError("data", "vocab_size", f"={vocab_size} is too small for the characters "
-                       f"of the training text: set it to at least {match[1]}") from None
+      raise FieldError(
+        "data",
+        "vocab_size",
+        f"={vocab_size} is too small for the characters "
+        f"of the training text: set it to at least {match[1]}",
+      ) from None
     raise
   return buffer.getvalue()
 
@@ -123,18 +140,19 @@ def _training_sentences(source, n):
   """Both sides of `n` (at most `len(source)`) evenly spaced pairs of ParallelSource `source`."""
   ids = np.linspace(0, len(source) - 1, n).round().astype(np.int64)
   for start in range(0, n, 4096):
-    for src, tgt in source.pairs(ids[start:start + 4096]):
+    for src, tgt in source.pairs(ids[start : start + 4096]):
       yield src
       yield tgt
 
 
 def _save(proto: bytes, path: str) -> None:
-  """Write the serialized model to `path` atomically (concurrent hosts never read a partial file)."""
+  """Write the serialized model to `path` atomically (other hosts never read a partial file)."""
   try:
     fileio.write_atomically(os.path.abspath(path), proto)
   except OSError as error:
-    raise sources.DataError(f"cannot write the vocabulary {path}: {error.strerror or error}") \
-        from None
+    raise sources.DataError(
+      f"cannot write the vocabulary {path}: {error.strerror or error}"
+    ) from None
 
 
 def get_tokenizer(c: DataConfig, vocab_dir):
@@ -144,9 +162,16 @@ def get_tokenizer(c: DataConfig, vocab_dir):
   if not os.path.exists(path):
     source = sources.open_split(c, c.train_split)
     sample = min(len(source), c.tokenizer_sample_size)
-    log.info("Training a %d-token SentencePiece BPE vocabulary on %d of the %d %s pairs "
-             "of %s (%d sentences)", c.vocab_size, sample, len(source), c.train_split,
-             c.name, 2 * sample)
+    log.info(
+      "Training a %d-token SentencePiece BPE vocabulary on %d of the %d %s pairs "
+      "of %s (%d sentences)",
+      c.vocab_size,
+      sample,
+      len(source),
+      c.train_split,
+      c.name,
+      2 * sample,
+    )
     _save(train_model(_training_sentences(source, sample), c.vocab_size), path)
     log.info("Saved the vocabulary to %s", path)
   return load_tokenizer(c, vocab_dir)
@@ -163,13 +188,18 @@ def load_tokenizer(c: DataConfig, vocab_dir):
     with open(path, "rb") as f:
       proto = f.read()
   except OSError as error:
-    raise sources.DataError(f"cannot read the vocabulary {path}: {error.strerror or error}") \
-        from None
+    raise sources.DataError(
+      f"cannot read the vocabulary {path}: {error.strerror or error}"
+    ) from None
   return _checked_size(Tokenizer(proto, path), c)
 
 
 def _checked_size(tokenizer, c):
   if tokenizer.vocab_size != c.vocab_size:
-    log.warning("%s has %d tokens, data.vocab_size says %d: using the file.",
-                tokenizer.path, tokenizer.vocab_size, c.vocab_size)
+    log.warning(
+      "%s has %d tokens, data.vocab_size says %d: using the file.",
+      tokenizer.path,
+      tokenizer.vocab_size,
+      c.vocab_size,
+    )
   return tokenizer

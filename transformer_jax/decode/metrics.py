@@ -10,9 +10,9 @@ Moses leaves hyphens inside words alone, stands in for it: scores are close
 to, not byte-identical with, multi-bleu.perl on Moses-tokenized text.
 """
 
-from collections.abc import Sequence
 import functools
 import re
+from collections.abc import Sequence
 
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
@@ -20,7 +20,7 @@ from sacrebleu.metrics import BLEU
 from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
 
 from transformer_jax.model import loss
-from transformer_jax.sharding import Placement
+from transformer_jax.placement import Placement
 
 _COMPOUND = re.compile(r"(\S)-(\S)")
 _TOKENIZE_13A = Tokenizer13a()
@@ -42,8 +42,9 @@ def paper_tokenize(line: str) -> str:
 def _check_one_per_reference(hypotheses: Sequence[str], references: Sequence[str]) -> None:
   if len(hypotheses) != len(references):
     raise ValueError(
-        f"bleu needs one hypothesis per reference; got {len(hypotheses)} hypotheses "
-        f"and {len(references)} references")
+      f"bleu needs one hypothesis per reference; got {len(hypotheses)} hypotheses "
+      f"and {len(references)} references"
+    )
 
 
 def bleu(hypotheses: Sequence[str], references: Sequence[str], *, tokenized: bool = False) -> float:
@@ -73,11 +74,11 @@ def bleu_as_is(hypotheses: Sequence[str], references: Sequence[str]) -> float:
 
 # What each BLEU of an eval record is (`--mode=eval`'s JSON says it beside the figures).
 BLEU_METHODS = {
-    "bleu": "sacreBLEU, 13a tokenization, mixed case, on the decoded text",
-    "bleu_tokenized": "the paper's: 13a tokenization and compound splitting, then BLEU on "
-                      "tokens without smoothing (decode.tokenized_bleu)",
-    "bleu_as_is": "BLEU on the decoded text split at spaces, without smoothing, as "
-                  "multi-bleu.perl and fairseq score tokenized text (decode.as_is_bleu)",
+  "bleu": "sacreBLEU, 13a tokenization, mixed case, on the decoded text",
+  "bleu_tokenized": "the paper's: 13a tokenization and compound splitting, then BLEU on "
+  "tokens without smoothing (decode.tokenized_bleu)",
+  "bleu_as_is": "BLEU on the decoded text split at spaces, without smoothing, as "
+  "multi-bleu.perl and fairseq score tokenized text (decode.as_is_bleu)",
 }
 
 
@@ -93,9 +94,10 @@ class TeacherForcedLoss:
   def __init__(self, placement: Placement, *, label_smoothing: float):
     self.placement = placement
     self.jitted_sums = jax.jit(
-        functools.partial(loss.loss_sums, placement.model, label_smoothing=label_smoothing),
-        in_shardings=(placement.param_shardings, placement.batch_sharding),
-        out_shardings=NamedSharding(placement.mesh, PartitionSpec()))
+      functools.partial(loss.loss_sums, placement.model, label_smoothing=label_smoothing),
+      in_shardings=(placement.param_shardings, placement.batch_sharding),
+      out_shardings=NamedSharding(placement.mesh, PartitionSpec()),
+    )
 
   def __call__(self, params, batches) -> dict:
     total = None

@@ -39,11 +39,13 @@ import jax.numpy as jnp
 from jax import lax
 
 from transformer_jax.conventions import EOS_ID, PAD_ID
-
-NEG_INF = -jnp.inf
-# Cache entries projected once from the encoder output: identical for every
-# beam of a sentence, so reordering beams leaves them alone.
-STATIC_CACHE_NAMES = ("static_key", "static_value")
+from transformer_jax.decode.cache import (
+  NEG_INF,
+  decode_step,
+  gather_beams,
+  init_cache,
+  reorder_cache,
+)
 
 
 class Decoded(NamedTuple):
@@ -73,8 +75,9 @@ def length_penalty(length, alpha, normalization: str = "gnmt"):
   as `length`. Both grow with the length for alpha >= 0."""
   length = jnp.asarray(length, jnp.float32)
   if normalization not in LENGTH_NORMALIZATIONS:
-    raise ValueError(f"length normalization {normalization!r}; allowed: "
-                     f"{', '.join(LENGTH_NORMALIZATIONS)}")
+    raise ValueError(
+      f"length normalization {normalization!r}; allowed: {', '.join(LENGTH_NORMALIZATIONS)}"
+    )
   return ((5.0 + length) / 6.0 if normalization == "gnmt" else length) ** alpha
 
 
@@ -87,55 +90,10 @@ def max_lengths(inputs, max_extra: int, max_len: int):
   return jnp.where(source_lengths > 0, jnp.minimum(source_lengths + max_extra, max_len), 0)
 
 
-def init_cache(model, variables, encoded, inputs, max_len: int, rows: int | None = None):
-  """Decoder cache for `rows` hypotheses (default: one per sentence) of `max_len` target positions,
-  holding the cross-attention keys/values of each sentence once.
-
-  `encoded` `[n, src_len, d_model]`, `inputs` `[n, src_len]`; `rows` a multiple of `n`, the
-  hypotheses of each sentence next to each other.
-  """
-  targets = jnp.zeros((rows or inputs.shape[0], max_len), jnp.int32)
-  _, mutated = model.apply(
-      variables, encoded, inputs, targets, targets_position=jnp.zeros_like(targets),
-      decode=True, method=model.decode, mutable=["cache"])
-  return mutated["cache"]
-
-
-def decode_step(model, variables, cache, encoded, inputs, tokens, position, *,
-                renormalize: bool = False):
-  """One cached decoder step: (log-probs `[n, vocab]`, new cache).
-
-  `tokens` `[n]` are the previous outputs, fed at `position`; `n` is the cache's rows, a multiple
-  of the sentences of `encoded` and `inputs`. Log-probabilities are float32, with the pad id set
-  to -inf (never emitted): after the log-softmax, or before it with `renormalize`.
-  """
-  n = tokens.shape[0]
-  logits, mutated = model.apply(
-      {**variables, "cache": cache}, encoded, inputs, tokens[:, None],
-      targets_position=jnp.full((n, 1), position, jnp.int32),
-      decode=True, method=model.decode, mutable=["cache"])
-  logits = logits[:, 0].astype(jnp.float32)
-  if renormalize:
-    return jax.nn.log_softmax(logits.at[:, PAD_ID].set(NEG_INF)), mutated["cache"]
-  return jax.nn.log_softmax(logits).at[:, PAD_ID].set(NEG_INF), mutated["cache"]
-
-
 def restrict_to_eos(log_probs, last, eos_id: int):
   """Rows where `last` `[n]` is true may only emit EOS, at log-probability 0: `[n, vocab]`."""
   only_eos = jnp.where(jnp.arange(log_probs.shape[-1]) == eos_id, 0.0, NEG_INF)
   return jnp.where(last[:, None], only_eos, log_probs)
-
-
-def gather_beams(x, indices):
-  """Pick beams per sentence: `x` `[b, k, ...]`, `indices` `[b, k']` -> `[b, k', ...]`.
-
-  One `take_along_axis` over each beam's flattened row, which XLA copies as
-  whole rows: on a CPU about 6 times faster than indexing inside a `vmap`,
-  and the beam search reorders its whole cache this way every step.
-  """
-  b, k = x.shape[:2]
-  rows = jnp.take_along_axis(x.reshape(b, k, -1), indices[:, :, None], axis=1)
-  return rows.reshape(indices.shape + x.shape[2:])
 
 
 def top_extensions(alive_log_probs, log_probs, k: int):
@@ -153,66 +111,31 @@ def top_extensions(alive_log_probs, log_probs, k: int):
   return top_log_probs, top // vocab, (top % vocab).astype(jnp.int32)
 
 
-# Positions that `reorder_cache` moves at a time when it reorders only those written so far.
-REORDER_CHUNK = 8
-
-
-def reorder_cache(cache, indices, *, batch_axis: int = 0, length=None):
-  """Reorder the `[b * k, heads, max_len, d]` cache rows of every sentence by beam `indices`
-  `[b, k]`.
-
-  The cache index and the cross-attention keys/values, which are the same for
-  all beams of a sentence, are left as they are. `batch_axis` is 1 when the
-  model scans its layers (cache entries then lead with a layers axis).
-  `length` (an int32 scalar, may be traced): only the first `length`
-  positions hold keys/values yet, so only those (rounded up to
-  `REORDER_CHUNK`) are moved; the rest are never attended to before they are
-  written. A beam step that moves the whole buffer spends most of its time
-  copying positions that decoding has not reached. A buffer that is not a
-  multiple of `REORDER_CHUNK` is moved whole.
-  """
-  b, k = indices.shape
-
-  def reorder(x):
-    rows = jnp.moveaxis(x, batch_axis, 0)
-    rows = gather_beams(rows.reshape((b, k) + rows.shape[1:]), indices).reshape(rows.shape)
-    return jnp.moveaxis(rows, 0, batch_axis)
-
-  with_paths, treedef = jax.tree_util.tree_flatten_with_path(cache)
-  leaves = [x for _, x in with_paths]
-  moving = [i for i, (path, x) in enumerate(with_paths)
-            if x.ndim > batch_axis and getattr(path[-1], "key", None) not in STATIC_CACHE_NAMES]
-  position_axis = batch_axis + 2
-  if length is None or any(leaves[i].ndim <= position_axis
-                           or leaves[i].shape[position_axis] % REORDER_CHUNK for i in moving):
-    moved = [reorder(leaves[i]) for i in moving]
-  else:
-    def reorder_chunk(chunk, entries):
-      start = chunk * REORDER_CHUNK
-      return [lax.dynamic_update_slice_in_dim(x, reorder(lax.dynamic_slice_in_dim(
-          x, start, REORDER_CHUNK, position_axis)), start, position_axis) for x in entries]
-    chunks = (length + REORDER_CHUNK - 1) // REORDER_CHUNK
-    moved = lax.fori_loop(0, chunks, reorder_chunk, [leaves[i] for i in moving])
-  for i, x in zip(moving, moved):
-    leaves[i] = x
-  return jax.tree_util.tree_unflatten(treedef, leaves)
-
-
 def _check_args(model, max_len, beam_size=1):
   """Raise ValueError for a buffer the model cannot position or an empty beam."""
   if not 0 < max_len <= model.config.max_len:
     raise ValueError(
-        f"max_len={max_len} must be in [1, {model.config.max_len}] (the model's "
-        "TransformerConfig.max_len, the positions it can encode)")
+      f"max_len={max_len} must be in [1, {model.config.max_len}] (the model's "
+      "TransformerConfig.max_len, the positions it can encode)"
+    )
   if beam_size < 1:
     raise ValueError(f"beam_size must be at least 1; got {beam_size}")
 
 
-@functools.partial(jax.jit, static_argnames=("model", "max_len", "max_extra", "eos_id",
-                                             "force_eos", "renormalize"))
-def greedy_decode(model, variables, inputs, *, max_len: int, max_extra: int = 50,
-                  eos_id: int = EOS_ID, force_eos: bool = False,
-                  renormalize: bool = False) -> Decoded:
+@functools.partial(
+  jax.jit, static_argnames=("model", "max_len", "max_extra", "eos_id", "force_eos", "renormalize")
+)
+def greedy_decode(
+  model,
+  variables,
+  inputs,
+  *,
+  max_len: int,
+  max_extra: int = 50,
+  eos_id: int = EOS_ID,
+  force_eos: bool = False,
+  renormalize: bool = False,
+) -> Decoded:
   """Greedy decoding of source ids `[batch, src_len]` -> `Decoded` (tokens `[batch, max_len]`).
 
   `variables` is the model's variable dict (`{"params": ...}`). At each step
@@ -231,8 +154,9 @@ def greedy_decode(model, variables, inputs, *, max_len: int, max_extra: int = 50
   def body(state):
     step, tokens, scores, done, cache = state
     previous = jnp.where(step > 0, tokens[:, jnp.maximum(step - 1, 0)], PAD_ID)
-    log_probs, cache = decode_step(model, variables, cache, encoded, inputs, previous, step,
-                                   renormalize=renormalize)
+    log_probs, cache = decode_step(
+      model, variables, cache, encoded, inputs, previous, step, renormalize=renormalize
+    )
     if force_eos:
       log_probs = restrict_to_eos(log_probs, step + 1 >= limits, eos_id)
     token = jnp.where(done, PAD_ID, jnp.argmax(log_probs, axis=-1).astype(jnp.int32))
@@ -243,11 +167,11 @@ def greedy_decode(model, variables, inputs, *, max_len: int, max_extra: int = 50
     return step + 1, tokens, scores, done, cache
 
   state = (
-      jnp.int32(0),
-      jnp.zeros((batch, max_len), jnp.int32),
-      jnp.zeros((batch,), jnp.float32),
-      limits == 0,
-      init_cache(model, variables, encoded, inputs, max_len),
+    jnp.int32(0),
+    jnp.zeros((batch, max_len), jnp.int32),
+    jnp.zeros((batch,), jnp.float32),
+    limits == 0,
+    init_cache(model, variables, encoded, inputs, max_len),
   )
   steps, tokens, scores, _, _ = lax.while_loop(cond, body, state)
   return Decoded(tokens, scores, steps)
@@ -276,8 +200,9 @@ def _sentence_done(state, limits, penalty, early_stopping: str):
   full = jnp.all(state.finished_scores > NEG_INF, axis=1)
   if early_stopping == "heuristic":
     # Scored at its present length (at least 1: the rule is only consulted once k have finished).
-    full &= (best_alive / penalty(jnp.maximum(state.step, 1))
-             <= jnp.min(state.finished_scores, axis=1))
+    full &= best_alive / penalty(jnp.maximum(state.step, 1)) <= jnp.min(
+      state.finished_scores, axis=1
+    )
   return full | (best_alive == NEG_INF)
 
 
@@ -293,8 +218,19 @@ class BeamState(NamedTuple):
   cache: Any  # The decoder's cache: `[batch * k, ...]` rows, the cross-attention's `[batch, ...]`.
 
 
-def _beam_step(model, variables, encoded, inputs, limits, penalty, eos_id, force_eos,
-               renormalize, early_stopping, state: BeamState) -> BeamState:
+def _beam_step(
+  model,
+  variables,
+  encoded,
+  inputs,
+  limits,
+  penalty,
+  eos_id,
+  force_eos,
+  renormalize,
+  early_stopping,
+  state: BeamState,
+) -> BeamState:
   """Extend every alive beam by one token: the best `2k` extensions; those of the first `k` that
   end (EOS, or the sentence's limit) join the finished hypotheses, and the best `k` that do not
   end are the alive beams of the next step."""
@@ -304,44 +240,85 @@ def _beam_step(model, variables, encoded, inputs, limits, penalty, eos_id, force
   alive_log_probs = jnp.where(done[:, None], NEG_INF, state.alive_log_probs)
   previous = jnp.where(step > 0, state.alive[:, :, jnp.maximum(step - 1, 0)], PAD_ID)
   log_probs, cache = decode_step(
-      model, variables, state.cache, encoded, inputs, previous.reshape(-1), step,
-      renormalize=renormalize)
+    model,
+    variables,
+    state.cache,
+    encoded,
+    inputs,
+    previous.reshape(-1),
+    step,
+    renormalize=renormalize,
+  )
   last = step + 1 >= limits
   if force_eos:
     log_probs = restrict_to_eos(log_probs, jnp.repeat(last, k), eos_id)
   top_log_probs, beams, tokens = top_extensions(
-      alive_log_probs, log_probs.reshape(batch, k, -1), 2 * k)
+    alive_log_probs, log_probs.reshape(batch, k, -1), 2 * k
+  )
   ends = (tokens == eos_id) | last[:, None]
   extended = gather_beams(state.alive, beams).at[:, :, step].set(tokens)
 
   # Masks rather than slices of the ranked candidates: a slice of their first k beside their
   # whole would keep XLA's CPU compiler from running the ranking as a top-k (it sorts every
-  # candidate instead, 13x slower at vocabulary 8k).
+  # candidate instead; docs/performance.md#decoding).
   finishing = ends & (jnp.arange(2 * k) < k)
   finished_scores, kept = lax.approx_max_k(
-      jnp.concatenate([state.finished_scores,
-                       jnp.where(finishing, top_log_probs / penalty(step + 1), NEG_INF)], axis=1),
-      state.finished_scores.shape[1], recall_target=1.0)
+    jnp.concatenate(
+      [state.finished_scores, jnp.where(finishing, top_log_probs / penalty(step + 1), NEG_INF)],
+      axis=1,
+    ),
+    state.finished_scores.shape[1],
+    recall_target=1.0,
+  )
   finished = gather_beams(jnp.concatenate([state.finished, extended], axis=1), kept)
 
-  alive_log_probs, kept = lax.approx_max_k(jnp.where(ends, NEG_INF, top_log_probs), k,
-                                           recall_target=1.0)
+  alive_log_probs, kept = lax.approx_max_k(
+    jnp.where(ends, NEG_INF, top_log_probs), k, recall_target=1.0
+  )
   kept_beams = jnp.take_along_axis(beams, kept, axis=1)
   alive = gather_beams(extended, kept)
-  cache = reorder_cache(cache, kept_beams, batch_axis=int(model.config.scan_layers),
-                        length=step + 1)
-  return BeamState(step=step + 1, alive=alive, alive_log_probs=alive_log_probs,
-                   finished_scores=finished_scores, finished=finished, cache=cache)
+  cache = reorder_cache(
+    cache, kept_beams, batch_axis=int(model.config.scan_layers), length=step + 1
+  )
+  return BeamState(
+    step=step + 1,
+    alive=alive,
+    alive_log_probs=alive_log_probs,
+    finished_scores=finished_scores,
+    finished=finished,
+    cache=cache,
+  )
 
 
 @functools.partial(
-    jax.jit, static_argnames=("model", "beam_size", "max_len", "max_extra", "eos_id",
-                              "length_normalization", "force_eos", "renormalize",
-                              "early_stopping"))
-def beam_search(model, variables, inputs, *, beam_size: int = 4, alpha=0.6, max_len: int,
-                max_extra: int = 50, eos_id: int = EOS_ID, length_normalization: str = "gnmt",
-                force_eos: bool = False, renormalize: bool = False,
-                early_stopping: str = "exact") -> Decoded:
+  jax.jit,
+  static_argnames=(
+    "model",
+    "beam_size",
+    "max_len",
+    "max_extra",
+    "eos_id",
+    "length_normalization",
+    "force_eos",
+    "renormalize",
+    "early_stopping",
+  ),
+)
+def beam_search(
+  model,
+  variables,
+  inputs,
+  *,
+  beam_size: int = 4,
+  alpha=0.6,
+  max_len: int,
+  max_extra: int = 50,
+  eos_id: int = EOS_ID,
+  length_normalization: str = "gnmt",
+  force_eos: bool = False,
+  renormalize: bool = False,
+  early_stopping: str = "exact",
+) -> Decoded:
   """Beam search over source ids `[batch, src_len]` -> `Decoded`, the best hypothesis per sentence.
 
   Each step ranks every one-token extension of the `k = beam_size` alive
@@ -372,20 +349,32 @@ def beam_search(model, variables, inputs, *, beam_size: int = 4, alpha=0.6, max_
     done = _sentence_done(state, limits, penalty, early_stopping)
     return (state.step < max_len) & ~jnp.all(done)
 
-  body = functools.partial(_beam_step, model, variables, encoded, inputs, limits, penalty, eos_id,
-                           force_eos, renormalize, early_stopping)
+  body = functools.partial(
+    _beam_step,
+    model,
+    variables,
+    encoded,
+    inputs,
+    limits,
+    penalty,
+    eos_id,
+    force_eos,
+    renormalize,
+    early_stopping,
+  )
   # Every beam starts from the start token; only the first is live, so the
   # first step expands one hypothesis per sentence.
   first_beam = jnp.where(jnp.arange(k) == 0, 0.0, NEG_INF).astype(jnp.float32)
   state = BeamState(
-      step=jnp.int32(0),
-      alive=jnp.zeros((batch, k, max_len), jnp.int32),
-      alive_log_probs=jnp.where(limits[:, None] > 0, first_beam[None, :], NEG_INF),
-      # An empty source's output is empty, score 0.
-      finished_scores=jnp.full((batch, kept), NEG_INF).at[:, 0].set(
-          jnp.where(limits > 0, NEG_INF, 0.0)),
-      finished=jnp.zeros((batch, kept, max_len), jnp.int32),
-      cache=init_cache(model, variables, encoded, inputs, max_len, rows=batch * k),
+    step=jnp.int32(0),
+    alive=jnp.zeros((batch, k, max_len), jnp.int32),
+    alive_log_probs=jnp.where(limits[:, None] > 0, first_beam[None, :], NEG_INF),
+    # An empty source's output is empty, score 0.
+    finished_scores=jnp.full((batch, kept), NEG_INF)
+    .at[:, 0]
+    .set(jnp.where(limits > 0, NEG_INF, 0.0)),
+    finished=jnp.zeros((batch, kept, max_len), jnp.int32),
+    cache=init_cache(model, variables, encoded, inputs, max_len, rows=batch * k),
   )
   final = lax.while_loop(cond, body, state)
   return Decoded(final.finished[:, 0], final.finished_scores[:, 0], final.step)

@@ -11,14 +11,14 @@ import dataclasses
 import logging
 
 import jax
-from jax.experimental import multihost_utils
 import numpy as np
+from jax.experimental import multihost_utils
 
 from transformer_jax import schema
 from transformer_jax.conventions import EOS_ID
 from transformer_jax.data import padded_length
 from transformer_jax.decode import search
-from transformer_jax.sharding import Placement
+from transformer_jax.placement import Placement
 
 log = logging.getLogger(__name__)
 
@@ -28,39 +28,68 @@ class DecodeSettings:
   """How to decode (`config.decode`; the paper: beam 4, alpha 0.6, input length + 50) and, for
   `--mode=eval`, what; validated on construction (FieldError naming `decode.<field>`)."""
 
-  beam_size: int = schema.setting(4, "a positive integer (1 = greedy)",
-                                  lambda v: schema.is_int(v) and v > 0,
-                                  "beam size of eval and translate")
-  alpha: float = schema.number(0.6, "exponent of the length penalty: ((5 + len) / 6) ** alpha "
-                               "(gnmt) or len ** alpha (length)", "a number >= 0",
-                               lambda v: v >= 0)
+  beam_size: int = schema.setting(
+    4,
+    "a positive integer (1 = greedy)",
+    lambda v: schema.is_int(v) and v > 0,
+    "beam size of eval and translate",
+  )
+  alpha: float = schema.number(
+    0.6,
+    "exponent of the length penalty: ((5 + len) / 6) ** alpha (gnmt) or len ** alpha (length)",
+    "a number >= 0",
+    lambda v: v >= 0,
+  )
   length_normalization: str = schema.choice(
-      "gnmt", "beam scores are summed log-probabilities over the paper's GNMT penalty, or over "
-      "len ** alpha as Hugging Face's beam search divides them", "gnmt", "length")
-  max_extra: int = schema.count(50, "output tokens <= source tokens + max_extra (and <= "
-                                "model.max_len)", minimum=0)
+    "gnmt",
+    "beam scores are summed log-probabilities over the paper's GNMT penalty, or over "
+    "len ** alpha as Hugging Face's beam search divides them",
+    "gnmt",
+    "length",
+  )
+  max_extra: int = schema.count(
+    50, "output tokens <= source tokens + max_extra (and <= model.max_len)", minimum=0
+  )
   max_length: int = schema.setting(
-      0, "0 (no cap) or an integer >= 2", lambda v: schema.is_int(v) and (v == 0 or v >= 2),
-      "output tokens <= max_length - 1, EOS included, whatever the source (Hugging Face's "
-      "max_length, which counts the decoder's start token)")
-  force_eos: bool = schema.flag(False, "an output that reaches its limit ends with EOS, scored "
-                                "log-probability 0 (Hugging Face's forced_eos_token_id)")
+    0,
+    "0 (no cap) or an integer >= 2",
+    lambda v: schema.is_int(v) and (v == 0 or v >= 2),
+    "output tokens <= max_length - 1, EOS included, whatever the source (Hugging Face's "
+    "max_length, which counts the decoder's start token)",
+  )
+  force_eos: bool = schema.flag(
+    False,
+    "an output that reaches its limit ends with EOS, scored "
+    "log-probability 0 (Hugging Face's forced_eos_token_id)",
+  )
   early_stopping: str = schema.choice(
-      "exact", "when a sentence's beam search stops: exact (no beam can improve; Hugging Face's "
-      "early_stopping='never'), heuristic (its default, False) or first_k (True)",
-      *search.EARLY_STOPPING)
-  renormalize: bool = schema.flag(False, "log-probabilities are renormalized over the tokens "
-                                  "other than pad (Hugging Face's renormalize_logits); off: "
-                                  "pad's share is dropped")
-  batch_size: int = schema.count(128, "sentences per decoding batch (rounded up to the batch "
-                                 "shards)")
-  split: str = schema.setting("test", "a split name such as test",
-                              lambda v: isinstance(v, str) and v != "",
-                              "the split --mode=eval decodes")
+    "exact",
+    "when a sentence's beam search stops: exact (no beam can improve; Hugging Face's "
+    "early_stopping='never'), heuristic (its default, False) or first_k (True)",
+    *search.EARLY_STOPPING,
+  )
+  renormalize: bool = schema.flag(
+    False,
+    "log-probabilities are renormalized over the tokens "
+    "other than pad (Hugging Face's renormalize_logits); off: "
+    "pad's share is dropped",
+  )
+  batch_size: int = schema.count(
+    128, "sentences per decoding batch (rounded up to the batch shards)"
+  )
+  split: str = schema.setting(
+    "test",
+    "a split name such as test",
+    lambda v: isinstance(v, str) and v != "",
+    "the split --mode=eval decodes",
+  )
   tokenized_bleu: bool = schema.flag(False, "--mode=eval also reports the paper's tokenized BLEU")
-  as_is_bleu: bool = schema.flag(False, "--mode=eval also reports BLEU on the text as it is, "
-                                 "split at spaces (multi-bleu.perl, fairseq): for corpora "
-                                 "already tokenized, such as multi30k_tok")
+  as_is_bleu: bool = schema.flag(
+    False,
+    "--mode=eval also reports BLEU on the text as it is, "
+    "split at spaces (multi-bleu.perl, fairseq): for corpora "
+    "already tokenized, such as multi30k_tok",
+  )
 
   def __post_init__(self):
     schema.check(self, "decode")
@@ -82,13 +111,21 @@ class DecodeSettings:
     buffer = min(padded_length(source_length + self.max_extra), positions)
     if self.max_length:
       buffer = min(buffer, self.max_length - 1)
-    common = dict(max_len=buffer, max_extra=self.max_extra, force_eos=self.force_eos,
-                  renormalize=self.renormalize)
+    common = dict(
+      max_len=buffer,
+      max_extra=self.max_extra,
+      force_eos=self.force_eos,
+      renormalize=self.renormalize,
+    )
     if self.beam_size == 1:
       return search.greedy_decode, common
-    return search.beam_search, dict(common, beam_size=self.beam_size, alpha=self.alpha,
-                                     length_normalization=self.length_normalization,
-                                     early_stopping=self.early_stopping)
+    return search.beam_search, dict(
+      common,
+      beam_size=self.beam_size,
+      alpha=self.alpha,
+      length_normalization=self.length_normalization,
+      early_stopping=self.early_stopping,
+    )
 
 
 class Translator:
@@ -110,7 +147,7 @@ class Translator:
 
   @property
   def max_len(self) -> int:
-    """Positions the model can encode: the most tokens (EOS included) a source or output may have."""
+    """Positions the model encodes: the most tokens (EOS included) a source or output may have."""
     return self.placement.model.config.max_len
 
   def encode(self, lines) -> list[list[int]]:
@@ -123,10 +160,15 @@ class Translator:
     for number, line in enumerate(lines, 1):
       ids = self.tokenizer.encode(line)
       if len(ids) >= self.max_len:
-        log.warning("line %d has %d tokens, more than the model's %d positions allow: "
-                    "translating its first %d", number, len(ids) + 1, self.max_len,
-                    self.max_len - 1)
-        ids = ids[:self.max_len - 1]
+        log.warning(
+          "line %d has %d tokens, more than the model's %d positions allow: "
+          "translating its first %d",
+          number,
+          len(ids) + 1,
+          self.max_len,
+          self.max_len - 1,
+        )
+        ids = ids[: self.max_len - 1]
       sources.append(ids + [EOS_ID] if ids else [])
     return sources
 
@@ -142,13 +184,13 @@ class Translator:
     outputs = [[] for _ in sources]
     order = sorted((i for i, ids in enumerate(sources) if ids), key=lambda i: len(sources[i]))
     for start in range(0, len(order), self.batch_size):
-      batch = order[start:start + self.batch_size]
+      batch = order[start : start + self.batch_size]
       for i, ids in zip(batch, self._decode(params, [sources[i] for i in batch])):
         outputs[i] = ids
     return outputs
 
   def _decode(self, params, sources) -> list[list[int]]:
-    """One batch: source id lists (at most `batch_size`, none longer than `max_len`) -> output ids."""
+    """One batch: source id lists (at most `batch_size`, none over `max_len`) -> output ids."""
     rows = self.placement.batch_shards
     while rows < len(sources):
       rows *= 2
@@ -156,11 +198,12 @@ class Translator:
     length = min(padded_length(max(len(ids) for ids in sources)), self.max_len)
     host = np.zeros((rows, length), np.int32)
     for row, ids in enumerate(sources):
-      host[row, :len(ids)] = ids
-    inputs = jax.make_array_from_callback(host.shape, self.placement.batch_sharding,
-                                          lambda index: host[index])
+      host[row, : len(ids)] = ids
+    inputs = jax.make_array_from_callback(
+      host.shape, self.placement.batch_sharding, lambda index: host[index]
+    )
     run, kwargs = self.settings.search_call(length, self.max_len)
     model = self.placement.model
     out = self.placement.run(lambda: run(model, {"params": params}, inputs, **kwargs))
     tokens = multihost_utils.process_allgather(out.tokens, tiled=True)
-    return search.trim(tokens)[:len(sources)]
+    return search.trim(tokens)[: len(sources)]

@@ -9,10 +9,25 @@
 The "From Python" section of docs/library.md has a whole example.
 """
 
+from transformer_jax.experiment.inference import (
+  Checkpoint,
+  Loaded,
+  average,
+  evaluate_split,
+  load,
+  translate_file,
+)
 from transformer_jax.experiment.settings import Experiment
-from transformer_jax.experiment.trained import Checkpoint, Loaded, average, evaluate_split
-from transformer_jax.experiment.trained import load, translate_file
 from transformer_jax.experiment.training import make_trainer, train
 
-__all__ = ["Checkpoint", "Experiment", "Loaded", "average", "evaluate_split", "load",
-           "make_trainer", "train", "translate_file"]
+__all__ = [
+  "Checkpoint",
+  "Experiment",
+  "Loaded",
+  "average",
+  "evaluate_split",
+  "load",
+  "make_trainer",
+  "train",
+  "translate_file",
+]

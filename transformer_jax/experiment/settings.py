@@ -15,6 +15,7 @@ from transformer_jax.data import DataConfig
 from transformer_jax.decode.translator import DecodeSettings
 from transformer_jax.errors import FieldError
 from transformer_jax.model.transformer import TransformerConfig
+from transformer_jax.placement import Placement
 from transformer_jax.train.loop import FitSettings
 from transformer_jax.train.objective import OptimizerSettings
 
@@ -28,40 +29,65 @@ class Experiment:
   (`placement`). FieldError (naming the field's path) for an invalid value.
   """
 
-  seed: int = schema.count(0, "parameter initialization, dropout (fold_in(key, step)) and data "
-                           "order", minimum=0)
+  seed: int = schema.count(
+    0, "parameter initialization, dropout (fold_in(key, step)) and data order", minimum=0
+  )
   optimizer: OptimizerSettings = schema.group(OptimizerSettings)
   label_smoothing: float = schema.number(
-      0.1, "1 - eps on the target, eps / (vocab - 1) on each other token", "a number in [0, 1)",
-      lambda v: 0 <= v < 1)
+    0.1,
+    "1 - eps on the target, eps / (vocab - 1) on each other token",
+    "a number in [0, 1)",
+    lambda v: 0 <= v < 1,
+  )
   grad_accum_steps: int = schema.count(1, "micro-batches per batch, run one after another")
   fit: FitSettings = schema.group(FitSettings)
-  eval_bleu_sentences: int = schema.count(1000, "validation BLEU on this many sentences at each "
-                                          "evaluation", minimum=0, zero="no BLEU")
-  eval_bleu_beam_size: int = schema.setting(1, "a positive integer (1 = greedy)",
-                                            lambda v: schema.is_int(v) and v > 0,
-                                            "the search of that BLEU")
-  average_last: int = schema.count(5, "--mode=average: the mean of the last K checkpoints "
-                                   "(paper: 5 base, 20 big)")
+  eval_bleu_sentences: int = schema.count(
+    1000, "validation BLEU on this many sentences at each evaluation", minimum=0, zero="no BLEU"
+  )
+  eval_bleu_beam_size: int = schema.setting(
+    1,
+    "a positive integer (1 = greedy)",
+    lambda v: schema.is_int(v) and v > 0,
+    "the search of that BLEU",
+  )
+  average_last: int = schema.count(
+    5, "--mode=average: the mean of the last K checkpoints (paper: 5 base, 20 big)"
+  )
   sharding_rules: str = schema.text(
-      "dp", "logical axis names -> mesh axes: dp, fsdp, tp or explicit pairs",
-      "a string (a preset such as 'dp', or pairs like 'batch=data+fsdp,embed=fsdp')")
+    "dp",
+    "logical axis names -> mesh axes: dp, fsdp, tp or explicit pairs",
+    "a string (a preset such as 'dp', or pairs like 'batch=data+fsdp,embed=fsdp')",
+  )
   peak_flops_per_device: float = schema.number(
-      0.0, "the peak for MFU", "a number >= 0 (0 = measure a square matmul at start-up)",
-      lambda v: v >= 0)
+    0.0,
+    "the peak for MFU",
+    "a number >= 0 (0 = measure a square matmul at start-up)",
+    lambda v: v >= 0,
+  )
   on_bad_checkpoints: str = schema.choice(
-      "stop", "when no checkpoint restores: stop, or move them aside and train from step 0",
-      "stop", "start_over")
+    "stop",
+    "when no checkpoint restores: stop, or move them aside and train from step 0",
+    "stop",
+    "start_over",
+  )
   preemption_grace_seconds: float = schema.number(
-      120.0, "after SIGTERM, exit this long later at the latest", "a number >= 0 (0 = no limit)",
-      lambda v: v >= 0)
+    120.0,
+    "after SIGTERM, exit this long later at the latest",
+    "a number >= 0 (0 = no limit)",
+    lambda v: v >= 0,
+  )
   compilation_cache_dir: str = schema.text(
-      "auto", "compiled programs kept between runs (the CLI's modes share them); auto: "
-      "$XDG_CACHE_HOME/transformer_jax/xla, default ~/.cache/transformer_jax/xla",
-      "a directory, 'auto' or '' (off)")
+    "auto",
+    "compiled programs kept between runs (the CLI's modes share them); auto: "
+    "$XDG_CACHE_HOME/transformer_jax/xla, default ~/.cache/transformer_jax/xla",
+    "a directory, 'auto' or '' (off)",
+  )
   host_timeout_seconds: int = schema.count(
-      60, "a process of a multi-process run not heard from for this long is lost: the others "
-      "stop naming it; a work directory lock not refreshed for this long is stale", minimum=5)
+    60,
+    "a process of a multi-process run not heard from for this long is lost: the others "
+    "stop naming it; a work directory lock not refreshed for this long is stale",
+    minimum=5,
+  )
   model: TransformerConfig = schema.section(TransformerConfig)
   data: DataConfig = schema.section(DataConfig)
   decode: DecodeSettings = schema.section(DecodeSettings)
@@ -70,16 +96,24 @@ class Experiment:
   def __post_init__(self):
     schema.check(self, "")
     if self.model.vocab_size != self.data.vocab_size:
-      object.__setattr__(self, "model",
-                         dataclasses.replace(self.model, vocab_size=self.data.vocab_size))
+      object.__setattr__(
+        self, "model", dataclasses.replace(self.model, vocab_size=self.data.vocab_size)
+      )
     sharding.logical_rules(self.sharding_rules)
-    fields = (("max_length",) if self.data.batch_mode == "packed" else
-              ("max_source_length", "max_target_length"))
+    fields = (
+      ("max_length",)
+      if self.data.batch_mode == "packed"
+      else ("max_source_length", "max_target_length")
+    )
     for field in fields:
       if getattr(self.data, field) > self.model.max_len:
-        raise FieldError("data", field, f"={getattr(self.data, field)} is longer than "
-                         f"config.model.max_len={self.model.max_len}, the positions the model "
-                         "has; lower it or raise config.model.max_len")
+        raise FieldError(
+          "data",
+          field,
+          f"={getattr(self.data, field)} is longer than "
+          f"config.model.max_len={self.model.max_len}, the positions the model "
+          "has; lower it or raise config.model.max_len",
+        )
 
   @property
   def rules(self) -> sharding.Rules:
@@ -93,15 +127,18 @@ class Experiment:
     shards = sharding.num_batch_shards(dict(zip(sharding.MESH_AXES, sizes)), self.rules)
     if self.data.batch_multiple % (shards * self.grad_accum_steps):
       raise FieldError(
-          "data", "batch_multiple",
-          f"={self.data.batch_multiple} must be a multiple of {shards * self.grad_accum_steps} = "
-          f"{shards} batch shards (config.mesh with config.sharding_rules) x "
-          f"config.grad_accum_steps={self.grad_accum_steps}, so that every batch splits evenly")
+        "data",
+        "batch_multiple",
+        f"={self.data.batch_multiple} must be a multiple of {shards * self.grad_accum_steps} = "
+        f"{shards} batch shards (config.mesh with config.sharding_rules) x "
+        f"config.grad_accum_steps={self.grad_accum_steps}, so that every batch splits evenly",
+      )
 
-  def placement(self, *, vocab_size: int, devices=None) -> sharding.Placement:
+  def placement(self, *, vocab_size: int, devices=None) -> Placement:
     """The model for a vocabulary of `vocab_size` tokens placed on a mesh of `devices` (default:
     every device) as `mesh` and `sharding_rules` say; FieldError when a parameter does not split
     over it or the platform cannot run the model's attention."""
     mesh = sharding.make_mesh(self.mesh.shape, devices)
-    return sharding.Placement(dataclasses.replace(self.model, vocab_size=vocab_size), mesh,
-                              self.rules)  # Placement resolves the attention for the platform.
+    return Placement(
+      dataclasses.replace(self.model, vocab_size=vocab_size), mesh, self.rules
+    )  # Placement resolves the attention for the platform.

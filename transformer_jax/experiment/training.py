@@ -1,6 +1,6 @@
 """`train(experiment, workdir)`: the experiment's data, model, checkpoints and validation, wired
 to `fit`; each evaluation also scores validation BLEU and keeps the best parameters
-(`decode.best`).
+(`train.validation`).
 """
 
 import contextlib
@@ -9,15 +9,17 @@ import logging
 import time
 
 import jax
-from jax.experimental import multihost_utils
 import numpy as np
+from jax.experimental import multihost_utils
 
-from transformer_jax import data, fileio, hosts
+from transformer_jax import data, fileio
 from transformer_jax.checkpoints import integrity, recovery, store
-from transformer_jax.decode import best, metrics
+from transformer_jax.decode import metrics
 from transformer_jax.decode.translator import Translator
 from transformer_jax.experiment.settings import Experiment
-from transformer_jax.model.transformer import count_params
+from transformer_jax.hosts import liveness, workdir_lock
+from transformer_jax.model.config import count_params
+from transformer_jax.train import validation
 from transformer_jax.train.loop import PreemptionWatch, fit
 from transformer_jax.train.reporting import TrainLogger, measure_matmul_flops
 from transformer_jax.train.step import Trainer, TrainState
@@ -31,8 +33,13 @@ def make_trainer(experiment: Experiment, *, vocab_size: int, devices=None):
   vocabulary of `vocab_size` tokens."""
   placement = experiment.placement(vocab_size=vocab_size, devices=devices)
   optimizer, schedule = experiment.optimizer.make(placement.model.config.d_model)
-  trainer = Trainer(placement, optimizer, label_smoothing=experiment.label_smoothing,
-                    grad_accum_steps=experiment.grad_accum_steps, seed=experiment.seed)
+  trainer = Trainer(
+    placement,
+    optimizer,
+    label_smoothing=experiment.label_smoothing,
+    grad_accum_steps=experiment.grad_accum_steps,
+    seed=experiment.seed,
+  )
   return trainer, schedule
 
 
@@ -54,8 +61,7 @@ def train(experiment: Experiment, workdir: Workdir, *, description: str = "") ->
       fileio.write_atomically(workdir.config_file, description or f"{experiment}\n")
     # No limit of its own: fit deletes old steps, safely (recovery.delete_steps).
     manager = store.make_manager(workdir.checkpoints)
-    with PreemptionWatch(manager,
-                         grace_seconds=experiment.preemption_grace_seconds) as preemption:
+    with PreemptionWatch(manager, grace_seconds=experiment.preemption_grace_seconds) as preemption:
       state = _train(experiment, workdir, manager, preemption)
     manager.close()
   return state
@@ -63,10 +69,10 @@ def train(experiment: Experiment, workdir: Workdir, *, description: str = "") ->
 
 @contextlib.contextmanager
 def _holding(workdir: Workdir, timeout_seconds: int):
-  """Hold the work directory's lock (`hosts.WorkdirLock`, one per run: process 0 takes it for all)
-  while in the block; every process raises when process 0 could not take it."""
-  lock = hosts.WorkdirLock(workdir, stale_after=timeout_seconds)
-  record = hosts.own_record(processes=jax.process_count())
+  """Hold the work directory's lock (`WorkdirLock`, one per run: process 0 takes it for all) while
+  in the block; every process raises when process 0 could not take it."""
+  lock = workdir_lock.WorkdirLock(workdir, stale_after=timeout_seconds)
+  record = liveness.own_record(processes=jax.process_count())
   refused = None
   if jax.process_index() == 0:
     try:
@@ -80,12 +86,16 @@ def _holding(workdir: Workdir, timeout_seconds: int):
     if jax.process_count() > 1:
       held = multihost_utils.broadcast_one_to_all(np.int32(refused is None))
       if not held and refused is None:
-        refused = hosts.WorkdirInUseError(
-            f"process 0 could not take the lock {lock.path} of the work directory (see its error)")
+        refused = workdir_lock.WorkdirInUseError(
+          f"process 0 could not take the lock {lock.path} of the work directory (see its error)"
+        )
     if refused is not None:
       raise refused
-    beating = (lock.heartbeat(record, hosts.beat_interval(timeout_seconds))
-               if jax.process_index() == 0 else contextlib.nullcontext())
+    beating = (
+      lock.heartbeat(record, liveness.beat_interval(timeout_seconds))
+      if jax.process_index() == 0
+      else contextlib.nullcontext()
+    )
     with beating:
       yield
   finally:
@@ -96,16 +106,22 @@ def _holding(workdir: Workdir, timeout_seconds: int):
 def _resume(experiment: Experiment, manager, trainer: Trainer, train_iter) -> TrainState | None:
   """`recovery.resume`, its errors saying which config fields to look at."""
   try:
-    return recovery.resume(manager, trainer.abstract_state, train_iter,
-                           start_over=experiment.on_bad_checkpoints == "start_over")
+    return recovery.resume(
+      manager,
+      trainer.abstract_state,
+      train_iter,
+      start_over=experiment.on_bad_checkpoints == "start_over",
+    )
   except store.CheckpointMismatchError as error:
     raise store.CheckpointMismatchError(
-        f"{error}. Was config.model, config.data.vocab_size (or the vocabulary file) or "
-        "config.grad_clip_norm changed? Use the config it was trained with, or another "
-        "--workdir") from None
+      f"{error}. Was config.model, config.data.vocab_size (or the vocabulary file) or "
+      "config.grad_clip_norm changed? Use the config it was trained with, or another "
+      "--workdir"
+    ) from None
   except recovery.UnusableCheckpointsError as error:
     raise recovery.UnusableCheckpointsError(
-        f"{error}: --config.on_bad_checkpoints=start_over") from None
+      f"{error}: --config.on_bad_checkpoints=start_over"
+    ) from None
 
 
 def _imported_start(manager, trainer: Trainer) -> TrainState | None:
@@ -116,8 +132,12 @@ def _imported_start(manager, trainer: Trainer) -> TrainState | None:
     return None
   if not integrity.gather_codes(int(store.is_params_only(manager, 0)))[0]:  # Process 0's answer.
     return None
-  params = store.restore_params(manager, trainer.abstract_state.params, step=0, hint=(
-      "Train the imported model with the config the import wrote (<workdir>/config.py)"))
+  params = store.restore_params(
+    manager,
+    trainer.abstract_state.params,
+    step=0,
+    hint=("Train the imported model with the config the import wrote (<workdir>/config.py)"),
+  )
   return trainer.init().replace(params=params)
 
 
@@ -129,11 +149,23 @@ def _train(experiment: Experiment, workdir: Workdir, manager, preemption) -> Tra
   trainer, schedule = make_trainer(experiment, vocab_size=tokenizer.vocab_size)
   placement = trainer.placement
   model_config = placement.model.config
-  log.info("model: %s, %s parameters; mesh %s; sharding rules %s", model_config,
-           f"{count_params(model_config):,}", dict(placement.mesh.shape), placement.rules)
+  log.info(
+    "model: %s, %s parameters; mesh %s; sharding rules %s",
+    model_config,
+    f"{count_params(model_config):,}",
+    dict(placement.mesh.shape),
+    placement.rules,
+  )
   shard_index, shard_count = placement.data_shard
-  train_iter = iter(data.make_train_loader(experiment.data, tokenizer, seed=experiment.seed,
-                                           shard_index=shard_index, shard_count=shard_count))
+  train_iter = iter(
+    data.make_train_loader(
+      experiment.data,
+      tokenizer,
+      seed=experiment.seed,
+      shard_index=shard_index,
+      shard_count=shard_count,
+    )
+  )
   state = _imported_start(manager, trainer)
   if state is not None:
     log.info("starting from the imported parameters of %s/0", manager.directory)
@@ -144,17 +176,34 @@ def _train(experiment: Experiment, workdir: Workdir, manager, preemption) -> Tra
     else:
       log.info("resumed from %s at step %d", manager.directory, int(state.step))
   peak = experiment.peak_flops_per_device or measure_matmul_flops(model_config.compute_dtype)
-  log.info("peak FLOP/s per device for MFU: %.3g (%s)", peak,
-           "config.peak_flops_per_device" if experiment.peak_flops_per_device else
-           "measured on a square matmul")
-  logger = TrainLogger(workdir.tensorboard, total_steps=experiment.fit.num_train_steps,
-                       start_step=int(state.step), learning_rate_fn=schedule,
-                       peak_flops=peak * jax.device_count())
-  log.info("set-up (vocabulary, data, parameters or checkpoint, peak FLOP/s) took %.1f s",
-           time.perf_counter() - start)
-  return fit(trainer, state, train_iter, experiment.fit, logger=logger,
-             manager=manager, stop_requested=preemption,
-             evaluate=_evaluator(experiment, workdir, placement, tokenizer))
+  log.info(
+    "peak FLOP/s per device for MFU: %.3g (%s)",
+    peak,
+    "config.peak_flops_per_device"
+    if experiment.peak_flops_per_device
+    else "measured on a square matmul",
+  )
+  logger = TrainLogger(
+    workdir.tensorboard,
+    total_steps=experiment.fit.num_train_steps,
+    start_step=int(state.step),
+    learning_rate_fn=schedule,
+    peak_flops=peak * jax.device_count(),
+  )
+  log.info(
+    "set-up (vocabulary, data, parameters or checkpoint, peak FLOP/s) took %.1f s",
+    time.perf_counter() - start,
+  )
+  return fit(
+    trainer,
+    state,
+    train_iter,
+    experiment.fit,
+    logger=logger,
+    manager=manager,
+    stop_requested=preemption,
+    evaluate=_evaluator(experiment, workdir, placement, tokenizer),
+  )
 
 
 def _evaluator(experiment: Experiment, workdir: Workdir, placement, tokenizer):
@@ -163,17 +212,28 @@ def _evaluator(experiment: Experiment, workdir: Workdir, placement, tokenizer):
   split = experiment.data.eval_split
   loss = metrics.TeacherForcedLoss(placement, label_smoothing=experiment.label_smoothing)
   settings = dataclasses.replace(experiment.decode, beam_size=experiment.eval_bleu_beam_size)
-  validation_bleu = best.ValidationBleu(
-      Translator(placement, tokenizer, settings), experiment.data, workdir, split=split,
-      sentences=experiment.eval_bleu_sentences)
+  validation_bleu = validation.ValidationBleu(
+    Translator(placement, tokenizer, settings),
+    experiment.data,
+    workdir,
+    split=split,
+    sentences=experiment.eval_bleu_sentences,
+  )
   batches = []
 
   def evaluate(state):
     if not batches:  # The split is read at the first evaluation.
       shard_index, shard_count = placement.data_shard
-      batches.extend(data.make_eval_batches(
-          experiment.data, tokenizer, split, shard_index=shard_index, shard_count=shard_count,
-          max_length=placement.model.config.max_len))
+      batches.extend(
+        data.make_eval_batches(
+          experiment.data,
+          tokenizer,
+          split,
+          shard_index=shard_index,
+          shard_count=shard_count,
+          max_length=placement.model.config.max_len,
+        )
+      )
     sums = loss(state.params, batches)
     if experiment.eval_bleu_sentences:
       sums = {**sums, "bleu": validation_bleu(int(state.step), state.params)}

@@ -68,13 +68,14 @@ def masked_softmax(logits, mask=None):
 
 
 def attention_weights(query, key, mask=None):
-  """softmax(Q K^T / sqrt(d_k)) in float32 (float64 for float64 inputs): `[batch, heads, q_len, k_len]`.
+  """softmax(Q K^T / sqrt(d_k)), `[batch, heads, q_len, k_len]`, in float32 (float64 for float64).
 
   Masked keys get exactly zero weight; a query row with no allowed key gets
   all zeros (never NaN).
   """
-  logits = jnp.einsum("bqhd,bkhd->bhqk", query, key,
-                      preferred_element_type=_accumulation_dtype(query))
+  logits = jnp.einsum(
+    "bqhd,bkhd->bhqk", query, key, preferred_element_type=_accumulation_dtype(query)
+  )
   return masked_softmax(logits / jnp.sqrt(jnp.asarray(query.shape[-1], logits.dtype)), mask)
 
 
@@ -93,25 +94,21 @@ def cached_attention(query, key_cache, value_cache, mask=None):
   batch, q_len, heads, _ = query.shape
   kv_batch = key_cache.shape[0]
   if batch % kv_batch:
-    raise ValueError(f"cached attention of {batch} query rows over {kv_batch} cached rows: the "
-                     "query rows must be a multiple of the cached ones")
+    raise ValueError(
+      f"cached attention of {batch} query rows over {kv_batch} cached rows: the "
+      "query rows must be a multiple of the cached ones"
+    )
   # A group's query rows become query positions of its cached row.
   query = query.reshape(kv_batch, batch // kv_batch * q_len, heads, query.shape[-1])
-  logits = jnp.einsum("bqhd,bhkd->bhqk", query, key_cache,
-                      preferred_element_type=_accumulation_dtype(query))
+  logits = jnp.einsum(
+    "bqhd,bhkd->bhqk", query, key_cache, preferred_element_type=_accumulation_dtype(query)
+  )
   weights = masked_softmax(logits / jnp.sqrt(jnp.asarray(query.shape[-1], logits.dtype)), mask)
   out = jnp.einsum("bhqk,bhkd->bqhd", weights.astype(value_cache.dtype), value_cache)
   return out.reshape(batch, q_len, heads, value_cache.shape[-1]).astype(query.dtype)
 
 
-def dot_product_attention(
-    query,
-    key,
-    value,
-    mask=None,
-    *,
-    implementation: Implementation = "auto",
-):
+def dot_product_attention(query, key, value, mask=None, *, implementation: Implementation = "auto"):
   """Scaled dot-product attention, `softmax(Q K^T / sqrt(d_k)) V`.
 
   Args:
@@ -133,13 +130,12 @@ def dot_product_attention(
     masked are zero.
   """
   _check_shapes(query, key, value, mask)
-  backend = resolve_implementation(implementation, jax.default_backend(), dtype=query.dtype,
-                                   d_k=key.shape[-1], d_v=value.shape[-1])
+  backend = resolve_implementation(
+    implementation, jax.default_backend(), dtype=query.dtype, d_k=key.shape[-1], d_v=value.shape[-1]
+  )
   if backend == "reference":
     weights = attention_weights(query, key, mask)
-    return jnp.einsum(
-        "bhqk,bkhd->bqhd", weights.astype(value.dtype), value
-    ).astype(query.dtype)
+    return jnp.einsum("bhqk,bkhd->bqhd", weights.astype(value.dtype), value).astype(query.dtype)
 
   if mask is not None:
     mask = jnp.asarray(mask, jnp.bool_)
@@ -154,8 +150,7 @@ def dot_product_attention(
   return jnp.where(has_key, out, jnp.zeros((), out.dtype))
 
 
-def resolve_implementation(implementation: str, platform: str, *, dtype, d_k: int,
-                           d_v: int) -> str:
+def resolve_implementation(implementation: str, platform: str, *, dtype, d_k: int, d_v: int) -> str:
   """The attention path that `implementation` takes on `platform` ("cpu", "gpu", "tpu") for inputs
   of `dtype` and head sizes `d_k`, `d_v`: "reference", "xla" or "cudnn".
 
@@ -165,46 +160,60 @@ def resolve_implementation(implementation: str, platform: str, *, dtype, d_k: in
   d_k != d_v. "reference", "xla" and "cudnn" are taken as they are.
   ValueError for an unknown implementation, or a fused one with d_k != d_v.
   """
-  if implementation not in IMPLEMENTATIONS:
-    raise ValueError(f"implementation={implementation!r}; allowed: {', '.join(IMPLEMENTATIONS)}")
   if implementation == "auto":
     if d_k != d_v or jnp.dtype(dtype) == jnp.float64:
       return "reference"
     implementation = "fused"
-  if implementation != "reference" and d_k != d_v:
-    raise ValueError(f"implementation={implementation!r} needs d_k == d_v; got d_k={d_k}, "
-                     f"d_v={d_v} (use 'auto' or 'reference')")
+  problem = implementation_problem(implementation, d_k=d_k, d_v=d_v)
+  if problem:
+    raise ValueError(f"implementation={implementation!r}{problem}")
   if implementation == "fused":
     return "cudnn" if cudnn_supports(platform, dtype=dtype, d_k=d_k) else "xla"
   return implementation
 
 
+def implementation_problem(
+  implementation: str, *, d_k: int, d_v: int, platform: str | None = None, dtype=None
+) -> str | None:
+  """Why attention `implementation` cannot take heads of sizes `d_k` and `d_v` (and, given a
+  `platform` and `dtype`, run there), as the words that follow its name in a message; or None.
+  The one rule the model's settings, the traced attention and the compile mode's targets share."""
+  if implementation not in IMPLEMENTATIONS:
+    return f"; allowed: {', '.join(IMPLEMENTATIONS)}"
+  if implementation in ("fused", "xla", "cudnn") and d_k != d_v:
+    return f" needs d_k == d_v; got d_k={d_k}, d_v={d_v} (use 'auto' or 'reference')"
+  if implementation == "cudnn" and platform and not cudnn_supports(platform, dtype=dtype, d_k=d_k):
+    return (
+      " needs a GPU, bfloat16 or float16 and a head size that is a multiple of 8 up to 128; got "
+      f"{platform}, {jnp.dtype(dtype).name}, d_k={d_k} (use 'auto')"
+    )
+  return None
+
+
 def cudnn_supports(platform: str, *, dtype, d_k: int) -> bool:
   """Whether cuDNN's fused attention runs heads of size `d_k` in `dtype` on `platform`: a GPU,
   bfloat16 or float16, and a head size that is a multiple of 8 up to 128."""
-  return (platform == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
-          and d_k % 8 == 0 and d_k <= 128)
+  return (
+    platform == "gpu"
+    and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
+    and d_k % 8 == 0
+    and d_k <= 128
+  )
 
 
 def _check_shapes(query, key, value, mask):
   """Raise ValueError for inconsistent attention operands."""
   for name, array in (("query", query), ("key", key), ("value", value)):
     if array.ndim != 4:
-      raise ValueError(
-          f"{name} must be [batch, length, heads, head_dim]; got shape {array.shape}"
-      )
+      raise ValueError(f"{name} must be [batch, length, heads, head_dim]; got shape {array.shape}")
   if query.shape[-1] != key.shape[-1]:
-    raise ValueError(
-        f"query and key head_dim differ: {query.shape[-1]} vs {key.shape[-1]}"
-    )
+    raise ValueError(f"query and key head_dim differ: {query.shape[-1]} vs {key.shape[-1]}")
   if key.shape[:3] != value.shape[:3]:
     raise ValueError(
-        f"key and value must agree on [batch, length, heads]: {key.shape} vs {value.shape}"
+      f"key and value must agree on [batch, length, heads]: {key.shape} vs {value.shape}"
     )
   if query.shape[0] != key.shape[0] or query.shape[2] != key.shape[2]:
-    raise ValueError(
-        f"query and key must agree on batch and heads: {query.shape} vs {key.shape}"
-    )
+    raise ValueError(f"query and key must agree on batch and heads: {query.shape} vs {key.shape}")
   if mask is not None:
     target = (query.shape[0], query.shape[2], query.shape[1], key.shape[1])
     try:
@@ -213,6 +222,6 @@ def _check_shapes(query, key, value, mask):
       fits = False
     if not fits:
       raise ValueError(
-          f"mask of shape {jnp.shape(mask)} does not broadcast to [batch, heads, "
-          f"q_len, k_len] = {target}"
+        f"mask of shape {jnp.shape(mask)} does not broadcast to [batch, heads, "
+        f"q_len, k_len] = {target}"
       )

@@ -1,4 +1,4 @@
-"""Dropout whose keep decisions are a hash of each element's index: fused by XLA, the same on any sharding."""
+"""Dropout whose keep decisions hash each element's index: fused by XLA, equal on any sharding."""
 
 import flax.linen as nn
 import jax
@@ -34,10 +34,9 @@ def hashed_bits(key, shape):
 def dropout(x, rate: float, key):
   """Inverted dropout: zero each element with probability `rate`, scale the rest by 1 / (1 - rate).
 
-  The keep decision compares `hashed_bits` with `rate * 2^32`. In the
-  `small` benchmark's training step on a CPU, `nn.Dropout` (threefry bits,
-  materialized, and the masks rebuilt from them in the backward pass) cost
-  65 ms of 0.37 s; this costs 12 ms.
+  The keep decision compares `hashed_bits` with `rate * 2^32`, instead of
+  `nn.Dropout`'s threefry bits (materialized, and the masks rebuilt from them
+  in the backward pass); what that saved is in docs/performance.md.
   """
   if rate == 0:
     return x

@@ -1,4 +1,5 @@
-"""Flax Linen layers of the Transformer, each usable on its own in any Flax model.
+"""Flax Linen layers of the Transformer, each usable on its own in any Flax model (the embedding
+and positional encodings: model/embedding.py).
 
 Every parameter carries logical axis names (`embed, heads, kv, mlp, vocab,
 length`) and the main activations are constrained to (`batch, length, embed`,
@@ -12,7 +13,6 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from transformer_jax.model import attention
 from transformer_jax.model.dropout import Dropout
@@ -32,11 +32,14 @@ def _uniform(bound: float):
 
 # The feed-forward activations: the paper's ReLU, and those of other pretrained models
 # (swish = x * sigmoid(x); gelu is the exact, erf-based one).
-ACTIVATIONS = {"relu": nn.relu, "swish": nn.swish,
-               "gelu": functools.partial(nn.gelu, approximate=False)}
+ACTIVATIONS = {
+  "relu": nn.relu,
+  "swish": nn.swish,
+  "gelu": functools.partial(nn.gelu, approximate=False),
+}
 
 
-def _param(module, name, init, shape, axes, dtype):
+def logical_param(module, name, init, shape, axes, dtype):
   """A float32 parameter annotated with logical axis names."""
   return module.param(name, nn.with_logical_partitioning(init, axes), shape, dtype)
 
@@ -75,14 +78,39 @@ class MultiHeadAttention(nn.Module):
     d_in = inputs_q.shape[-1]
     d_out = self.out_features or d_in
     h = self.num_heads
-    kv_init = nn.initializers.variance_scaling(0.5 if self.init_scheme == "fairseq" else 1.0,
-                                               "fan_avg", "uniform", in_axis=0, out_axis=(1, 2))
-    w_q = _param(self, "query", kv_init, (d_in, h, self.d_k), ("embed", "heads", "kv"), self.param_dtype)
-    w_k = _param(self, "key", kv_init, (inputs_kv.shape[-1], h, self.d_k), ("embed", "heads", "kv"), self.param_dtype)
-    w_v = _param(self, "value", kv_init, (inputs_kv.shape[-1], h, self.d_v), ("embed", "heads", "kv"), self.param_dtype)
-    w_o = _param(
-        self, "out", nn.initializers.xavier_uniform(in_axis=(0, 1), out_axis=2),
-        (h, self.d_v, d_out), ("heads", "kv", "embed"), self.param_dtype,
+    kv_init = nn.initializers.variance_scaling(
+      0.5 if self.init_scheme == "fairseq" else 1.0,
+      "fan_avg",
+      "uniform",
+      in_axis=0,
+      out_axis=(1, 2),
+    )
+    w_q = logical_param(
+      self, "query", kv_init, (d_in, h, self.d_k), ("embed", "heads", "kv"), self.param_dtype
+    )
+    w_k = logical_param(
+      self,
+      "key",
+      kv_init,
+      (inputs_kv.shape[-1], h, self.d_k),
+      ("embed", "heads", "kv"),
+      self.param_dtype,
+    )
+    w_v = logical_param(
+      self,
+      "value",
+      kv_init,
+      (inputs_kv.shape[-1], h, self.d_v),
+      ("embed", "heads", "kv"),
+      self.param_dtype,
+    )
+    w_o = logical_param(
+      self,
+      "out",
+      nn.initializers.xavier_uniform(in_axis=(0, 1), out_axis=2),
+      (h, self.d_v, d_out),
+      ("heads", "kv", "embed"),
+      self.param_dtype,
     )
     b_q, b_k, b_v, b_o = self._biases(d_in, inputs_kv.shape[-1], d_out)
 
@@ -91,22 +119,29 @@ class MultiHeadAttention(nn.Module):
       if b is not None:
         y = y + (b if layout == "blhk" else b[:, None, :]).astype(self.dtype)
       return nn.with_logical_constraint(
-          y, ("batch", "length", "heads", "kv") if layout == "blhk" else ("batch", "heads", "length", "kv"))
+        y,
+        ("batch", "length", "heads", "kv")
+        if layout == "blhk"
+        else ("batch", "heads", "length", "kv"),
+      )
 
     query = project(inputs_q, w_q, b_q)
     if decode:
       # The cache is head-major, [batch, heads, length, d], as the attention wants it.
       if self.static_kv:
-        key, value = self._static_kv_cache(lambda: (
-            project(inputs_kv, w_k, b_k, "bhlk"), project(inputs_kv, w_v, b_v, "bhlk")))
+        key, value = self._static_kv_cache(
+          lambda: (project(inputs_kv, w_k, b_k, "bhlk"), project(inputs_kv, w_v, b_v, "bhlk"))
+        )
       else:
         key, value, mask = self._self_attention_cache(
-            project(inputs_kv, w_k, b_k, "bhlk"), project(inputs_kv, w_v, b_v, "bhlk"), mask)
+          project(inputs_kv, w_k, b_k, "bhlk"), project(inputs_kv, w_v, b_v, "bhlk"), mask
+        )
       out = attention.cached_attention(query, key, value, mask)
     else:
       key, value = project(inputs_kv, w_k, b_k), project(inputs_kv, w_v, b_v)
       out = attention.dot_product_attention(
-          query, key, value, mask, implementation=self.attention_impl)
+        query, key, value, mask, implementation=self.attention_impl
+      )
     out = jnp.einsum("blhk,hkd->bld", out, w_o.astype(self.dtype))
     if b_o is not None:
       out = out + b_o.astype(self.dtype)
@@ -119,10 +154,12 @@ class MultiHeadAttention(nn.Module):
     zeros, h = nn.initializers.zeros, self.num_heads
     fairseq = self.init_scheme == "fairseq"
     q_init, kv_init = (_uniform(d_in**-0.5), _uniform(d_kv**-0.5)) if fairseq else (zeros, zeros)
-    return (_param(self, "query_bias", q_init, (h, self.d_k), ("heads", "kv"), self.param_dtype),
-            _param(self, "key_bias", kv_init, (h, self.d_k), ("heads", "kv"), self.param_dtype),
-            _param(self, "value_bias", kv_init, (h, self.d_v), ("heads", "kv"), self.param_dtype),
-            _param(self, "out_bias", zeros, (d_out,), ("embed",), self.param_dtype))
+    return (
+      logical_param(self, "query_bias", q_init, (h, self.d_k), ("heads", "kv"), self.param_dtype),
+      logical_param(self, "key_bias", kv_init, (h, self.d_k), ("heads", "kv"), self.param_dtype),
+      logical_param(self, "value_bias", kv_init, (h, self.d_v), ("heads", "kv"), self.param_dtype),
+      logical_param(self, "out_bias", zeros, (d_out,), ("embed",), self.param_dtype),
+    )
 
   def _static_kv_cache(self, compute):
     """Keys/values projected once from a fixed source, then read from the cache."""
@@ -134,7 +171,7 @@ class MultiHeadAttention(nn.Module):
     return key, value
 
   def _self_attention_cache(self, key, value, mask):
-    """Write this step's key/value `[b, heads, 1, d]` into the cache; attend over the steps so far."""
+    """Write this step's key/value `[b, heads, 1, d]` into the cache; attend over steps so far."""
     initialized = self.has_variable("cache", "cached_key")
     cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
     cached_value = self.variable("cache", "cached_value", jnp.zeros, value.shape, value.dtype)
@@ -143,7 +180,8 @@ class MultiHeadAttention(nn.Module):
       return key, value, mask  # Sizing call: the full-length shape makes the cache.
     if key.shape[2] != 1:
       raise ValueError(
-          f"incremental decoding takes one target position per call; got {key.shape[2]}")
+        f"incremental decoding takes one target position per call; got {key.shape[2]}"
+      )
     max_len = cached_key.value.shape[2]
     index = cache_index.value
     zero = jnp.zeros_like(index)  # Start indices of one dtype, also with jax_enable_x64.
@@ -156,7 +194,7 @@ class MultiHeadAttention(nn.Module):
 
 
 class FeedForward(nn.Module):
-  """Position-wise feed-forward network, `max(0, x W1 + b1) W2 + b2`: `[..., d_model] -> [..., d_model]`.
+  """Position-wise feed-forward network `max(0, x W1 + b1) W2 + b2`, `[..., d_model]` to itself.
 
   `activation` (a name of ACTIVATIONS) replaces the paper's ReLU `max(0, .)`;
   `init_scheme` is one of INITS.
@@ -175,97 +213,18 @@ class FeedForward(nn.Module):
       inits = (_uniform(d_model**-0.5),) * 2 + (_uniform(self.d_ff**-0.5),) * 2
     else:
       inits = (nn.initializers.xavier_uniform(), nn.initializers.zeros) * 2
-    w1 = _param(self, "wi", inits[0], (d_model, self.d_ff), ("embed", "mlp"), self.param_dtype)
-    b1 = _param(self, "bi", inits[1], (self.d_ff,), ("mlp",), self.param_dtype)
-    w2 = _param(self, "wo", inits[2], (self.d_ff, d_model), ("mlp", "embed"), self.param_dtype)
-    b2 = _param(self, "bo", inits[3], (d_model,), ("embed",), self.param_dtype)
+    w1 = logical_param(
+      self, "wi", inits[0], (d_model, self.d_ff), ("embed", "mlp"), self.param_dtype
+    )
+    b1 = logical_param(self, "bi", inits[1], (self.d_ff,), ("mlp",), self.param_dtype)
+    w2 = logical_param(
+      self, "wo", inits[2], (self.d_ff, d_model), ("mlp", "embed"), self.param_dtype
+    )
+    b2 = logical_param(self, "bo", inits[3], (d_model,), ("embed",), self.param_dtype)
     x = x.astype(self.dtype)
     hidden = ACTIVATIONS[self.activation](x @ w1.astype(self.dtype) + b1.astype(self.dtype))
     hidden = nn.with_logical_constraint(hidden, ("batch", "length", "mlp"))
     return hidden @ w2.astype(self.dtype) + b2.astype(self.dtype)
-
-
-class Embed(nn.Module):
-  """One token embedding shared by source, target and the pre-softmax projection.
-
-  `__call__`: ids `[batch, length]` -> `[batch, length, d_model]`, scaled by
-  sqrt(d_model). `attend`: `[batch, length, d_model]` -> float32 logits
-  `[batch, length, vocab_size]` through the same matrix, plus a `[vocab_size]`
-  bias with `logits_bias` (the paper has none).
-  """
-
-  vocab_size: int
-  d_model: int
-  logits_bias: bool = False
-  dtype: Dtype = jnp.float32
-  param_dtype: Dtype = jnp.float32
-
-  def setup(self):
-    self.embedding = _param(
-        self, "embedding", nn.initializers.normal(stddev=self.d_model**-0.5),
-        (self.vocab_size, self.d_model), ("vocab", "embed"), self.param_dtype,
-    )
-    if self.logits_bias:
-      self.bias = _param(self, "logits_bias", nn.initializers.zeros, (self.vocab_size,),
-                         ("vocab",), self.param_dtype)
-
-  def __call__(self, ids):
-    x = jnp.take(self.embedding, ids, axis=0).astype(self.dtype)
-    return x * jnp.asarray(np.sqrt(self.d_model), self.dtype)
-
-  def attend(self, x):
-    logits = jnp.einsum(
-        "bld,vd->blv", x.astype(self.dtype), self.embedding.astype(self.dtype),
-        preferred_element_type=jnp.promote_types(self.dtype, jnp.float32),
-    )
-    return logits + self.bias.astype(logits.dtype) if self.logits_bias else logits
-
-
-def sinusoidal_table(max_len: int, d_model: int, dtype=np.float32) -> np.ndarray:
-  """The paper's encoding `[max_len, d_model]`, computed in float64, returned as `dtype`.
-
-  PE(pos, 2i) = sin(pos / 10000^(2i/d_model)); PE(pos, 2i+1) = cos(same).
-  """
-  pos = np.arange(max_len, dtype=np.float64)[:, None]
-  two_i = np.arange(0, d_model, 2, dtype=np.float64)[None, :]
-  angle = pos / np.power(10000.0, two_i / d_model)
-  table = np.zeros((max_len, d_model), dtype=np.float64)
-  table[:, 0::2] = np.sin(angle)
-  table[:, 1::2] = np.cos(angle)
-  return table.astype(dtype)
-
-
-class PositionalEncoding(nn.Module):
-  """Adds positional information: `[batch, length, d_model]` -> same shape.
-
-  `kind="sinusoidal"` is the paper's fixed encoding; `kind="learned"` is
-  Table 3 row (E), a trained `[max_len, d_model]` table. `positions`
-  (`[batch, length]`) index the table; by default 0..length-1.
-  """
-
-  max_len: int = 512
-  kind: str = "sinusoidal"
-  param_dtype: Dtype = jnp.float32
-
-  @nn.compact
-  def __call__(self, x, positions=None):
-    length, d_model = x.shape[-2:]
-    if positions is None:
-      if length > self.max_len:
-        raise ValueError(f"sequence length {length} exceeds max_len={self.max_len}")
-      positions = jnp.arange(length)[None, :]
-    if self.kind == "sinusoidal":
-      # float32 (float64 in a float64 model), then cast to the computation dtype.
-      table = jnp.asarray(sinusoidal_table(self.max_len, d_model,
-                                           jnp.promote_types(x.dtype, jnp.float32)))
-    elif self.kind == "learned":
-      table = _param(
-          self, "table", nn.initializers.normal(stddev=d_model**-0.5),
-          (self.max_len, d_model), ("length", "embed"), self.param_dtype,
-      )
-    else:
-      raise ValueError(f"positional kind {self.kind!r}; allowed: sinusoidal, learned")
-    return x + jnp.take(table, positions, axis=0).astype(x.dtype)
 
 
 def residual(x, sublayer, *, norm, dropout, pre_norm: bool, deterministic: bool):
@@ -282,9 +241,11 @@ def residual(x, sublayer, *, norm, dropout, pre_norm: bool, deterministic: bool)
 def layer_norm(dtype, name=None, epsilon=1e-6):
   """LayerNorm with logically partitioned scale and bias."""
   return nn.LayerNorm(
-      epsilon=epsilon, dtype=dtype, name=name,
-      scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
-      bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
+    epsilon=epsilon,
+    dtype=dtype,
+    name=name,
+    scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
+    bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
   )
 
 
@@ -309,8 +270,35 @@ class _LayerFields(nn.Module):
     return layer_norm(self.dtype, name, self.norm_epsilon)
 
   def _feed_forward(self):
-    return FeedForward(self.d_ff, self.activation, dtype=self.dtype,
-                       init_scheme=self.init_scheme, name="feed_forward")
+    return FeedForward(
+      self.d_ff,
+      self.activation,
+      dtype=self.dtype,
+      init_scheme=self.init_scheme,
+      name="feed_forward",
+    )
+
+  def _attention(self, name, **kwargs):
+    return MultiHeadAttention(
+      self.num_heads,
+      self.d_k,
+      self.d_v,
+      use_bias=self.attention_bias,
+      dtype=self.dtype,
+      attention_impl=self.attention_impl,
+      init_scheme=self.init_scheme,
+      name=name,
+      **kwargs,
+    )
+
+  def _residual_block(self, deterministic: bool):
+    """`block(x, sublayer, norm=...)`: `residual` with this layer's dropout and norm placement."""
+    return functools.partial(
+      residual,
+      dropout=Dropout(self.dropout_rate),
+      pre_norm=self.pre_norm,
+      deterministic=deterministic,
+    )
 
 
 class EncoderLayer(_LayerFields):
@@ -321,15 +309,8 @@ class EncoderLayer(_LayerFields):
 
   @nn.compact
   def __call__(self, x, mask=None, deterministic: bool = True):
-    block = functools.partial(
-        residual, dropout=Dropout(self.dropout_rate), pre_norm=self.pre_norm,
-        deterministic=deterministic,
-    )
-    attend = MultiHeadAttention(
-        self.num_heads, self.d_k, self.d_v, use_bias=self.attention_bias, dtype=self.dtype,
-        attention_impl=self.attention_impl, init_scheme=self.init_scheme,
-        name="self_attention",
-    )
+    block = self._residual_block(deterministic)
+    attend = self._attention("self_attention")
     x = block(x, lambda y: attend(y, y, mask), norm=self._norm("self_attention_norm"))
     x = block(x, self._feed_forward(), norm=self._norm("feed_forward_norm"))
     return nn.with_logical_constraint(x, ("batch", "length", "embed"))
@@ -346,22 +327,27 @@ class DecoderLayer(_LayerFields):
   """
 
   @nn.compact
-  def __call__(self, x, encoded, self_mask=None, cross_mask=None,
-               deterministic: bool = True, decode: bool = False):
-    block = functools.partial(
-        residual, dropout=Dropout(self.dropout_rate), pre_norm=self.pre_norm,
-        deterministic=deterministic,
+  def __call__(
+    self,
+    x,
+    encoded,
+    self_mask=None,
+    cross_mask=None,
+    deterministic: bool = True,
+    decode: bool = False,
+  ):
+    block = self._residual_block(deterministic)
+    self_attend = self._attention("self_attention")
+    cross_attend = self._attention("cross_attention", static_kv=True)
+    x = block(
+      x,
+      lambda y: self_attend(y, y, self_mask, decode=decode),
+      norm=self._norm("self_attention_norm"),
     )
-    mha = functools.partial(
-        MultiHeadAttention, self.num_heads, self.d_k, self.d_v, use_bias=self.attention_bias,
-        dtype=self.dtype, attention_impl=self.attention_impl,
-        init_scheme=self.init_scheme,
+    x = block(
+      x,
+      lambda y: cross_attend(y, encoded, cross_mask, decode=decode),
+      norm=self._norm("cross_attention_norm"),
     )
-    self_attend = mha(name="self_attention")
-    cross_attend = mha(static_kv=True, name="cross_attention")
-    x = block(x, lambda y: self_attend(y, y, self_mask, decode=decode),
-              norm=self._norm("self_attention_norm"))
-    x = block(x, lambda y: cross_attend(y, encoded, cross_mask, decode=decode),
-              norm=self._norm("cross_attention_norm"))
     x = block(x, self._feed_forward(), norm=self._norm("feed_forward_norm"))
     return nn.with_logical_constraint(x, ("batch", "length", "embed"))

@@ -4,8 +4,8 @@ Pure functions of (model, params, batch). The train step differentiates
 `loss_sums`; evaluation (validation loss, perplexity) adds it up over a split.
 """
 
-from collections.abc import Mapping
 import math
+from collections.abc import Mapping
 
 import flax.linen as nn
 import jax
@@ -37,8 +37,14 @@ def cross_entropy(logits, targets, label_smoothing: float):
   return smoothed, nll
 
 
-def loss_sums(model: nn.Module, params, batch: Mapping[str, jax.Array], *, label_smoothing: float,
-              dropout_key=None):
+def loss_sums(
+  model: nn.Module,
+  params,
+  batch: Mapping[str, jax.Array],
+  *,
+  label_smoothing: float,
+  dropout_key=None,
+):
   """Sums over the non-padding target tokens of one batch (keys `BATCH_KEYS`).
 
   Returns a dict of float32 scalars: `loss` (smoothed cross entropy), `nll`,
@@ -46,16 +52,18 @@ def loss_sums(model: nn.Module, params, batch: Mapping[str, jax.Array], *, label
   Dropout is on when `dropout_key` is given.
   """
   logits = model.apply(
-      {"params": params}, *(batch[k] for k in BATCH_KEYS),
-      train=dropout_key is not None,
-      rngs=None if dropout_key is None else {"dropout": dropout_key})
+    {"params": params},
+    *(batch[k] for k in BATCH_KEYS),
+    train=dropout_key is not None,
+    rngs=None if dropout_key is None else {"dropout": dropout_key},
+  )
   smoothed, nll = cross_entropy(logits, batch["targets"], label_smoothing)
   weights = (batch["targets_segmentation"] > 0).astype(jnp.float32)
   return {
-      "loss": jnp.sum(smoothed * weights),
-      "nll": jnp.sum(nll * weights),
-      "tokens": jnp.sum(weights),
-      "source_tokens": jnp.sum(batch["inputs_segmentation"] > 0).astype(jnp.float32),
+    "loss": jnp.sum(smoothed * weights),
+    "nll": jnp.sum(nll * weights),
+    "tokens": jnp.sum(weights),
+    "source_tokens": jnp.sum(batch["inputs_segmentation"] > 0).astype(jnp.float32),
   }
 
 

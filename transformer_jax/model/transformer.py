@@ -1,193 +1,34 @@
-"""The Transformer: configuration, presets from the paper, encoder, decoder, model."""
+"""The Transformer: encoder, decoder and the model (its settings: model/config.py)."""
 
-import dataclasses
 from typing import Any
 
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 
-from transformer_jax import schema
 from transformer_jax.conventions import PAD_ID
-from transformer_jax.errors import FieldError
 from transformer_jax.model import attention
-from transformer_jax.model.dropout import Dropout
-from transformer_jax.model.layers import (
-    ACTIVATIONS, INITS, DecoderLayer, Embed, EncoderLayer, PositionalEncoding, layer_norm,
+from transformer_jax.model.config import (
+  PRESETS,
+  REMAT_POLICIES,
+  TransformerConfig,
+  count_params,
+  preset_fields,
 )
+from transformer_jax.model.dropout import Dropout
+from transformer_jax.model.embedding import Embed, PositionalEncoding
+from transformer_jax.model.layers import DecoderLayer, EncoderLayer, layer_norm
 
-POSITIONAL_KINDS = ("sinusoidal", "learned")
-NORM_KINDS = ("post", "pre")
-# float64 (with jax_enable_x64) is for checking the model against float64 references.
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16,
-          "float64": jnp.float64}
-# What the backward pass keeps of each layer's forward pass; the rest is recomputed.
-REMAT_POLICIES = {
-    "none": None,  # No rematerialization: keep everything.
-    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # Keep matmul outputs.
-    "full": jax.checkpoint_policies.nothing_saveable,  # Keep only each layer's input.
-}
-
-
-def _positive_or_none(help_: str):
-  return schema.setting(None, "a positive integer or None (d_model / num_heads)",
-                        lambda v: v is None or (schema.is_int(v) and v > 0), help_)
-
-
-@dataclasses.dataclass(frozen=True)
-class TransformerConfig:
-  """Architecture of the model; validated on construction (FieldError naming `model.<field>`).
-
-  The defaults are the paper's base model. `vocab_size` is not a setting of
-  an experiment: its vocabulary sets it. d_k and d_v default to d_model /
-  num_heads. `scan_layers` runs the layers through `nn.scan` (one compiled
-  layer, params stacked on a leading "layers" axis). `attention_bias`,
-  `logits_bias`, `activation`, `norm_epsilon` and `init` serve models and
-  recipes from elsewhere (Marian, fairseq).
-  """
-
-  vocab_size: int = 37000
-  num_layers: int = schema.count(6, "layers of the encoder and of the decoder")
-  d_model: int = schema.setting(512, "an even positive integer",
-                                lambda v: schema.is_int(v) and v > 0 and v % 2 == 0,
-                                "width of the residual stream (sin/cos pairs: even)")
-  d_ff: int = schema.count(2048, "inner width of the feed-forward sublayers")
-  num_heads: int = schema.count(8, "attention heads")
-  d_k: int | None = _positive_or_none("width of each head's queries and keys")
-  d_v: int | None = _positive_or_none("width of each head's values")
-  dropout_rate: float = schema.number(0.1, "dropout on sublayer outputs and embedding sums",
-                                      "a number in [0, 1)", lambda v: 0 <= v < 1)
-  max_len: int = schema.count(512, "positions: the size of the positional table, the longest "
-                              "sequence")
-  positional: str = schema.choice("sinusoidal", "positional encoding (paper: sinusoidal; "
-                                  "Table 3 row E: learned)", *POSITIONAL_KINDS)
-  norm: str = schema.choice("post", "post: LayerNorm(x + Dropout(Sublayer(x))) (paper); pre: "
-                            "x + Sublayer(LayerNorm(x)), with a final LayerNorm per stack",
-                            *NORM_KINDS)
-  dtype: str = schema.choice("float32", "computation dtype (parameters are float32)", *DTYPES)
-  attention_impl: str = schema.choice(
-      "auto", "attention kernel: auto picks by platform (see model.attention)",
-      *attention.IMPLEMENTATIONS)
-  scan_layers: bool = schema.flag(False, "one compiled layer run through nn.scan")
-  remat: str = schema.choice("none", "what the backward pass recomputes: none, dots (keeps "
-                             "matmul outputs) or full (keeps each layer's input)",
-                             *REMAT_POLICIES)
-  attention_bias: bool = schema.flag(False, "biases on the Q, K, V and output projections")
-  logits_bias: bool = schema.flag(False, "a [vocab] bias on the logits")
-  activation: str = schema.choice("relu", "feed-forward nonlinearity", *ACTIVATIONS)
-  norm_epsilon: float = schema.number(1e-6, "LayerNorm epsilon", "a number in (0, 1)",
-                                      lambda v: 0 < v < 1)
-  init: str = schema.choice(
-      "xavier", "initial parameters: xavier (Xavier-uniform weights, zero biases) or fairseq "
-      "(W^Q, W^K, W^V at Xavier gain 2^-1/2; feed-forward layers and Q, K, V biases "
-      "U(+-1/sqrt(fan_in)), torch's nn.Linear default)", *INITS)
-
-  def __post_init__(self):
-    if not schema.is_int(self.vocab_size) or self.vocab_size <= 0:
-      raise _error("vocab_size", f" must be a positive integer; got {self.vocab_size!r}")
-    schema.check(self, "model")
-    for name in ("d_k", "d_v"):
-      if getattr(self, name) is None:
-        if self.d_model % self.num_heads:
-          raise _error(name, f": d_model={self.d_model} is not divisible by num_heads="
-                       f"{self.num_heads}; set d_k and d_v explicitly or pick num_heads "
-                       "dividing d_model")
-        object.__setattr__(self, name, self.d_model // self.num_heads)
-    if self.dtype == "float64" and not jax.config.jax_enable_x64:
-      raise _error("dtype", "='float64' needs 64-bit JAX: call "
-                   "jax.config.update('jax_enable_x64', True) first")
-    if self.attention_impl in ("fused", "xla", "cudnn") and self.d_k != self.d_v:
-      raise _error("attention_impl", f"={self.attention_impl!r} needs d_k == d_v; got d_k="
-                   f"{self.d_k}, d_v={self.d_v} (use 'auto' or 'reference')")
-
-  @property
-  def compute_dtype(self):
-    """The jnp dtype used for computation."""
-    return DTYPES[self.dtype]
-
-  @classmethod
-  def preset(cls, name: str, **overrides: Any) -> "TransformerConfig":
-    """The paper's `base`, `big`, or a Table 3 row (`A1`..`E`), with overrides.
-
-    vocab_size defaults to 37000 (the shared WMT EN-DE vocabulary). Rows D3
-    and D4 differ from base only in label smoothing, a training setting, so
-    their architecture is base's.
-    """
-    vocab_size = overrides.pop("vocab_size", cls.vocab_size)
-    return cls(vocab_size=vocab_size, **preset_fields(name, **overrides))
-
-
-def preset_fields(name: str, **overrides: Any) -> dict[str, Any]:
-  """Every field of preset `name` but `vocab_size`, with `overrides`.
-
-  ValueError for an unknown preset; FieldError for an override that is not a
-  field (`vocab_size` included: the vocabulary sets it).
-  """
-  if name not in PRESETS:
-    raise ValueError(f"unknown preset {name!r}; allowed: {', '.join(PRESETS)}")
-  fields = {f.name: f.default for f in dataclasses.fields(TransformerConfig)
-            if f.name != "vocab_size"}
-  for field in overrides:
-    if field not in fields:
-      raise _error(field, f" is not a model field; fields: {', '.join(sorted(fields))}")
-  return {**fields, **PRESETS[name], **overrides}
-
-
-def _error(field: str, detail: str) -> FieldError:
-  return FieldError("model", field, detail)
-
-
-# Table 3 of the paper; unlisted fields are base's.
-PRESETS: dict[str, dict[str, Any]] = {
-    "base": {},
-    "A1": {"num_heads": 1, "d_k": 512, "d_v": 512},
-    "A2": {"num_heads": 4, "d_k": 128, "d_v": 128},
-    "A3": {"num_heads": 16, "d_k": 32, "d_v": 32},
-    "A4": {"num_heads": 32, "d_k": 16, "d_v": 16},
-    "B1": {"d_k": 16},
-    "B2": {"d_k": 32},
-    "C1": {"num_layers": 2},
-    "C2": {"num_layers": 4},
-    "C3": {"num_layers": 8},
-    "C4": {"d_model": 256, "d_k": 32, "d_v": 32},
-    "C5": {"d_model": 1024, "d_k": 128, "d_v": 128},
-    "C6": {"d_ff": 1024},
-    "C7": {"d_ff": 4096},
-    "D1": {"dropout_rate": 0.0},
-    "D2": {"dropout_rate": 0.2},
-    "D3": {},
-    "D4": {},
-    "E": {"positional": "learned"},
-    "big": {"d_model": 1024, "d_ff": 4096, "num_heads": 16, "dropout_rate": 0.3},
-}
-
-
-def weight_counts(config: TransformerConfig) -> dict[str, int]:
-  """Weights (biases left out) of one attention's projections (`query`, `key`, `value`, `out`)
-  and of one feed-forward network (`feed_forward`)."""
-  d, h = config.d_model, config.num_heads
-  return {"query": d * h * config.d_k, "key": d * h * config.d_k, "value": d * h * config.d_v,
-          "out": h * config.d_v * d, "feed_forward": 2 * d * config.d_ff}
-
-
-def count_params(config: TransformerConfig) -> int:
-  """Number of parameters, from the config alone (no initialization)."""
-  d, weights, h = config.d_model, weight_counts(config), config.num_heads
-  attention_params = weights["query"] + weights["key"] + weights["value"] + weights["out"]
-  if config.attention_bias:
-    attention_params += h * (2 * config.d_k + config.d_v) + d
-  feed_forward = weights["feed_forward"] + config.d_ff + d
-  norm = 2 * d
-  encoder_layer = attention_params + feed_forward + 2 * norm
-  decoder_layer = 2 * attention_params + feed_forward + 3 * norm
-  total = config.num_layers * (encoder_layer + decoder_layer) + config.vocab_size * d
-  if config.positional == "learned":
-    total += 2 * config.max_len * d
-  if config.norm == "pre":
-    total += 2 * norm
-  if config.logits_bias:
-    total += config.vocab_size
-  return total
+# The settings stay importable from here, where config files have imported them from.
+__all__ = [
+  "PRESETS",
+  "Decoder",
+  "Encoder",
+  "Transformer",
+  "TransformerConfig",
+  "count_params",
+  "preset_fields",
+  "shift_right",
+]
 
 
 def shift_right(targets, segmentation=None):
@@ -205,11 +46,18 @@ def shift_right(targets, segmentation=None):
 
 def _layer_kwargs(config: TransformerConfig) -> dict[str, Any]:
   return dict(
-      num_heads=config.num_heads, d_k=config.d_k, d_v=config.d_v, d_ff=config.d_ff,
-      dropout_rate=config.dropout_rate, pre_norm=config.norm == "pre",
-      dtype=config.compute_dtype, attention_impl=config.attention_impl,
-      attention_bias=config.attention_bias, activation=config.activation,
-      norm_epsilon=config.norm_epsilon, init_scheme=config.init,
+    num_heads=config.num_heads,
+    d_k=config.d_k,
+    d_v=config.d_v,
+    d_ff=config.d_ff,
+    dropout_rate=config.dropout_rate,
+    pre_norm=config.norm == "pre",
+    dtype=config.compute_dtype,
+    attention_impl=config.attention_impl,
+    attention_bias=config.attention_bias,
+    activation=config.activation,
+    norm_epsilon=config.norm_epsilon,
+    init_scheme=config.init,
   )
 
 
@@ -232,17 +80,23 @@ def _stack_layers(cfg: TransformerConfig, layer_cls, x, args: tuple, static: tup
   """
   if cfg.remat != "none":
     first = 2 + len(args)  # Flax counts self as argument 0.
-    layer_cls = nn.remat(layer_cls, policy=REMAT_POLICIES[cfg.remat],
-                         static_argnums=tuple(range(first, first + len(static))))
+    layer_cls = nn.remat(
+      layer_cls,
+      policy=REMAT_POLICIES[cfg.remat],
+      static_argnums=tuple(range(first, first + len(static))),
+    )
   kwargs = _layer_kwargs(cfg)
   if not cfg.scan_layers:
     for i in range(cfg.num_layers):
       x = layer_cls(**kwargs, name=f"layer_{i}")(x, *args, *static)
     return x
   scanned = nn.scan(
-      _ScanStep, variable_axes={"params": 0, "cache": 0},
-      split_rngs={"params": True, "dropout": True}, in_axes=nn.broadcast,
-      length=cfg.num_layers, metadata_params={nn.PARTITION_NAME: "layers"},
+    _ScanStep,
+    variable_axes={"params": 0, "cache": 0},
+    split_rngs={"params": True, "dropout": True},
+    in_axes=nn.broadcast,
+    length=cfg.num_layers,
+    metadata_params={nn.PARTITION_NAME: "layers"},
   )
   x, _ = scanned(layer_cls, kwargs, static, name="layers")(x, *args)
   return x
@@ -254,9 +108,22 @@ def _check_tokens(name, tokens, max_len):
   if not jnp.issubdtype(tokens.dtype, jnp.integer):
     raise ValueError(f"{name} must hold integer token ids; got dtype {tokens.dtype}")
   if tokens.shape[1] > max_len:
-    raise ValueError(
-        f"{name} has length {tokens.shape[1]} > TransformerConfig.max_len={max_len}"
-    )
+    raise ValueError(f"{name} has length {tokens.shape[1]} > TransformerConfig.max_len={max_len}")
+
+
+def _embed_positions(cfg: TransformerConfig, embed: Embed, ids, positions, deterministic):
+  """The stacks' input: embedded ids plus positional encodings, then dropout (inside a compact
+  method: the submodules belong to the caller)."""
+  x = embed(ids)
+  x = PositionalEncoding(cfg.max_len, cfg.positional, name="positions")(x, positions)
+  return Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
+
+
+def _final_norm(cfg: TransformerConfig, x):
+  """Pre-LN stacks end in a LayerNorm (the sublayers normalise only their inputs)."""
+  return (
+    layer_norm(cfg.compute_dtype, "final_norm", cfg.norm_epsilon)(x) if cfg.norm == "pre" else x
+  )
 
 
 class Encoder(nn.Module):
@@ -268,17 +135,13 @@ class Encoder(nn.Module):
   @nn.compact
   def __call__(self, inputs, segmentation=None, positions=None, *, deterministic=True):
     cfg = self.config
-    x = self.embed(inputs)
-    x = PositionalEncoding(cfg.max_len, cfg.positional, name="positions")(x, positions)
-    x = Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
+    x = _embed_positions(cfg, self.embed, inputs, positions, deterministic)
     if segmentation is None:
       mask = attention.padding_mask(inputs, inputs)
     else:
       mask = attention.segment_mask(segmentation, segmentation)
     x = _stack_layers(cfg, EncoderLayer, x, (mask,), (deterministic,))
-    if cfg.norm == "pre":
-      x = layer_norm(cfg.compute_dtype, "final_norm", cfg.norm_epsilon)(x)
-    return x
+    return _final_norm(cfg, x)
 
 
 class Decoder(nn.Module):
@@ -292,9 +155,18 @@ class Decoder(nn.Module):
   embed: Embed
 
   @nn.compact
-  def __call__(self, encoded, inputs, targets, *, inputs_segmentation=None,
-               targets_segmentation=None, positions=None, deterministic=True,
-               decode=False):
+  def __call__(
+    self,
+    encoded,
+    inputs,
+    targets,
+    *,
+    inputs_segmentation=None,
+    targets_segmentation=None,
+    positions=None,
+    deterministic=True,
+    decode=False,
+  ):
     cfg = self.config
     if decode:
       if positions is None:
@@ -311,16 +183,14 @@ class Decoder(nn.Module):
         cross_mask = attention.padding_mask(targets, inputs)
       else:
         self_mask = attention.combine_masks(
-            causal, attention.segment_mask(targets_segmentation, targets_segmentation))
+          causal, attention.segment_mask(targets_segmentation, targets_segmentation)
+        )
         cross_mask = attention.segment_mask(targets_segmentation, inputs_segmentation)
-    y = self.embed(decoder_inputs)
-    y = PositionalEncoding(cfg.max_len, cfg.positional, name="positions")(y, positions)
-    y = Dropout(cfg.dropout_rate)(y, deterministic=deterministic)
-    y = _stack_layers(cfg, DecoderLayer, y, (encoded, self_mask, cross_mask),
-                      (deterministic, decode))
-    if cfg.norm == "pre":
-      y = layer_norm(cfg.compute_dtype, "final_norm", cfg.norm_epsilon)(y)
-    logits = self.embed.attend(y)
+    y = _embed_positions(cfg, self.embed, decoder_inputs, positions, deterministic)
+    y = _stack_layers(
+      cfg, DecoderLayer, y, (encoded, self_mask, cross_mask), (deterministic, decode)
+    )
+    logits = self.embed.attend(_final_norm(cfg, y))
     return nn.with_logical_constraint(logits, ("batch", "length", "vocab"))
 
 
@@ -344,19 +214,50 @@ class Transformer(nn.Module):
     _check_tokens("inputs", inputs, self.config.max_len)
     return self.encoder(inputs, inputs_segmentation, inputs_position, deterministic=not train)
 
-  def decode(self, encoded, inputs, targets, targets_segmentation=None,
-             targets_position=None, inputs_segmentation=None, *, train=False,
-             decode=False):
+  def decode(
+    self,
+    encoded,
+    inputs,
+    targets,
+    targets_segmentation=None,
+    targets_position=None,
+    inputs_segmentation=None,
+    *,
+    train=False,
+    decode=False,
+  ):
     """Encoder output and targets `[b, t]` -> logits `[b, t, vocab]` (targets shifted inside)."""
     _check_tokens("targets", targets, self.config.max_len)
     return self.decoder(
-        encoded, inputs, targets, inputs_segmentation=inputs_segmentation,
-        targets_segmentation=targets_segmentation, positions=targets_position,
-        deterministic=not train, decode=decode)
+      encoded,
+      inputs,
+      targets,
+      inputs_segmentation=inputs_segmentation,
+      targets_segmentation=targets_segmentation,
+      positions=targets_position,
+      deterministic=not train,
+      decode=decode,
+    )
 
-  def __call__(self, inputs, targets, inputs_segmentation=None, targets_segmentation=None,
-               inputs_position=None, targets_position=None, *, train=False):
+  def __call__(
+    self,
+    inputs,
+    targets,
+    inputs_segmentation=None,
+    targets_segmentation=None,
+    inputs_position=None,
+    targets_position=None,
+    *,
+    train=False,
+  ):
     """Teacher-forced forward pass: logits `[b, t, vocab]` for predicting `targets`."""
     encoded = self.encode(inputs, inputs_segmentation, inputs_position, train=train)
-    return self.decode(encoded, inputs, targets, targets_segmentation, targets_position,
-                       inputs_segmentation, train=train)
+    return self.decode(
+      encoded,
+      inputs,
+      targets,
+      targets_segmentation,
+      targets_position,
+      inputs_segmentation,
+      train=train,
+    )

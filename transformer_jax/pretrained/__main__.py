@@ -23,14 +23,22 @@ from transformer_jax.pretrained import convert
 from transformer_jax.workdir import Workdir
 
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "export: the experiment of the work directory (WORKDIR/config.py after "
-    "import, or the config it was trained with).")
+  "config",
+  None,
+  "export: the experiment of the work directory (WORKDIR/config.py after "
+  "import, or the config it was trained with).",
+)
 _WORKDIR = flags.DEFINE_string("workdir", None, "The work directory.")
-_MARIAN = flags.DEFINE_string("marian", None, "import: the Marian directory (config.json, "
-                              "model.safetensors, source.spm, target.spm, vocab.json).")
+_MARIAN = flags.DEFINE_string(
+  "marian",
+  None,
+  "import: the Marian directory (config.json, "
+  "model.safetensors, source.spm, target.spm, vocab.json).",
+)
 _OUTPUT = flags.DEFINE_string("output", None, "export: the Marian directory to write.")
-_CHECKPOINT = flags.DEFINE_string("checkpoint", "latest", "export: the parameters: latest, a "
-                                  "step number, averaged or best.")
+_CHECKPOINT = flags.DEFINE_string(
+  "checkpoint", "latest", "export: the parameters: latest, a step number, averaged or best."
+)
 COMMANDS = ("import", "export")
 
 
@@ -41,13 +49,19 @@ def run(command: str) -> None:
     if _MARIAN.value is None:
       raise UserError("import needs --marian=DIR, the Marian model's directory")
     result = convert.import_marian(_MARIAN.value, Workdir(_WORKDIR.value))
-    print(f"imported {result['parameters']:,} parameters; use --config={result['config']} "
-          f"--workdir={_WORKDIR.value}")
+    print(
+      f"imported {result['parameters']:,} parameters; use --config={result['config']} "
+      f"--workdir={_WORKDIR.value}"
+    )
   else:
     if _CONFIG.value is None or _OUTPUT.value is None:
       raise UserError("export needs --config=FILE and --output=DIR")
-    result = convert.export_marian(config_lib.parse(_CONFIG.value), Workdir(_WORKDIR.value),
-                                   _OUTPUT.value, experiment.Checkpoint.parse(_CHECKPOINT.value))
+    result = convert.export_marian(
+      config_lib.parse(_CONFIG.value),
+      Workdir(_WORKDIR.value),
+      _OUTPUT.value,
+      experiment.Checkpoint.parse(_CHECKPOINT.value),
+    )
     print(f"exported {result['checkpoint']} to {result['directory']}")
 
 

@@ -17,20 +17,20 @@ import json
 import os
 import shutil
 
-from etils import epath
 import jax
 import numpy as np
-from safetensors.numpy import save_file
 import sentencepiece as spm
+from etils import epath
+from safetensors.numpy import save_file
 
-from transformer_jax import fileio, sharding
+from transformer_jax import fileio
 from transformer_jax.checkpoints import store
 from transformer_jax.data import marian as marian_vocab
 from transformer_jax.experiment import Checkpoint, Experiment, load
-from transformer_jax.model.transformer import TransformerConfig, preset_fields
+from transformer_jax.model.config import TransformerConfig, preset_fields
+from transformer_jax.placement import Placement
 from transformer_jax.pretrained import generation, marian, weights
 from transformer_jax.workdir import Workdir
-
 
 _CONFIG_TEMPLATE = '''"""A Marian model imported from {source}.
 
@@ -75,15 +75,21 @@ def import_marian(source: str, workdir: Workdir) -> dict:
   hf_config = marian.read_json(os.path.join(source, "config.json"))
   fields = marian.model_fields(hf_config, vocab)
   decode = generation.decode_fields(
-      marian.read_json(os.path.join(source, generation.FILE), default=hf_config),
-      pad_id=vocab["<pad>"], eos_id=vocab["</s>"], positions=fields["max_len"])
+    marian.read_json(os.path.join(source, generation.FILE), default=hf_config),
+    pad_id=vocab["<pad>"],
+    eos_id=vocab["</s>"],
+    positions=fields["max_len"],
+  )
   state = marian.read_state(source)
   state[weights.EMBEDDING] = marian.shared_embedding(state)
   state.setdefault(weights.LOGITS_BIAS, np.zeros((1, len(vocab)), np.float32))
   try:
-    params = weights.to_params(state, num_layers=fields["num_layers"],
-                               num_heads=fields["num_heads"],
-                               token_order=marian_vocab.project_order(vocab))
+    params = weights.to_params(
+      state,
+      num_layers=fields["num_layers"],
+      num_heads=fields["num_heads"],
+      token_order=marian_vocab.project_order(vocab),
+    )
   except KeyError as error:
     raise marian.MarianError(f"the weights of {source} lack {error}") from None
   workdir.create()
@@ -92,23 +98,33 @@ def import_marian(source: str, workdir: Workdir) -> dict:
   for name in marian_vocab.FILES:
     shutil.copyfile(os.path.join(source, name), os.path.join(vocab_dir, name))
   config_file = workdir.imported_config
-  fileio.write_atomically(config_file, _CONFIG_TEMPLATE.format(
-      source=os.path.abspath(source), config_file=config_file, workdir=workdir.root,
-      model=fields, decode=decode,
+  fileio.write_atomically(
+    config_file,
+    _CONFIG_TEMPLATE.format(
+      source=os.path.abspath(source),
+      config_file=config_file,
+      workdir=workdir.root,
+      model=fields,
+      decode=decode,
       vocab_dir=", ".join(map(repr, os.path.relpath(vocab_dir, workdir.root).split(os.sep))),
-      vocab_size=len(vocab)))
+      vocab_size=len(vocab),
+    ),
+  )
   model = TransformerConfig(vocab_size=len(vocab), **preset_fields("base", **fields))
-  placement = sharding.Placement.data_parallel(model)
+  placement = Placement.data_parallel(model)
   placed = jax.device_put(params, placement.param_shardings)
   manager = store.make_params_manager(workdir.checkpoints)
   store.save_params(manager, 0, placed, imported_from=os.path.abspath(source))
   manager.close()
-  return {"config": config_file,
-          "parameters": sum(int(x.size) for x in jax.tree_util.tree_leaves(params))}
+  return {
+    "config": config_file,
+    "parameters": sum(int(x.size) for x in jax.tree_util.tree_leaves(params)),
+  }
 
 
-def export_marian(experiment: Experiment, workdir: Workdir, output: str,
-                  checkpoint: Checkpoint = Checkpoint()) -> dict:
+def export_marian(
+  experiment: Experiment, workdir: Workdir, output: str, checkpoint: Checkpoint = Checkpoint()
+) -> dict:
   """Write the model of `workdir` (the parameters `checkpoint` names) as a Marian directory.
 
   A work directory trained with the project's own SentencePiece vocabulary
@@ -122,24 +138,41 @@ def export_marian(experiment: Experiment, workdir: Workdir, output: str,
   files = tokenizer_files(tokenizer)
   vocab = json.loads(files["vocab.json"])
   order = marian_vocab.project_order(vocab)
-  hf_config = marian.marian_config(model, vocab_size=len(vocab), pad_id=vocab["<pad>"],
-                                   eos_id=vocab["</s>"])
+  hf_config = marian.marian_config(
+    model, vocab_size=len(vocab), pad_id=vocab["<pad>"], eos_id=vocab["</s>"]
+  )
   params = jax.device_get(loaded.params)
-  state = weights.to_state(params, num_layers=model.num_layers, num_heads=model.num_heads,
-                           token_order=order, attention_bias=model.attention_bias,
-                           logits_bias=model.logits_bias)
+  state = weights.to_state(
+    params,
+    num_layers=model.num_layers,
+    num_heads=model.num_heads,
+    token_order=order,
+    attention_bias=model.attention_bias,
+    logits_bias=model.logits_bias,
+  )
   os.makedirs(output, exist_ok=True)
   save_file(state, os.path.join(output, marian.SAFETENSORS), metadata={"format": "pt"})
   marian.write_json(os.path.join(output, "config.json"), hf_config)
-  marian.write_json(os.path.join(output, generation.FILE), generation.generation_config(
-      experiment.decode, pad_id=hf_config["pad_token_id"],
-      eos_id=hf_config["eos_token_id"], positions=model.max_len))
+  marian.write_json(
+    os.path.join(output, generation.FILE),
+    generation.generation_config(
+      experiment.decode,
+      pad_id=hf_config["pad_token_id"],
+      eos_id=hf_config["eos_token_id"],
+      positions=model.max_len,
+    ),
+  )
   for name, content in files.items():
     with open(os.path.join(output, name), "wb") as f:
       f.write(content)
-  marian.write_json(os.path.join(output, "tokenizer_config.json"), {
-      "tokenizer_class": "MarianTokenizer", "model_max_length": model.max_len,
-      "separate_vocabs": False})
+  marian.write_json(
+    os.path.join(output, "tokenizer_config.json"),
+    {
+      "tokenizer_class": "MarianTokenizer",
+      "model_max_length": model.max_len,
+      "separate_vocabs": False,
+    },
+  )
   return {"directory": output, "checkpoint": loaded.name}
 
 
@@ -155,5 +188,8 @@ def tokenizer_files(tokenizer) -> dict[str, bytes]:
   marian_ids = [size - 1, 0, 1] + list(range(2, size - 1))
   vocab = {processor.id_to_piece(i): marian_ids[i] for i in range(size)}
   content = json.dumps(vocab, ensure_ascii=False, indent=0).encode("utf-8")
-  return {"source.spm": tokenizer.model_proto, "target.spm": tokenizer.model_proto,
-          "vocab.json": content}
+  return {
+    "source.spm": tokenizer.model_proto,
+    "target.spm": tokenizer.model_proto,
+    "vocab.json": content,
+  }

@@ -20,30 +20,30 @@ _HF_EARLY_STOPPING = {rule: value for value, rule in EARLY_STOPPING.items()}
 
 # Settings that change the output, with the values that leave it alone ((): none does).
 _REFUSED = {
-    "do_sample": ((False,), "sampling"),
-    "num_beam_groups": ((1,), "diverse beam search"),
-    "diversity_penalty": ((0,), "diverse beam search"),
-    "num_return_sequences": ((1,), "several outputs per input"),
-    "min_length": ((0, 1), "a minimum length"),  # 1: the decoder's start token.
-    "min_new_tokens": ((0,), "a minimum length"),
-    "repetition_penalty": ((1,), "a repetition penalty"),
-    "encoder_repetition_penalty": ((1,), "a repetition penalty"),
-    "no_repeat_ngram_size": ((0,), "n-gram blocking"),
-    "encoder_no_repeat_ngram_size": ((0,), "n-gram blocking"),
-    "suppress_tokens": (([],), "suppressed tokens"),
-    "begin_suppress_tokens": (([],), "suppressed tokens"),
-    "forced_bos_token_id": ((), "a forced first token"),
-    "forced_decoder_ids": (([],), "forced tokens"),
-    "sequence_bias": (({}, []), "sequence biases"),
-    "exponential_decay_length_penalty": ((), "a length-dependent EOS bonus"),
-    "force_words_ids": (([],), "constrained beam search"),
-    "constraints": (([],), "constrained beam search"),
-    "penalty_alpha": ((0,), "contrastive search"),
-    "dola_layers": ((), "DoLa decoding"),
-    "guidance_scale": ((1,), "classifier-free guidance"),
-    "max_time": ((), "a time limit"),
-    "stop_strings": (([],), "stop strings"),
-    "watermarking_config": ((), "watermarking"),
+  "do_sample": ((False,), "sampling"),
+  "num_beam_groups": ((1,), "diverse beam search"),
+  "diversity_penalty": ((0,), "diverse beam search"),
+  "num_return_sequences": ((1,), "several outputs per input"),
+  "min_length": ((0, 1), "a minimum length"),  # 1: the decoder's start token.
+  "min_new_tokens": ((0,), "a minimum length"),
+  "repetition_penalty": ((1,), "a repetition penalty"),
+  "encoder_repetition_penalty": ((1,), "a repetition penalty"),
+  "no_repeat_ngram_size": ((0,), "n-gram blocking"),
+  "encoder_no_repeat_ngram_size": ((0,), "n-gram blocking"),
+  "suppress_tokens": (([],), "suppressed tokens"),
+  "begin_suppress_tokens": (([],), "suppressed tokens"),
+  "forced_bos_token_id": ((), "a forced first token"),
+  "forced_decoder_ids": (([],), "forced tokens"),
+  "sequence_bias": (({}, []), "sequence biases"),
+  "exponential_decay_length_penalty": ((), "a length-dependent EOS bonus"),
+  "force_words_ids": (([],), "constrained beam search"),
+  "constraints": (([],), "constrained beam search"),
+  "penalty_alpha": ((0,), "contrastive search"),
+  "dola_layers": ((), "DoLa decoding"),
+  "guidance_scale": ((1,), "classifier-free guidance"),
+  "max_time": ((), "a time limit"),
+  "stop_strings": (([],), "stop strings"),
+  "watermarking_config": ((), "watermarking"),
 }
 
 
@@ -63,22 +63,30 @@ def decode_fields(generation: dict, *, pad_id: int, eos_id: int, positions: int)
   generation = {name: value for name, value in generation.items() if value is not None}
   for field, (neutral, what) in _REFUSED.items():
     if field in generation and generation[field] not in neutral:
-      raise _refuse(field, f"={generation[field]!r}: {what} is not supported by this decoder; "
-                    "remove the setting (or set it to its default) to import the model")
+      raise _refuse(
+        field,
+        f"={generation[field]!r}: {what} is not supported by this decoder; "
+        "remove the setting (or set it to its default) to import the model",
+      )
   eos = generation.get("eos_token_id", eos_id)
   if eos not in (eos_id, [eos_id]):
     raise _refuse("eos_token_id", f"={eos!r}; the tokenizer's EOS is {eos_id}")
   for field in ("decoder_start_token_id", "pad_token_id"):
     if generation.get(field, pad_id) != pad_id:
-      raise _refuse(field, f"={generation[field]!r}; this model starts from and pads with "
-                    f"<pad> ({pad_id})")
+      raise _refuse(
+        field, f"={generation[field]!r}; this model starts from and pads with <pad> ({pad_id})"
+      )
   if generation.get("bad_words_ids") != [[pad_id]]:
-    raise _refuse("bad_words_ids", f"={generation.get('bad_words_ids')!r}: only [[{pad_id}]] "
-                  "(<pad>, which this decoder never emits) is supported")
+    raise _refuse(
+      "bad_words_ids",
+      f"={generation.get('bad_words_ids')!r}: only [[{pad_id}]] "
+      "(<pad>, which this decoder never emits) is supported",
+    )
   forced = generation.get("forced_eos_token_id")
   if forced not in (None, eos_id, [eos_id]):
-    raise _refuse("forced_eos_token_id",
-                  f"={forced!r}; only the EOS token ({eos_id}) may be forced")
+    raise _refuse(
+      "forced_eos_token_id", f"={forced!r}; only the EOS token ({eos_id}) may be forced"
+    )
   penalty = generation.get("length_penalty", 1.0)
   if not isinstance(penalty, (int, float)) or isinstance(penalty, bool) or penalty < 0:
     raise _refuse("length_penalty", f"={penalty!r}: only a number >= 0 is supported")
@@ -96,11 +104,17 @@ def decode_fields(generation: dict, *, pad_id: int, eos_id: int, positions: int)
   early = generation.get("early_stopping", False)
   if early not in EARLY_STOPPING:
     raise _refuse("early_stopping", f"={early!r} is not one of True, False, 'never'")
-  return {"beam_size": beams, "alpha": float(penalty), "length_normalization": "length",
-          "max_extra": positions, "max_length": max_length, "force_eos": forced is not None,
-          "renormalize": bool(generation.get("renormalize_logits")),
-          # Greedy decoding has no early stopping; the default keeps exports' round trips exact.
-          "early_stopping": EARLY_STOPPING[early] if beams > 1 else "exact"}
+  return {
+    "beam_size": beams,
+    "alpha": float(penalty),
+    "length_normalization": "length",
+    "max_extra": positions,
+    "max_length": max_length,
+    "force_eos": forced is not None,
+    "renormalize": bool(generation.get("renormalize_logits")),
+    # Greedy decoding has no early stopping; the default keeps exports' round trips exact.
+    "early_stopping": EARLY_STOPPING[early] if beams > 1 else "exact",
+  }
 
 
 def generation_config(decode, *, pad_id: int, eos_id: int, positions: int) -> dict:
@@ -108,10 +122,15 @@ def generation_config(decode, *, pad_id: int, eos_id: int, positions: int) -> di
   Hugging Face can express it: without `max_length` the cap is the model's `positions` tokens
   (`max_length` = positions + 1; the source + `max_extra` rule has no Hugging Face
   equivalent), and the GNMT penalty is written as the default `len ** 1`."""
-  config = {"decoder_start_token_id": pad_id, "pad_token_id": pad_id, "eos_token_id": eos_id,
-            "bad_words_ids": [[pad_id]], "num_beams": decode.beam_size,
-            "max_length": decode.max_length or positions + 1,
-            "renormalize_logits": decode.renormalize}
+  config = {
+    "decoder_start_token_id": pad_id,
+    "pad_token_id": pad_id,
+    "eos_token_id": eos_id,
+    "bad_words_ids": [[pad_id]],
+    "num_beams": decode.beam_size,
+    "max_length": decode.max_length or positions + 1,
+    "renormalize_logits": decode.renormalize,
+  }
   if decode.beam_size > 1:
     config["early_stopping"] = _HF_EARLY_STOPPING[decode.early_stopping]
   if decode.force_eos:

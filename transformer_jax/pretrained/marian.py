@@ -51,63 +51,107 @@ def write_json(path: str, value) -> None:
 def model_fields(config: dict, vocab: dict) -> dict:
   """The `TransformerConfig` fields (all but vocab_size) of a Marian `config.json`; MarianError
   naming the first field this model cannot represent."""
-  for a, b in (("encoder_layers", "decoder_layers"), ("encoder_ffn_dim", "decoder_ffn_dim"),
-               ("encoder_attention_heads", "decoder_attention_heads")):
+  for a, b in (
+    ("encoder_layers", "decoder_layers"),
+    ("encoder_ffn_dim", "decoder_ffn_dim"),
+    ("encoder_attention_heads", "decoder_attention_heads"),
+  ):
     if config.get(a) != config.get(b):
-      raise _error(b, f"={config.get(b)} differs from {a}={config.get(a)}; this model has one "
-                   "value for both stacks")
+      raise _error(
+        b,
+        f"={config.get(b)} differs from {a}={config.get(a)}; this model has one "
+        "value for both stacks",
+      )
   for field in ("scale_embedding", "share_encoder_decoder_embeddings", "tie_word_embeddings"):
     if config.get(field, True) is not True:
-      raise _error(field, f"={config.get(field)}: only models with embeddings shared by both "
-                   "stacks and the output, scaled by sqrt(d_model), are supported")
+      raise _error(
+        field,
+        f"={config.get(field)}: only models with embeddings shared by both "
+        "stacks and the output, scaled by sqrt(d_model), are supported",
+      )
   activation = config.get("activation_function")
   if activation not in ACTIVATIONS:
-    raise _error("activation_function", f"={activation!r} is not one of: "
-                 f"{', '.join(ACTIVATIONS)}")
+    raise _error("activation_function", f"={activation!r} is not one of: {', '.join(ACTIVATIONS)}")
   size = config.get("vocab_size")
   if size != len(vocab) or config.get("decoder_vocab_size", size) != size:
-    raise _error("vocab_size", f"={size} (decoder_vocab_size={config.get('decoder_vocab_size')}) "
-                 f"differs from the {len(vocab)} tokens of vocab.json")
+    raise _error(
+      "vocab_size",
+      f"={size} (decoder_vocab_size={config.get('decoder_vocab_size')}) "
+      f"differs from the {len(vocab)} tokens of vocab.json",
+    )
   pad, eos = vocab["<pad>"], vocab["</s>"]
-  for field, want in (("pad_token_id", pad), ("decoder_start_token_id", pad),
-                      ("eos_token_id", eos)):
+  for field, want in (
+    ("pad_token_id", pad),
+    ("decoder_start_token_id", pad),
+    ("eos_token_id", eos),
+  ):
     if config.get(field) != want:
       raise _error(field, f"={config.get(field)}; vocab.json says {want}")
-  return dict(num_layers=config["encoder_layers"], d_model=config["d_model"],
-              d_ff=config["encoder_ffn_dim"], num_heads=config["encoder_attention_heads"],
-              d_k=None, d_v=None, dropout_rate=float(config.get("dropout", 0.1)),
-              max_len=config["max_position_embeddings"], positional="sinusoidal", norm="post",
-              attention_bias=True, logits_bias=True, activation=ACTIVATIONS[activation],
-              norm_epsilon=LAYER_NORM_EPSILON)
+  return dict(
+    num_layers=config["encoder_layers"],
+    d_model=config["d_model"],
+    d_ff=config["encoder_ffn_dim"],
+    num_heads=config["encoder_attention_heads"],
+    d_k=None,
+    d_v=None,
+    dropout_rate=float(config.get("dropout", 0.1)),
+    max_len=config["max_position_embeddings"],
+    positional="sinusoidal",
+    norm="post",
+    attention_bias=True,
+    logits_bias=True,
+    activation=ACTIVATIONS[activation],
+    norm_epsilon=LAYER_NORM_EPSILON,
+  )
 
 
 def marian_config(model, *, vocab_size: int, pad_id: int, eos_id: int) -> dict:
   """The `config.json` of our `TransformerConfig` `model`; FieldError (owner model)
   naming the first field Marian cannot represent."""
-  checks = (("norm", model.norm == "post", "post-LN"),
-            ("positional", model.positional == "sinusoidal", "sinusoidal positions"),
-            ("d_k", model.d_k == model.d_model // model.num_heads, "d_k = d_model / num_heads"),
-            ("d_v", model.d_v == model.d_model // model.num_heads, "d_v = d_model / num_heads"),
-            ("norm_epsilon", model.norm_epsilon == LAYER_NORM_EPSILON,
-             f"norm_epsilon = {LAYER_NORM_EPSILON}"),
-            ("scan_layers", not model.scan_layers, "layers looped (scan_layers=False)"))
+  checks = (
+    ("norm", model.norm == "post", "post-LN"),
+    ("positional", model.positional == "sinusoidal", "sinusoidal positions"),
+    ("d_k", model.d_k == model.d_model // model.num_heads, "d_k = d_model / num_heads"),
+    ("d_v", model.d_v == model.d_model // model.num_heads, "d_v = d_model / num_heads"),
+    (
+      "norm_epsilon",
+      model.norm_epsilon == LAYER_NORM_EPSILON,
+      f"norm_epsilon = {LAYER_NORM_EPSILON}",
+    ),
+    ("scan_layers", not model.scan_layers, "layers looped (scan_layers=False)"),
+  )
   for field, ok, needed in checks:
     if not ok:
-      raise FieldError("model", field, f"={getattr(model, field)!r}: a Marian model "
-                       f"needs {needed}")
+      raise FieldError("model", field, f"={getattr(model, field)!r}: a Marian model needs {needed}")
   n = model.num_layers
   return {
-      "architectures": ["MarianMTModel"], "model_type": "marian",
-      "vocab_size": vocab_size, "decoder_vocab_size": vocab_size, "d_model": model.d_model,
-      "encoder_layers": n, "decoder_layers": n,
-      "encoder_ffn_dim": model.d_ff, "decoder_ffn_dim": model.d_ff,
-      "encoder_attention_heads": model.num_heads, "decoder_attention_heads": model.num_heads,
-      "max_position_embeddings": model.max_len, "activation_function": model.activation,
-      "dropout": model.dropout_rate, "attention_dropout": 0.0, "activation_dropout": 0.0,
-      "encoder_layerdrop": 0.0, "decoder_layerdrop": 0.0, "scale_embedding": True,
-      "pad_token_id": pad_id, "decoder_start_token_id": pad_id, "eos_token_id": eos_id,
-      "forced_eos_token_id": eos_id, "share_encoder_decoder_embeddings": True,
-      "tie_word_embeddings": True, "is_encoder_decoder": True, "dtype": "float32",
+    "architectures": ["MarianMTModel"],
+    "model_type": "marian",
+    "vocab_size": vocab_size,
+    "decoder_vocab_size": vocab_size,
+    "d_model": model.d_model,
+    "encoder_layers": n,
+    "decoder_layers": n,
+    "encoder_ffn_dim": model.d_ff,
+    "decoder_ffn_dim": model.d_ff,
+    "encoder_attention_heads": model.num_heads,
+    "decoder_attention_heads": model.num_heads,
+    "max_position_embeddings": model.max_len,
+    "activation_function": model.activation,
+    "dropout": model.dropout_rate,
+    "attention_dropout": 0.0,
+    "activation_dropout": 0.0,
+    "encoder_layerdrop": 0.0,
+    "decoder_layerdrop": 0.0,
+    "scale_embedding": True,
+    "pad_token_id": pad_id,
+    "decoder_start_token_id": pad_id,
+    "eos_token_id": eos_id,
+    "forced_eos_token_id": eos_id,
+    "share_encoder_decoder_embeddings": True,
+    "tie_word_embeddings": True,
+    "is_encoder_decoder": True,
+    "dtype": "float32",
   }
 
 
@@ -127,9 +171,10 @@ def read_state(directory: str) -> dict:
     import torch  # pylint: disable=import-outside-toplevel
   except ImportError:
     raise MarianError(
-        f"{path} is a PyTorch file and PyTorch is not installed: pip install torch, or get the "
-        f"{SAFETENSORS} of the model (on the Hugging Face Hub most OPUS-MT models have one; "
-        "`MarianMTModel.from_pretrained(dir).save_pretrained(dir)` writes it)") from None
+      f"{path} is a PyTorch file and PyTorch is not installed: pip install torch, or get the "
+      f"{SAFETENSORS} of the model (on the Hugging Face Hub most OPUS-MT models have one; "
+      "`MarianMTModel.from_pretrained(dir).save_pretrained(dir)` writes it)"
+    ) from None
   state = torch.load(path, map_location="cpu", weights_only=True)
   return {name: tensor.float().numpy() for name, tensor in state.items()}
 
@@ -144,8 +189,9 @@ def shared_embedding(state: dict) -> np.ndarray:
 
 def read_tokenizer(directory: str) -> dict:
   """`vocab.json` of a Marian directory, after checking that every tokenizer file is there."""
-  missing = [name for name in marian_vocab.FILES
-             if not os.path.isfile(os.path.join(directory, name))]
+  missing = [
+    name for name in marian_vocab.FILES if not os.path.isfile(os.path.join(directory, name))
+  ]
   if missing:
     raise MarianError(f"{directory} lacks the tokenizer files {', '.join(missing)}")
   return read_json(os.path.join(directory, "vocab.json"))

@@ -38,35 +38,55 @@ class _Kind(NamedTuple):
 
 
 _KINDS = {
-    "embedding": _Kind(lambda x, h: x, lambda y, h: y, 1, vocab_axis=0),
-    "logits_bias": _Kind(lambda x, h: x[0], lambda y, h: y[None], None, vocab_axis=0),
-    "in_proj": _Kind(lambda x, h: x.T.reshape(x.shape[1], h, -1),
-                     lambda y, h: y.reshape(y.shape[0], -1).T, 0),
-    "in_bias": _Kind(lambda x, h: x.reshape(h, -1), lambda y, h: y.reshape(-1), None),
-    "out_proj": _Kind(lambda x, h: x.T.reshape(h, -1, x.shape[0]),
-                      lambda y, h: y.reshape(-1, y.shape[-1]).T, 2),
-    "d_vector": _Kind(lambda x, h: x, lambda y, h: y, 0),
-    "fc1": _Kind(lambda x, h: x.T, lambda y, h: y.T, 0),
-    "ff_vector": _Kind(lambda x, h: x, lambda y, h: y, None),
-    "fc2": _Kind(lambda x, h: x.T, lambda y, h: y.T, 1),
+  "embedding": _Kind(lambda x, h: x, lambda y, h: y, 1, vocab_axis=0),
+  "logits_bias": _Kind(lambda x, h: x[0], lambda y, h: y[None], None, vocab_axis=0),
+  "in_proj": _Kind(
+    lambda x, h: x.T.reshape(x.shape[1], h, -1), lambda y, h: y.reshape(y.shape[0], -1).T, 0
+  ),
+  "in_bias": _Kind(lambda x, h: x.reshape(h, -1), lambda y, h: y.reshape(-1), None),
+  "out_proj": _Kind(
+    lambda x, h: x.T.reshape(h, -1, x.shape[0]), lambda y, h: y.reshape(-1, y.shape[-1]).T, 2
+  ),
+  "d_vector": _Kind(lambda x, h: x, lambda y, h: y, 0),
+  "fc1": _Kind(lambda x, h: x.T, lambda y, h: y.T, 0),
+  "ff_vector": _Kind(lambda x, h: x, lambda y, h: y, None),
+  "fc2": _Kind(lambda x, h: x.T, lambda y, h: y.T, 1),
 }
 
-_ATTENTION = (("query", "q_proj.weight", "in_proj"), ("key", "k_proj.weight", "in_proj"),
-              ("value", "v_proj.weight", "in_proj"), ("out", "out_proj.weight", "out_proj"))
-_ATTENTION_BIASES = (("query_bias", "q_proj.bias", "in_bias"), ("key_bias", "k_proj.bias", "in_bias"),
-                     ("value_bias", "v_proj.bias", "in_bias"), ("out_bias", "out_proj.bias", "d_vector"))
-_FEED_FORWARD = (("feed_forward", "wi", "fc1.weight", "fc1"),
-                 ("feed_forward", "bi", "fc1.bias", "ff_vector"),
-                 ("feed_forward", "wo", "fc2.weight", "fc2"),
-                 ("feed_forward", "bo", "fc2.bias", "d_vector"))
+_ATTENTION = (
+  ("query", "q_proj.weight", "in_proj"),
+  ("key", "k_proj.weight", "in_proj"),
+  ("value", "v_proj.weight", "in_proj"),
+  ("out", "out_proj.weight", "out_proj"),
+)
+_ATTENTION_BIASES = (
+  ("query_bias", "q_proj.bias", "in_bias"),
+  ("key_bias", "k_proj.bias", "in_bias"),
+  ("value_bias", "v_proj.bias", "in_bias"),
+  ("out_bias", "out_proj.bias", "d_vector"),
+)
+_FEED_FORWARD = (
+  ("feed_forward", "wi", "fc1.weight", "fc1"),
+  ("feed_forward", "bi", "fc1.bias", "ff_vector"),
+  ("feed_forward", "wo", "fc2.weight", "fc2"),
+  ("feed_forward", "bo", "fc2.bias", "d_vector"),
+)
 # Our sub-layer name -> Marian's, per stack.
-_ATTENTIONS = {"encoder": (("self_attention", "self_attn"),),
-               "decoder": (("self_attention", "self_attn"), ("cross_attention", "encoder_attn"))}
-_NORMS = {"encoder": (("self_attention_norm", "self_attn_layer_norm"),
-                      ("feed_forward_norm", "final_layer_norm")),
-          "decoder": (("self_attention_norm", "self_attn_layer_norm"),
-                      ("cross_attention_norm", "encoder_attn_layer_norm"),
-                      ("feed_forward_norm", "final_layer_norm"))}
+_ATTENTIONS = {
+  "encoder": (("self_attention", "self_attn"),),
+  "decoder": (("self_attention", "self_attn"), ("cross_attention", "encoder_attn")),
+}
+_NORMS = {
+  "encoder": (
+    ("self_attention_norm", "self_attn_layer_norm"),
+    ("feed_forward_norm", "final_layer_norm"),
+  ),
+  "decoder": (
+    ("self_attention_norm", "self_attn_layer_norm"),
+    ("cross_attention_norm", "encoder_attn_layer_norm"),
+    ("feed_forward_norm", "final_layer_norm"),
+  ),
+}
 
 EMBEDDING = "model.shared.weight"
 LOGITS_BIAS = "final_logits_bias"
@@ -82,13 +102,18 @@ def mapping(num_layers: int, attention_bias: bool, logits_bias: bool):
       ours, theirs = (stack, f"layer_{i}"), f"model.{stack}.layers.{i}"
       for sub, marian_sub in attentions:
         projections = _ATTENTION + (_ATTENTION_BIASES if attention_bias else ())
-        entries += [((*ours, sub, name), f"{theirs}.{marian_sub}.{key}", kind)
-                    for name, key, kind in projections]
+        entries += [
+          ((*ours, sub, name), f"{theirs}.{marian_sub}.{key}", kind)
+          for name, key, kind in projections
+        ]
       for norm, marian_norm in _NORMS[stack]:
-        entries += [((*ours, norm, "scale"), f"{theirs}.{marian_norm}.weight", "d_vector"),
-                    ((*ours, norm, "bias"), f"{theirs}.{marian_norm}.bias", "d_vector")]
-      entries += [((*ours, sub, name), f"{theirs}.{key}", kind)
-                  for sub, name, key, kind in _FEED_FORWARD]
+        entries += [
+          ((*ours, norm, "scale"), f"{theirs}.{marian_norm}.weight", "d_vector"),
+          ((*ours, norm, "bias"), f"{theirs}.{marian_norm}.bias", "d_vector"),
+        ]
+      entries += [
+        ((*ours, sub, name), f"{theirs}.{key}", kind) for sub, name, key, kind in _FEED_FORWARD
+      ]
   return entries
 
 
@@ -111,8 +136,9 @@ def to_params(state: dict, *, num_layers: int, num_heads: int, token_order) -> d
   return params
 
 
-def to_state(params, *, num_layers: int, num_heads: int, token_order,
-             attention_bias: bool, logits_bias: bool) -> dict:
+def to_state(
+  params, *, num_layers: int, num_heads: int, token_order, attention_bias: bool, logits_bias: bool
+) -> dict:
   """The Marian state dict (name -> float32 numpy) of our parameters; the biases a model lacks
   are zeros."""
   d_model = params["embed"]["embedding"].shape[1]

@@ -1,3 +1,18 @@
-"""Command-line tools: the training and decoding benchmark (against PyTorch on request), the
-experiment, data-pipeline and scaling benchmarks, the pod table of compile reports, the config
-reference, and the device report with its offline bundle (`tools.device_report`)."""
+"""Command-line tools beside the main one (`python -m transformer_jax.tools.<name>`).
+
+benchmark.py            the benchmarks' command line (`./launch.sh bench`)
+step_benchmark.py       the train step on a fixed synthetic batch, timed
+decode_benchmark.py     beam search and greedy decoding of a fixed shape, timed
+experiment_benchmark.py an experiment's own model on batches of its own data
+data_benchmark.py       the training pipeline's batches per second
+sweep.py                the scaling sweep: its grid, table and figure
+timing.py               what the benchmarks share: timing on the device, summaries
+torch_reference.py      the same model in PyTorch, for side-by-side benchmarks
+torch_training.py       our model and train step in PyTorch, to hold our training to it
+training_curves.py      our training against torch_training, update by update
+compare_training.py     the command line of training_curves
+inspect_checkpoints.py  a work directory's checkpoints listed and verified (`./launch.sh inspect`)
+config_reference.py     docs/config.md, from the settings and the flags
+pod_table.py            the paper's models compiled for TPU slices and H100s, as a table
+device_report/          the project measured on an accelerator in one command, and its bundle
+"""

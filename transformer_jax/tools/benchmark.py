@@ -28,8 +28,8 @@ table and draws a figure of how the step time grows.
 import json
 import sys
 
-from absl import app, flags
 import jax
+from absl import app, flags
 from ml_collections import config_flags
 
 from transformer_jax import config as config_lib
@@ -45,56 +45,99 @@ def define_flags():
   """The command line's flags; defined only when run as a program, so importing defines none."""
   flags.DEFINE_enum("config", "small", list(WORKLOADS), "Model and batch shape to measure.")
   flags.DEFINE_integer("steps", 20, "Timed training steps (after warm-up).", lower_bound=1)
-  flags.DEFINE_integer("warmup", 3, "Untimed training steps after the first (compile) step.",
-                       lower_bound=0)
-  flags.DEFINE_integer("block", 5, "Timed steps in a row, after one untimed step; with --vs the "
-                       "frameworks alternate by block.", lower_bound=1)
-  flags.DEFINE_integer("decode_runs", 5, "Timed runs of each search (after its compile run).",
-                       lower_bound=1)
-  flags.DEFINE_enum("dtype", None, ["float32", "bfloat16"],
-                    "Computation dtype; default float32 on CPU, bfloat16 on accelerators.")
+  flags.DEFINE_integer(
+    "warmup", 3, "Untimed training steps after the first (compile) step.", lower_bound=0
+  )
+  flags.DEFINE_integer(
+    "block",
+    5,
+    "Timed steps in a row, after one untimed step; with --vs the frameworks alternate by block.",
+    lower_bound=1,
+  )
+  flags.DEFINE_integer(
+    "decode_runs", 5, "Timed runs of each search (after its compile run).", lower_bound=1
+  )
+  flags.DEFINE_enum(
+    "dtype",
+    None,
+    ["float32", "bfloat16"],
+    "Computation dtype; default float32 on CPU, bfloat16 on accelerators.",
+  )
   flags.DEFINE_bool("scan_layers", False, "Run the layers through nn.scan.")
   flags.DEFINE_enum("remat", "none", ["none", "dots", "full"], "Rematerialization policy.")
   flags.DEFINE_enum("vs", None, ["torch"], "Also measure the same model in this framework.")
   flags.DEFINE_string("json", None, "Also write the results to this JSON file.")
   config_flags.DEFINE_config_file(
-      "experiment", None, "Measure this experiment's model on its own data in every batch mode "
-      "(experiments/default.py): the model, dtype and batches are the experiment's, so "
-      "--config, --dtype, --scan_layers, --remat, --vs, --warmup and --block do not apply.")
-  flags.DEFINE_string("workdir", "/tmp/transformer_jax_benchmark",
-                      "--experiment: where its vocabulary is made and kept.")
-  flags.DEFINE_bool("sweep", False, "Time only the train step of --config's model, at every batch "
-                    "shape of --sweep_tokens x --sweep_lengths (--steps after --warmup each); "
-                    "print a markdown table and draw --plot. Not with --vs or --experiment.")
-  flags.DEFINE_list("sweep_tokens", list(map(str, sweep.DEFAULT_TOKENS)),
-                    "Sweep: tokens per batch on each side (source tokens = target tokens, padding "
-                    "included, as data.tokens_per_batch counts them). Giving it implies --sweep.")
-  flags.DEFINE_list("sweep_lengths", list(map(str, sweep.DEFAULT_LENGTHS)),
-                    "Sweep: the source and target length of every row, at most "
-                    f"{sweep.SWEEP_MAX_LEN} (the model's max_len); a batch has tokens / length "
-                    "rows, rounded down to a multiple of the devices. Giving it implies --sweep.")
-  flags.DEFINE_string("plot", None, "Sweep: the figure (PNG) to write, median step time against "
-                      "length and against tokens per batch; default scaling_<config>.png in the "
-                      "current directory, empty for none. Needs matplotlib.")
+    "experiment",
+    None,
+    "Measure this experiment's model on its own data in every batch mode "
+    "(experiments/default.py): the model, dtype and batches are the experiment's, so "
+    "--config, --dtype, --scan_layers, --remat, --vs, --warmup and --block do not apply.",
+  )
+  flags.DEFINE_string(
+    "workdir",
+    "/tmp/transformer_jax_benchmark",
+    "--experiment: where its vocabulary is made and kept.",
+  )
+  flags.DEFINE_bool(
+    "sweep",
+    False,
+    "Time only the train step of --config's model, at every batch "
+    "shape of --sweep_tokens x --sweep_lengths (--steps after --warmup each); "
+    "print a markdown table and draw --plot. Not with --vs or --experiment.",
+  )
+  flags.DEFINE_list(
+    "sweep_tokens",
+    list(map(str, sweep.DEFAULT_TOKENS)),
+    "Sweep: tokens per batch on each side (source tokens = target tokens, padding "
+    "included, as data.tokens_per_batch counts them). Giving it implies --sweep.",
+  )
+  flags.DEFINE_list(
+    "sweep_lengths",
+    list(map(str, sweep.DEFAULT_LENGTHS)),
+    "Sweep: the source and target length of every row, at most "
+    f"{sweep.SWEEP_MAX_LEN} (the model's max_len); a batch has tokens / length "
+    "rows, rounded down to a multiple of the devices. Giving it implies --sweep.",
+  )
+  flags.DEFINE_string(
+    "plot",
+    None,
+    "Sweep: the figure (PNG) to write, median step time against "
+    "length and against tokens per batch; default scaling_<config>.png in the "
+    "current directory, empty for none. Needs matplotlib.",
+  )
 
 
 def sweep_main(dtype: str) -> dict:
   """The sweep the flags ask for, checked before anything is timed: its table, figure, results."""
   if FLAGS.experiment or FLAGS.vs:
     raise UserError("--sweep times --config's model alone: drop --experiment and --vs")
-  points = sweep.grid(sweep.sizes("sweep_tokens", FLAGS.sweep_tokens),
-                      sweep.sizes("sweep_lengths", FLAGS.sweep_lengths),
-                      max_len=sweep.SWEEP_MAX_LEN, row_multiple=jax.device_count())
+  points = sweep.grid(
+    sweep.sizes("sweep_tokens", FLAGS.sweep_tokens),
+    sweep.sizes("sweep_lengths", FLAGS.sweep_lengths),
+    max_len=sweep.SWEEP_MAX_LEN,
+    row_multiple=jax.device_count(),
+  )
   plot = f"scaling_{FLAGS.config}.png" if FLAGS.plot is None else FLAGS.plot
   if plot:
     sweep.require_matplotlib()
-  results = sweep.run_sweep(WORKLOADS[FLAGS.config], points, steps=FLAGS.steps,
-                            warmup=FLAGS.warmup, dtype=dtype, scan_layers=FLAGS.scan_layers,
-                            remat=FLAGS.remat, block=FLAGS.block)
+  results = sweep.run_sweep(
+    WORKLOADS[FLAGS.config],
+    points,
+    steps=FLAGS.steps,
+    warmup=FLAGS.warmup,
+    dtype=dtype,
+    scan_layers=FLAGS.scan_layers,
+    remat=FLAGS.remat,
+    block=FLAGS.block,
+  )
   print(sweep.format_table(results["points"]))
   if plot:
-    sweep.plot(results["points"], plot,
-               title=f"{FLAGS.config}, {dtype}, on {results['devices']} x {results['device']}")
+    sweep.plot(
+      results["points"],
+      plot,
+      title=f"{FLAGS.config}, {dtype}, on {results['devices']} x {results['device']}",
+    )
     print(f"figure: {plot}")
   return results
 
@@ -105,18 +148,29 @@ def measure(dtype: str) -> dict:
   if sweeping:
     return sweep_main(dtype)
   if FLAGS["plot"].present:
-    raise UserError("--plot draws the sweep's figure: add --sweep (or --sweep_tokens, "
-                    "--sweep_lengths)")
+    raise UserError(
+      "--plot draws the sweep's figure: add --sweep (or --sweep_tokens, --sweep_lengths)"
+    )
   if FLAGS.experiment:
     results = experiment_benchmark.run_experiment(
-        config_lib.parse(FLAGS.experiment), Workdir(FLAGS.workdir), steps=FLAGS.steps,
-        decode_runs=FLAGS.decode_runs)
+      config_lib.parse(FLAGS.experiment),
+      Workdir(FLAGS.workdir),
+      steps=FLAGS.steps,
+      decode_runs=FLAGS.decode_runs,
+    )
     print(experiment_benchmark.format_experiment_table(results))
     return results
   results = step_benchmark.run(
-      WORKLOADS[FLAGS.config], steps=FLAGS.steps, warmup=FLAGS.warmup,
-      decode_runs=FLAGS.decode_runs, dtype=dtype, scan_layers=FLAGS.scan_layers,
-      remat=FLAGS.remat, vs=FLAGS.vs, block=FLAGS.block)
+    WORKLOADS[FLAGS.config],
+    steps=FLAGS.steps,
+    warmup=FLAGS.warmup,
+    decode_runs=FLAGS.decode_runs,
+    dtype=dtype,
+    scan_layers=FLAGS.scan_layers,
+    remat=FLAGS.remat,
+    vs=FLAGS.vs,
+    block=FLAGS.block,
+  )
   print(step_benchmark.format_table(results))
   return results
 

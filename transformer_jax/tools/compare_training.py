@@ -16,18 +16,24 @@ from transformer_jax.tools.torch_training import INITS, unsupported_settings
 from transformer_jax.tools.training_curves import compare, plot
 from transformer_jax.workdir import Workdir
 
-_CONFIG = config_flags.DEFINE_config_file("config", None,
-                                          "The experiment (experiments/*.py:variant).")
-_WORKDIR = flags.DEFINE_string("workdir", None,
-                               "Where the experiment's vocabulary is made or kept.")
+_CONFIG = config_flags.DEFINE_config_file(
+  "config", None, "The experiment (experiments/*.py:variant)."
+)
+_WORKDIR = flags.DEFINE_string(
+  "workdir", None, "Where the experiment's vocabulary is made or kept."
+)
 _UPDATES = flags.DEFINE_integer("updates", 600, "Updates of each model.", lower_bound=1)
-_INIT = flags.DEFINE_enum("reference_init", "fairseq", list(INITS),
-                          "The reference's initial parameters: fairseq's initialisation, or a "
-                          "copy of ours.")
+_INIT = flags.DEFINE_enum(
+  "reference_init",
+  "fairseq",
+  list(INITS),
+  "The reference's initial parameters: fairseq's initialisation, or a copy of ours.",
+)
 _OUT = flags.DEFINE_string("out", "training_curves.json", "The JSON of both curves.")
 _PLOT = flags.DEFINE_string("plot", None, "Also draw the curves to this PNG (needs matplotlib).")
-_LOG_EVERY = flags.DEFINE_integer("log_every", 50, "Log and write the JSON every this many "
-                                  "updates.", lower_bound=1)
+_LOG_EVERY = flags.DEFINE_integer(
+  "log_every", 50, "Log and write the JSON every this many updates.", lower_bound=1
+)
 
 
 def main(argv):
@@ -38,14 +44,25 @@ def main(argv):
     unsupported = unsupported_settings(experiment.model, experiment.optimizer)
     if unsupported:
       raise UserError(f"the PyTorch reference does not implement {', '.join(unsupported)}")
-    result = compare(experiment, Workdir(_WORKDIR.value), updates=_UPDATES.value,
-                     reference_init=_INIT.value, log_every=_LOG_EVERY.value, out=_OUT.value)
+    result = compare(
+      experiment,
+      Workdir(_WORKDIR.value),
+      updates=_UPDATES.value,
+      reference_init=_INIT.value,
+      log_every=_LOG_EVERY.value,
+      out=_OUT.value,
+    )
   except UserError as error:  # Config, data and workdir mistakes: one line.
     sys.exit(f"error: {config_lib.user_message(error)}")
   if _PLOT.value:
-    plot({"transformer_jax": result["ours"]["loss"],
-          f"PyTorch reference ({_INIT.value} init)": result["reference"]["loss"]},
-         _PLOT.value, title=f"{experiment.model.norm}-LN")
+    plot(
+      {
+        "transformer_jax": result["ours"]["loss"],
+        f"PyTorch reference ({_INIT.value} init)": result["reference"]["loss"],
+      },
+      _PLOT.value,
+      title=f"{experiment.model.norm}-LN",
+    )
 
 
 if __name__ == "__main__":

@@ -30,11 +30,14 @@ what it allows. [training.md](training.md) says how the experiments use them.
 """
 
 _SECTIONS = {
-    "": "Training, checkpoints, evaluation and the optimizer (`config.<field>`)",
-    "model": "The model (`config.model.<field>`; presets of the paper: `transformer_jax.config.model_fields(preset)`)",
-    "data": "Data, vocabulary and batches (`config.data.<field>`; see [data.md](data.md))",
-    "decode": "Search and evaluation (`config.decode.<field>`)",
-    "mesh": "The device mesh (`config.mesh.<field>`; see [multihost.md](multihost.md))",
+  "": "Training, checkpoints, evaluation and the optimizer (`config.<field>`)",
+  "model": (
+    "The model (`config.model.<field>`; presets of the paper: "
+    "`transformer_jax.config.model_fields(preset)`)"
+  ),
+  "data": "Data, vocabulary and batches (`config.data.<field>`; see [data.md](data.md))",
+  "decode": "Search and evaluation (`config.decode.<field>`)",
+  "mesh": "The device mesh (`config.mesh.<field>`; see [multihost.md](multihost.md))",
 }
 
 
@@ -53,18 +56,29 @@ def _fields() -> list[str]:
     rows[section].append(f"| `{name}` | {_value(default)} | {_cell(allowed)} | {_cell(help_)} |")
   out = []
   for section, title in _SECTIONS.items():
-    out += [f"## {title}", "", "| Field | Default | Allowed | What it does |",
-            "| --- | --- | --- | --- |", *rows.pop(section), ""]
+    out += [
+      f"## {title}",
+      "",
+      "| Field | Default | Allowed | What it does |",
+      "| --- | --- | --- | --- |",
+      *rows.pop(section),
+      "",
+    ]
   if rows:
     raise ValueError(f"settings sections without a title here: {', '.join(rows)}")
   return out
 
 
 def _flags() -> list[str]:
-  out = ["## Command-line flags", "",
-         "`--config` and `--workdir` are required; `--verbosity=1` (absl's) shows the config, "
-         "debug logs and the traceback behind an `error:` line.", "",
-         "| Flag | Default | What it does |", "| --- | --- | --- |"]
+  out = [
+    "## Command-line flags",
+    "",
+    "`--config` and `--workdir` are required; `--verbosity=1` (absl's) shows the config, "
+    "debug logs and the traceback behind an `error:` line.",
+    "",
+    "| Flag | Default | What it does |",
+    "| --- | --- | --- |",
+  ]
   for flag in flags.FLAGS.get_flags_for_module(main_lib):
     default = "" if flag.default is None else f"`{flag.default_as_str.strip(chr(39))}`"
     out.append(f"| `--{flag.name}` | {default} | {_cell(flag.help)} |")

@@ -10,8 +10,7 @@ real tokens/s, over --seconds of pulling batches as fast as possible.
 import dataclasses
 import time
 
-from absl import app
-from absl import flags
+from absl import app, flags
 
 from transformer_jax import data
 from transformer_jax.workdir import Workdir
@@ -22,8 +21,11 @@ FLAGS = flags.FLAGS
 def define_flags():
   """The command line's flags; defined only when run as a program, so importing defines none."""
   flags.DEFINE_string("data_dir", "", "TFDS data dir ('' = TFDS default).")
-  flags.DEFINE_string("workdir", "/tmp/transformer_jax_data_benchmark",
-                      "Where the vocabulary is kept (in its vocab/).")
+  flags.DEFINE_string(
+    "workdir",
+    "/tmp/transformer_jax_data_benchmark",
+    "Where the vocabulary is kept (in its vocab/).",
+  )
   flags.DEFINE_string("name", "embedded", "data.name")
   flags.DEFINE_float("seconds", 20.0, "Measuring time per mode.")
   flags.DEFINE_integer("num_workers", 0, "data.num_workers")
@@ -56,14 +58,18 @@ def main(argv):
   print(f"dataset + vocabulary ready in {time.perf_counter() - start:.1f} s")
   for mode in data.BATCH_MODES:
     c = dataclasses.replace(base, batch_mode=mode)
-    shape = {"tokens": f"tokens_per_batch={c.tokens_per_batch}",
-             "packed": f"[{c.batch_size}, {c.max_length}]",
-             "padded": f"tokens_per_batch={c.tokens_per_batch}, rows of "
-                       f"{max(c.max_source_length, c.max_target_length)}"}[mode]
+    shape = {
+      "tokens": f"tokens_per_batch={c.tokens_per_batch}",
+      "packed": f"[{c.batch_size}, {c.max_length}]",
+      "padded": f"tokens_per_batch={c.tokens_per_batch}, rows of "
+      f"{max(c.max_source_length, c.max_target_length)}",
+    }[mode]
     first, rate, tokens, useful = _measure(c, tokenizer, FLAGS.seconds)
-    print(f"{mode:>6} ({shape}, num_workers={c.num_workers}): first batch after "
-          f"{first:.1f} s, {rate:.1f} batches/s, {tokens / 1e3:.0f}k real tokens/s, "
-          f"{100 * useful:.0f}% of the batch is real tokens")
+    print(
+      f"{mode:>6} ({shape}, num_workers={c.num_workers}): first batch after "
+      f"{first:.1f} s, {rate:.1f} batches/s, {tokens / 1e3:.0f}k real tokens/s, "
+      f"{100 * useful:.0f}% of the batch is real tokens"
+    )
 
 
 if __name__ == "__main__":

@@ -35,13 +35,19 @@ def measure_batch_mode(trainer, state, batches) -> tuple[dict, object]:
     total += batch["inputs"].size + batch["targets"].size
     flops += batch_flops(trainer.placement.model.config, batch)
   seconds = sum(times)
-  return {"steps": len(times), "shapes": len(compiled), "step_s": summary(times),
-          "tokens_per_s": real / seconds, "real_fraction": real / total,
-          "flops_per_s": flops / seconds}, state
+  return {
+    "steps": len(times),
+    "shapes": len(compiled),
+    "step_s": summary(times),
+    "tokens_per_s": real / seconds,
+    "real_fraction": real / total,
+    "flops_per_s": flops / seconds,
+  }, state
 
 
-def run_experiment(experiment: Experiment, workdir: Workdir, *, steps: int,
-                   decode_runs: int) -> dict:
+def run_experiment(
+  experiment: Experiment, workdir: Workdir, *, steps: int, decode_runs: int
+) -> dict:
   """Real tokens/s of `experiment`'s model on `steps` batches of each batch mode.
 
   All modes train one state on batches of the experiment's own data, sized
@@ -55,16 +61,28 @@ def run_experiment(experiment: Experiment, workdir: Workdir, *, steps: int,
   model = trainer.placement.model
   matmul_rate = measure_matmul_flops(model.config.compute_dtype)
   state = trainer.init()
-  results = {"config": dataclasses.asdict(model.config),
-             "device": str(jax.local_devices()[0].device_kind), "devices": jax.device_count(),
-             "matmul_flops_per_s": matmul_rate, "modes": {}}
+  results = {
+    "config": dataclasses.asdict(model.config),
+    "device": str(jax.local_devices()[0].device_kind),
+    "devices": jax.device_count(),
+    "matmul_flops_per_s": matmul_rate,
+    "modes": {},
+  }
   shard_index, shard_count = trainer.placement.data_shard
   for mode in data.BATCH_MODES:
     # Checked as a whole: e.g. rows that fit the model's positions.
-    data_config = dataclasses.replace(experiment, data=dataclasses.replace(
-        experiment.data, batch_mode=mode)).data
-    iterator = iter(data.make_train_loader(data_config, tokenizer, seed=experiment.seed,
-                                           shard_index=shard_index, shard_count=shard_count))
+    data_config = dataclasses.replace(
+      experiment, data=dataclasses.replace(experiment.data, batch_mode=mode)
+    ).data
+    iterator = iter(
+      data.make_train_loader(
+        data_config,
+        tokenizer,
+        seed=experiment.seed,
+        shard_index=shard_index,
+        shard_count=shard_count,
+      )
+    )
     batches = [next(iterator) for _ in range(steps)]
     iterator.close()
     figures, state = measure_batch_mode(trainer, state, batches)
@@ -80,16 +98,23 @@ def format_experiment_table(results: dict) -> str:
   """Per batch mode: real tokens/s, its ratio to 'padded', real fraction, step time, MFU."""
   modes = results["modes"]
   padded = modes["padded"]["tokens_per_s"]
-  lines = [f"{'batch mode':<12}{'real tok/s':>12}{'vs padded':>11}{'real %':>9}"
-           f"{'s/step':>9}{'shapes':>8}{'MFU %':>8}"]
+  lines = [
+    f"{'batch mode':<12}{'real tok/s':>12}{'vs padded':>11}{'real %':>9}"
+    f"{'s/step':>9}{'shapes':>8}{'MFU %':>8}"
+  ]
   for mode, m in modes.items():
-    lines.append(f"{mode:<12}{m['tokens_per_s']:>12,.0f}{m['tokens_per_s'] / padded:>11.2f}"
-                 f"{100 * m['real_fraction']:>9.1f}{m['step_s']['median']:>9.3f}"
-                 f"{m['shapes']:>8}{100 * m['mfu']:>8.1f}")
+    lines.append(
+      f"{mode:<12}{m['tokens_per_s']:>12,.0f}{m['tokens_per_s'] / padded:>11.2f}"
+      f"{100 * m['real_fraction']:>9.1f}{m['step_s']['median']:>9.3f}"
+      f"{m['shapes']:>8}{100 * m['mfu']:>8.1f}"
+    )
   decode = results["decode_s"]
-  lines.append(f"beam 4: {decode['beam4']['median']:.3f} s/batch, greedy: "
-               f"{decode['greedy']['median']:.3f} s/batch ({decode_benchmark.SENTENCES} sentences "
-               f"of {decode_benchmark.SOURCE_LENGTH} tokens -> {decode_benchmark.OUTPUT_LENGTH})")
-  lines.append(f"matmul rate: {results['matmul_flops_per_s'] / 1e9:.1f} GFLOP/s on "
-               f"{results['device']}")
+  lines.append(
+    f"beam 4: {decode['beam4']['median']:.3f} s/batch, greedy: "
+    f"{decode['greedy']['median']:.3f} s/batch ({decode_benchmark.SENTENCES} sentences "
+    f"of {decode_benchmark.SOURCE_LENGTH} tokens -> {decode_benchmark.OUTPUT_LENGTH})"
+  )
+  lines.append(
+    f"matmul rate: {results['matmul_flops_per_s'] / 1e9:.1f} GFLOP/s on {results['device']}"
+  )
   return "\n".join(lines)

@@ -7,10 +7,11 @@ train step at each point and returns one record (a dict) per point; the table
 and the figure are drawn from such records alone.
 """
 
-from collections.abc import Sequence
 import dataclasses
+import importlib.util
 import logging
 import pathlib
+from collections.abc import Sequence
 
 import jax
 
@@ -48,8 +49,9 @@ def sizes(flag: str, values: Sequence[str]) -> list[int]:
   return numbers
 
 
-def grid(tokens: Sequence[int], lengths: Sequence[int], *, max_len: int,
-         row_multiple: int = 1) -> list[Point]:
+def grid(
+  tokens: Sequence[int], lengths: Sequence[int], *, max_len: int, row_multiple: int = 1
+) -> list[Point]:
   """Every (tokens, length) point, ascending, tokens major.
 
   A point has tokens // length rows, rounded down to a multiple of
@@ -62,35 +64,46 @@ def grid(tokens: Sequence[int], lengths: Sequence[int], *, max_len: int,
     if min(values) <= 0:
       raise UserError(f"--{flag}: {min(values)} is not positive")
   if max(lengths) > max_len:
-    raise UserError(f"--sweep_lengths: {max(lengths)} is longer than the model's max_len "
-                    f"{max_len}")
+    raise UserError(f"--sweep_lengths: {max(lengths)} is longer than the model's max_len {max_len}")
   points = []
   for count in sorted(set(tokens)):
     for length in sorted(set(lengths)):
       rows = count // length // row_multiple * row_multiple
       if not rows:
         raise UserError(
-            f"--sweep_tokens: {count} tokens make no batch of {row_multiple} row(s) of length "
-            f"{length} (tokens per side: rows = tokens / length, a multiple of the "
-            f"{row_multiple} device(s))")
+          f"--sweep_tokens: {count} tokens make no batch of {row_multiple} row(s) of length "
+          f"{length} (tokens per side: rows = tokens / length, a multiple of the "
+          f"{row_multiple} device(s))"
+        )
       points.append(Point(count, length, rows))
   return points
 
 
-def run_sweep(workload: step_benchmark.Workload, points: list[Point], *, steps: int, warmup: int,
-              dtype: str, scan_layers: bool = False, remat: str = "none", block: int = 5) -> dict:
+def run_sweep(
+  workload: step_benchmark.Workload,
+  points: list[Point],
+  *,
+  steps: int,
+  warmup: int,
+  dtype: str,
+  scan_layers: bool = False,
+  remat: str = "none",
+  block: int = 5,
+) -> dict:
   """The train step of `workload`'s model timed as `step_benchmark.run` times it, on a synthetic
   batch of each of `points` (`grid`) in turn; one state trains throughout, each point's first
   step compiles. Returns the results as a JSON-ready dict, one record per point in "points"."""
-  cfg = step_benchmark.model_config(workload, dtype=dtype, scan_layers=scan_layers, remat=remat,
-                                    max_len=SWEEP_MAX_LEN)
+  cfg = step_benchmark.model_config(
+    workload, dtype=dtype, scan_layers=scan_layers, remat=remat, max_len=SWEEP_MAX_LEN
+  )
   trainer = step_benchmark.paper_trainer(cfg)
   state = trainer.init()
   records = []
   for index, point in enumerate(points):
     log.info("sweep point %d of %d: %s", index + 1, len(points), point)
-    shape = dataclasses.replace(workload, batch=point.rows, source_length=point.length,
-                                target_length=point.length)
+    shape = dataclasses.replace(
+      workload, batch=point.rows, source_length=point.length, target_length=point.length
+    )
     batch = step_benchmark.synthetic_batch(shape, cfg.vocab_size)
 
     def step(batch=batch):
@@ -100,31 +113,46 @@ def run_sweep(workload: step_benchmark.Workload, points: list[Point], *, steps: 
 
     first, times = time_alternating({"step": step}, steps=steps, warmup=warmup, block=block)
     step_s, tokens = summary(times["step"]), real_tokens(batch)
-    records.append({**dataclasses.asdict(point), "real_tokens_per_step": tokens,
-                    "first_step_s": first["step"], "step_s": step_s,
-                    "tokens_per_s": tokens / step_s["median"]})
-  return {"config": dataclasses.asdict(cfg), "device": str(jax.local_devices()[0].device_kind),
-          "devices": jax.device_count(), "steps": steps, "warmup": warmup, "points": records}
+    records.append(
+      {
+        **dataclasses.asdict(point),
+        "real_tokens_per_step": tokens,
+        "first_step_s": first["step"],
+        "step_s": step_s,
+        "tokens_per_s": tokens / step_s["median"],
+      }
+    )
+  return {
+    "config": dataclasses.asdict(cfg),
+    "device": str(jax.local_devices()[0].device_kind),
+    "devices": jax.device_count(),
+    "steps": steps,
+    "warmup": warmup,
+    "points": records,
+  }
 
 
 def format_table(records: Sequence[dict]) -> str:
   """A markdown table of the records, with each median step time against the smallest point's."""
   smallest = min(records, key=lambda r: (r["tokens"], r["length"]))["step_s"]["median"]
-  lines = ["| tokens per batch (each side) | length | rows | step, median (s) | real tokens/s "
-           "| step vs smallest |", "|---:|---:|---:|---:|---:|---:|"]
+  lines = [
+    "| tokens per batch (each side) | length | rows | step, median (s) | real tokens/s "
+    "| step vs smallest |",
+    "|---:|---:|---:|---:|---:|---:|",
+  ]
   for r in records:
     median = r["step_s"]["median"]
-    lines.append(f"| {r['tokens']:,} | {r['length']} | {r['rows']} | {median:.3f} | "
-                 f"{r['tokens_per_s']:,.0f} | {median / smallest:.2f} |")
+    lines.append(
+      f"| {r['tokens']:,} | {r['length']} | {r['rows']} | {median:.3f} | "
+      f"{r['tokens_per_s']:,.0f} | {median / smallest:.2f} |"
+    )
   return "\n".join(lines)
 
 
 def require_matplotlib() -> None:
   """UserError unless matplotlib can be imported (checked before minutes of measuring)."""
-  try:
-    import matplotlib  # pylint: disable=g-import-not-at-top,unused-import
-  except ImportError:
-    raise UserError(f"--plot needs matplotlib: {MATPLOTLIB_HINT}") from None
+  if importlib.util.find_spec("matplotlib") is None:
+    raise UserError(f"--plot needs matplotlib: {MATPLOTLIB_HINT}")
 
 
 def _series(records, key: str, x: str) -> dict[int, tuple[list[int], list[float]]]:
@@ -141,16 +169,17 @@ def plot(records: Sequence[dict], path: str, *, title: str = "") -> None:
   """Write a PNG of median step time against length (a line per tokens per batch) and against
   tokens per batch (a line per length), both on log scales; makes the folder if needed."""
   # The Agg canvas directly: no pyplot, so no display and no global figure state.
+  from matplotlib import ticker  # pylint: disable=g-import-not-at-top
   from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
   from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
-  from matplotlib import ticker  # pylint: disable=g-import-not-at-top
 
   figure = Figure(figsize=(9, 3.6), dpi=100, layout="constrained")
   FigureCanvasAgg(figure)
   panels = figure.subplots(1, 2)
   for axes, key, x, label, legend in (
-      (panels[0], "tokens", "length", "length (tokens per row)", "{:,} tokens"),
-      (panels[1], "length", "tokens", "tokens per batch (each side)", "length {}")):
+    (panels[0], "tokens", "length", "length (tokens per row)", "{:,} tokens"),
+    (panels[1], "length", "tokens", "tokens per batch (each side)", "length {}"),
+  ):
     for value, (xs, ys) in _series(records, key, x).items():
       axes.plot(xs, ys, marker="o", label=legend.format(value))
     ticks = sorted({r[x] for r in records})

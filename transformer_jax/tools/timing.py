@@ -39,7 +39,7 @@ def time_alternating(runs: dict, *, steps: int, warmup: int, block: int) -> tupl
 
   The runs alternate in blocks of `block` timed steps, so all see the same
   machine conditions; each block starts with an untimed step, since a step
-  right after another framework's (or any pause) runs slower (up to 1.8x here).
+  right after another framework's (or any pause) runs slower (docs/performance.md).
   """
   first = {name: timed(fn) for name, fn in runs.items()}
   for _ in range(warmup):
@@ -61,6 +61,9 @@ def real_tokens(batch) -> int:
 def batch_flops(cfg: TransformerConfig, batch) -> float:
   """The model FLOPs of one training step of `cfg` on `batch` (`objective.train_flops`)."""
   return objective.train_flops(
-      cfg, source_tokens=float(np.sum(batch["inputs_segmentation"] > 0)),
-      target_tokens=float(np.sum(batch["targets_segmentation"] > 0)),
-      source_length=batch["inputs"].shape[1], target_length=batch["targets"].shape[1])
+    cfg,
+    source_tokens=float(np.sum(batch["inputs_segmentation"] > 0)),
+    target_tokens=float(np.sum(batch["targets_segmentation"] > 0)),
+    source_length=batch["inputs"].shape[1],
+    target_length=batch["targets"].shape[1],
+  )

@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from transformer_jax.conventions import PAD_ID
-from transformer_jax.model.layers import sinusoidal_table
+from transformer_jax.model.embedding import sinusoidal_table
 from transformer_jax.model.transformer import TransformerConfig
 
 
@@ -22,13 +22,19 @@ def _torch():
     import torch  # pylint: disable=g-import-not-at-top
   except ImportError as e:
     raise ImportError(
-        "--vs torch needs PyTorch: pip install -e '.[bench]' "
-        "(on a CPU-only machine, pip install torch==2.13.0)") from e
+      "--vs torch needs PyTorch: pip install -e '.[bench]' "
+      "(on a CPU-only machine, pip install torch==2.13.0)"
+    ) from e
   return torch
 
 
-def build(config: TransformerConfig, *, label_smoothing: float, warmup_steps: int = 4000,
-          threads: int | None = None):
+def build(
+  config: TransformerConfig,
+  *,
+  label_smoothing: float,
+  warmup_steps: int = 4000,
+  threads: int | None = None,
+):
   """A torch train step for `config`: returns `step(batch) -> loss` over numpy batches."""
   torch = _torch()
   if config.d_k != config.d_v or config.d_k * config.num_heads != config.d_model:
@@ -39,15 +45,19 @@ def build(config: TransformerConfig, *, label_smoothing: float, warmup_steps: in
   model = _TorchTransformer(torch, config)
   optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
   schedule = torch.optim.lr_scheduler.LambdaLR(
-      optimizer, lambda s: config.d_model**-0.5 * min((s + 1)**-0.5, (s + 1) * warmup_steps**-1.5))
+    optimizer, lambda s: config.d_model**-0.5 * min((s + 1) ** -0.5, (s + 1) * warmup_steps**-1.5)
+  )
 
   def step(batch):
     inputs = torch.from_numpy(np.asarray(batch["inputs"], np.int64))
     targets = torch.from_numpy(np.asarray(batch["targets"], np.int64))
     logits = model(inputs, targets)
     loss = torch.nn.functional.cross_entropy(
-        logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=PAD_ID,
-        label_smoothing=label_smoothing)
+      logits.reshape(-1, logits.shape[-1]),
+      targets.reshape(-1),
+      ignore_index=PAD_ID,
+      label_smoothing=label_smoothing,
+    )
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     optimizer.step()
@@ -62,21 +72,27 @@ def _TorchTransformer(torch, config: TransformerConfig):
   nn = torch.nn
 
   class TorchTransformer(nn.Module):
-
     def __init__(self):
       super().__init__()
       self.embed = nn.Embedding(config.vocab_size, config.d_model)
       nn.init.normal_(self.embed.weight, std=config.d_model**-0.5)
       self.register_buffer(
-          "positions", torch.from_numpy(sinusoidal_table(config.max_len, config.d_model)))
+        "positions", torch.from_numpy(sinusoidal_table(config.max_len, config.d_model))
+      )
       self.core = nn.Transformer(
-          d_model=config.d_model, nhead=config.num_heads, num_encoder_layers=config.num_layers,
-          num_decoder_layers=config.num_layers, dim_feedforward=config.d_ff,
-          dropout=config.dropout_rate, batch_first=True, norm_first=config.norm == "pre")
+        d_model=config.d_model,
+        nhead=config.num_heads,
+        num_encoder_layers=config.num_layers,
+        num_decoder_layers=config.num_layers,
+        dim_feedforward=config.d_ff,
+        dropout=config.dropout_rate,
+        batch_first=True,
+        norm_first=config.norm == "pre",
+      )
       self.dropout = nn.Dropout(config.dropout_rate)
 
     def _embed(self, ids):
-      x = self.embed(ids) * math.sqrt(config.d_model) + self.positions[:ids.shape[1]]
+      x = self.embed(ids) * math.sqrt(config.d_model) + self.positions[: ids.shape[1]]
       return self.dropout(x)
 
     def forward(self, inputs, targets):
@@ -84,9 +100,13 @@ def _TorchTransformer(torch, config: TransformerConfig):
       length = targets.shape[1]
       causal = torch.triu(torch.ones(length, length, dtype=torch.bool), diagonal=1)
       out = self.core(
-          self._embed(inputs), self._embed(decoder_inputs), tgt_mask=causal,
-          src_key_padding_mask=inputs == PAD_ID, tgt_key_padding_mask=targets == PAD_ID,
-          memory_key_padding_mask=inputs == PAD_ID)
+        self._embed(inputs),
+        self._embed(decoder_inputs),
+        tgt_mask=causal,
+        src_key_padding_mask=inputs == PAD_ID,
+        tgt_key_padding_mask=targets == PAD_ID,
+        memory_key_padding_mask=inputs == PAD_ID,
+      )
       return out @ self.embed.weight.T
 
   return TorchTransformer()

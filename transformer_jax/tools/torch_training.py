@@ -20,7 +20,7 @@ import math
 import numpy as np
 
 from transformer_jax.conventions import PAD_ID
-from transformer_jax.model.layers import sinusoidal_table
+from transformer_jax.model.embedding import sinusoidal_table
 from transformer_jax.model.transformer import TransformerConfig
 from transformer_jax.train.objective import OptimizerSettings
 
@@ -44,11 +44,23 @@ def parameter_shapes(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
     shapes["embed/logits_bias"] = (config.vocab_size,)
 
   def attention(prefix):
-    shapes.update({f"{prefix}/query": (d, h, dk), f"{prefix}/key": (d, h, dk),
-                   f"{prefix}/value": (d, h, dv), f"{prefix}/out": (h, dv, d)})
+    shapes.update(
+      {
+        f"{prefix}/query": (d, h, dk),
+        f"{prefix}/key": (d, h, dk),
+        f"{prefix}/value": (d, h, dv),
+        f"{prefix}/out": (h, dv, d),
+      }
+    )
     if config.attention_bias:
-      shapes.update({f"{prefix}/query_bias": (h, dk), f"{prefix}/key_bias": (h, dk),
-                     f"{prefix}/value_bias": (h, dv), f"{prefix}/out_bias": (d,)})
+      shapes.update(
+        {
+          f"{prefix}/query_bias": (h, dk),
+          f"{prefix}/key_bias": (h, dk),
+          f"{prefix}/value_bias": (h, dv),
+          f"{prefix}/out_bias": (d,),
+        }
+      )
 
   def norm(prefix):
     shapes.update({f"{prefix}/scale": (d,), f"{prefix}/bias": (d,)})
@@ -59,8 +71,14 @@ def parameter_shapes(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
       for name in sublayers:
         attention(f"{layer}/{name}")
         norm(f"{layer}/{name}_norm")
-      shapes.update({f"{layer}/feed_forward/wi": (d, ff), f"{layer}/feed_forward/bi": (ff,),
-                     f"{layer}/feed_forward/wo": (ff, d), f"{layer}/feed_forward/bo": (d,)})
+      shapes.update(
+        {
+          f"{layer}/feed_forward/wi": (d, ff),
+          f"{layer}/feed_forward/bi": (ff,),
+          f"{layer}/feed_forward/wo": (ff, d),
+          f"{layer}/feed_forward/bo": (d,),
+        }
+      )
       norm(f"{layer}/feed_forward_norm")
     if config.norm == "pre":
       norm(f"{stack}/final_norm")
@@ -85,9 +103,19 @@ def fairseq_init(torch, config: TransformerConfig, name: str, shape, generator):
     return torch.ones(shape, dtype=torch.float64)
   xavier = lambda fan_in, fan_out: math.sqrt(6.0 / (fan_in + fan_out))
   qk, v = 2**-0.5 * xavier(d, h * config.d_k), 2**-0.5 * xavier(d, h * config.d_v)
-  bounds = {"query": qk, "key": qk, "value": v, "out": xavier(h * config.d_v, d),
-            "wi": d**-0.5, "bi": d**-0.5, "wo": config.d_ff**-0.5, "bo": config.d_ff**-0.5,
-            "query_bias": d**-0.5, "key_bias": d**-0.5, "value_bias": d**-0.5}
+  bounds = {
+    "query": qk,
+    "key": qk,
+    "value": v,
+    "out": xavier(h * config.d_v, d),
+    "wi": d**-0.5,
+    "bi": d**-0.5,
+    "wo": config.d_ff**-0.5,
+    "bo": config.d_ff**-0.5,
+    "query_bias": d**-0.5,
+    "key_bias": d**-0.5,
+    "value_bias": d**-0.5,
+  }
   if leaf not in bounds:  # out_bias, LayerNorm offsets, logits_bias.
     return torch.zeros(shape, dtype=torch.float64)
   return (torch.rand(shape, generator=generator, dtype=torch.float64) * 2 - 1) * bounds[leaf]
@@ -101,10 +129,15 @@ def check_init(init: str) -> None:
 
 def unsupported_settings(config: TransformerConfig, optimizer: OptimizerSettings) -> list[str]:
   """The settings of `config` and `optimizer` the reference does not implement, as `field=value`."""
-  defaults = {"activation": "relu", "positional": "sinusoidal", "dtype": "float32",
-              "scan_layers": False}
-  found = [f"model.{k}={getattr(config, k)!r}" for k, v in defaults.items()
-           if getattr(config, k) != v]
+  defaults = {
+    "activation": "relu",
+    "positional": "sinusoidal",
+    "dtype": "float32",
+    "scan_layers": False,
+  }
+  found = [
+    f"model.{k}={getattr(config, k)!r}" for k, v in defaults.items() if getattr(config, k) != v
+  ]
   if optimizer.grad_clip_norm:
     found.append(f"grad_clip_norm={optimizer.grad_clip_norm}")
   return found
@@ -124,8 +157,16 @@ class Reference:
   `init="fairseq"` from `fairseq_init` drawn with `seed`. Dropout is torch's.
   """
 
-  def __init__(self, config: TransformerConfig, optimizer: OptimizerSettings, *,
-               label_smoothing: float, init: str = "copied", params=None, seed: int = 0):
+  def __init__(
+    self,
+    config: TransformerConfig,
+    optimizer: OptimizerSettings,
+    *,
+    label_smoothing: float,
+    init: str = "copied",
+    params=None,
+    seed: int = 0,
+  ):
     check_init(init)
     if init == "copied" and params is None:
       raise ValueError("init='copied' needs the params to copy")
@@ -139,24 +180,34 @@ class Reference:
     if init == "copied":
       missing, unexpected = set(shapes) - set(params), set(params) - set(shapes)
       if missing or unexpected:
-        raise ValueError(f"params do not match the config: missing {sorted(missing)[:3]}, "
-                         f"unexpected {sorted(unexpected)[:3]}")
+        raise ValueError(
+          f"params do not match the config: missing {sorted(missing)[:3]}, "
+          f"unexpected {sorted(unexpected)[:3]}"
+        )
       values = {name: torch.tensor(np.asarray(params[name], np.float32)) for name in shapes}
     else:
-      values = {name: fairseq_init(torch, config, name, shape, self.generator).float()
-                for name, shape in shapes.items()}
+      values = {
+        name: fairseq_init(torch, config, name, shape, self.generator).float()
+        for name, shape in shapes.items()
+      }
     self.params = {name: value.requires_grad_() for name, value in values.items()}
     self.positions = torch.tensor(sinusoidal_table(config.max_len, config.d_model))
     self.adam = torch.optim.Adam(
-        self.params.values(), lr=0.0, betas=(optimizer.adam_b1, optimizer.adam_b2),
-        eps=optimizer.adam_eps)
+      self.params.values(),
+      lr=0.0,
+      betas=(optimizer.adam_b1, optimizer.adam_b2),
+      eps=optimizer.adam_eps,
+    )
     self.optimizer, self.updates = optimizer, 0
 
   def learning_rate(self, update: int) -> float:
     """The paper's rate at 1-based step `update + 1`."""
     step = update + 1
-    return (self.optimizer.learning_rate * self.config.d_model**-0.5
-            * min(step**-0.5, step * self.optimizer.warmup_steps**-1.5))
+    return (
+      self.optimizer.learning_rate
+      * self.config.d_model**-0.5
+      * min(step**-0.5, step * self.optimizer.warmup_steps**-1.5)
+    )
 
   def _dropout(self, x, train):
     """Inverted dropout, its mask drawn from the reference's own seeded generator."""
@@ -185,8 +236,12 @@ class Reference:
   def _sublayer(self, x, prefix, norm_name, fn, train):
     p, cfg = self.params, self.config
     norm = lambda y: self.torch.nn.functional.layer_norm(
-        y, (cfg.d_model,), p[f"{prefix}/{norm_name}/scale"], p[f"{prefix}/{norm_name}/bias"],
-        cfg.norm_epsilon)
+      y,
+      (cfg.d_model,),
+      p[f"{prefix}/{norm_name}/scale"],
+      p[f"{prefix}/{norm_name}/bias"],
+      cfg.norm_epsilon,
+    )
     if cfg.norm == "pre":
       return x + self._dropout(fn(norm(x)), train)
     return norm(x + self._dropout(fn(x), train))
@@ -201,8 +256,9 @@ class Reference:
     torch, p, cfg = self.torch, self.params, self.config
     t = lambda a: torch.tensor(np.asarray(a), dtype=torch.long)
     src_seg, tgt_seg = t(batch["inputs_segmentation"]), t(batch["targets_segmentation"])
-    decoder_inputs = shift_right(np.asarray(batch["targets"]),
-                                 np.asarray(batch["targets_segmentation"]))
+    decoder_inputs = shift_right(
+      np.asarray(batch["targets"]), np.asarray(batch["targets_segmentation"])
+    )
 
     def embed(ids, positions):
       x = p["embed/embedding"][t(ids)] * math.sqrt(cfg.d_model) + self.positions[t(positions)]
@@ -215,9 +271,13 @@ class Reference:
     encoder_mask = allowed(src_seg, src_seg)
     for i in range(cfg.num_layers):
       layer = f"encoder/layer_{i}"
-      x = self._sublayer(x, layer, "self_attention_norm",
-                         lambda y, l=layer: self._attention(f"{l}/self_attention", y, y,
-                                                            encoder_mask), train)
+      x = self._sublayer(
+        x,
+        layer,
+        "self_attention_norm",
+        lambda y, name=layer: self._attention(f"{name}/self_attention", y, y, encoder_mask),
+        train,
+      )
       x = self._sublayer(x, layer, "feed_forward_norm", self._feed_forward(layer), train)
     memory = self._final_norm("encoder", x)
     length = tgt_seg.shape[1]
@@ -226,12 +286,20 @@ class Reference:
     y = embed(decoder_inputs, batch["targets_position"])
     for i in range(cfg.num_layers):
       layer = f"decoder/layer_{i}"
-      y = self._sublayer(y, layer, "self_attention_norm",
-                         lambda z, l=layer: self._attention(f"{l}/self_attention", z, z,
-                                                            self_mask), train)
-      y = self._sublayer(y, layer, "cross_attention_norm",
-                         lambda z, l=layer: self._attention(f"{l}/cross_attention", z, memory,
-                                                            cross_mask), train)
+      y = self._sublayer(
+        y,
+        layer,
+        "self_attention_norm",
+        lambda z, name=layer: self._attention(f"{name}/self_attention", z, z, self_mask),
+        train,
+      )
+      y = self._sublayer(
+        y,
+        layer,
+        "cross_attention_norm",
+        lambda z, name=layer: self._attention(f"{name}/cross_attention", z, memory, cross_mask),
+        train,
+      )
       y = self._sublayer(y, layer, "feed_forward_norm", self._feed_forward(layer), train)
     logits = self._final_norm("decoder", y) @ p["embed/embedding"].T
     return logits + p["embed/logits_bias"] if cfg.logits_bias else logits
@@ -241,8 +309,12 @@ class Reference:
       return x
     p = self.params
     return self.torch.nn.functional.layer_norm(
-        x, (self.config.d_model,), p[f"{stack}/final_norm/scale"], p[f"{stack}/final_norm/bias"],
-        self.config.norm_epsilon)
+      x,
+      (self.config.d_model,),
+      p[f"{stack}/final_norm/scale"],
+      p[f"{stack}/final_norm/bias"],
+      self.config.norm_epsilon,
+    )
 
   def loss_sums(self, batch, train: bool):
     """`(smoothed loss sum, nll sum, target tokens)` over the batch's real target tokens, as

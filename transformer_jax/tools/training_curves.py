@@ -26,9 +26,15 @@ from transformer_jax.workdir import Workdir
 log = logging.getLogger(__name__)
 
 
-def compare(experiment: Experiment, workdir: Workdir, *, updates: int,
-            reference_init: str = "fairseq", log_every: int = 50,
-            out: str | None = None) -> dict:
+def compare(
+  experiment: Experiment,
+  workdir: Workdir,
+  *,
+  updates: int,
+  reference_init: str = "fairseq",
+  log_every: int = 50,
+  out: str | None = None,
+) -> dict:
   """Train our model and the reference for `updates` updates on the same batches.
 
   Returns (and writes to `out` every `log_every` updates) `{"ours": {"loss",
@@ -41,21 +47,35 @@ def compare(experiment: Experiment, workdir: Workdir, *, updates: int,
   if updates < 1 or log_every < 1:
     raise ValueError(f"updates={updates}, log_every={log_every}: both must be >= 1")
   tokenizer = data.get_tokenizer(experiment.data, workdir.vocab)
-  trainer, _ = make_trainer(experiment, vocab_size=tokenizer.vocab_size,
-                            devices=jax.devices()[:1])
+  trainer, _ = make_trainer(experiment, vocab_size=tokenizer.vocab_size, devices=jax.devices()[:1])
   state = trainer.init()
   params = flax.traverse_util.flatten_dict(jax.device_get(state.params), sep="/")
   model_config = trainer.placement.model.config
-  reference = Reference(model_config, experiment.optimizer,
-                        label_smoothing=experiment.label_smoothing, init=reference_init,
-                        params=params, seed=experiment.seed)
-  batches = iter(data.make_train_loader(experiment.data, tokenizer, seed=experiment.seed,
-                                        shard_index=0, shard_count=1))
-  result = {"model": str(model_config), "optimizer": str(experiment.optimizer),
-            "label_smoothing": experiment.label_smoothing, "reference_init": reference_init,
-            "tokens_per_batch": experiment.data.tokens_per_batch, "updates": 0,
-            "ours": {"loss": [], "nll": []}, "reference": {"loss": [], "nll": []},
-            "tokens": [], "seconds": {"ours": 0.0, "reference": 0.0}}
+  reference = Reference(
+    model_config,
+    experiment.optimizer,
+    label_smoothing=experiment.label_smoothing,
+    init=reference_init,
+    params=params,
+    seed=experiment.seed,
+  )
+  batches = iter(
+    data.make_train_loader(
+      experiment.data, tokenizer, seed=experiment.seed, shard_index=0, shard_count=1
+    )
+  )
+  result = {
+    "model": str(model_config),
+    "optimizer": str(experiment.optimizer),
+    "label_smoothing": experiment.label_smoothing,
+    "reference_init": reference_init,
+    "tokens_per_batch": experiment.data.tokens_per_batch,
+    "updates": 0,
+    "ours": {"loss": [], "nll": []},
+    "reference": {"loss": [], "nll": []},
+    "tokens": [],
+    "seconds": {"ours": 0.0, "reference": 0.0},
+  }
   start = time.perf_counter()
   for update in range(updates):
     batch = jax.tree.map(np.asarray, next(batches))
@@ -76,10 +96,15 @@ def compare(experiment: Experiment, workdir: Workdir, *, updates: int,
     if (update + 1) % log_every == 0 or update + 1 == updates:
       window = slice(-log_every, None)
       elapsed = time.perf_counter() - start
-      log.info("update %d/%d: train loss ours %.4f, reference %.4f (mean of the last %d); "
-               "ETA %.0f s", update + 1, updates, np.mean(result["ours"]["loss"][window]),
-               np.mean(result["reference"]["loss"][window]), log_every,
-               elapsed / (update + 1) * (updates - update - 1))
+      log.info(
+        "update %d/%d: train loss ours %.4f, reference %.4f (mean of the last %d); ETA %.0f s",
+        update + 1,
+        updates,
+        np.mean(result["ours"]["loss"][window]),
+        np.mean(result["reference"]["loss"][window]),
+        log_every,
+        elapsed / (update + 1) * (updates - update - 1),
+      )
       if out:
         fileio.write_atomically(out, json.dumps(result))
   return result
@@ -89,8 +114,10 @@ def plot(curves: dict[str, list[float]], path: str, *, smooth: int = 25, title: 
   """Training-loss curves `{label: per-update losses}` (running means over `smooth` updates)
   drawn to the PNG `path`."""
   import matplotlib  # pylint: disable=g-import-not-at-top
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
   fig, ax = plt.subplots(figsize=(7, 4))
   for label, loss in curves.items():
     width = min(smooth, len(loss))

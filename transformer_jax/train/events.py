@@ -53,8 +53,12 @@ def masked_crc32c(data: bytes) -> int:
 def record(data: bytes) -> bytes:
   """One TFRecord: length, its masked checksum, the data, its masked checksum."""
   length = struct.pack("<Q", len(data))
-  return (length + struct.pack("<I", masked_crc32c(length)) + data
-          + struct.pack("<I", masked_crc32c(data)))
+  return (
+    length
+    + struct.pack("<I", masked_crc32c(length))
+    + data
+    + struct.pack("<I", masked_crc32c(data))
+  )
 
 
 def _varint(value: int) -> bytes:
@@ -79,8 +83,15 @@ def _float32(value: float) -> bytes:
     return struct.pack("<f", math.copysign(math.inf, value))
 
 
-def event(wall_time: float, step: int = 0, *, file_version: str = "", tag: str = "",
-          value: float = 0.0, session_start: bool = False) -> bytes:
+def event(
+  wall_time: float,
+  step: int = 0,
+  *,
+  file_version: str = "",
+  tag: str = "",
+  value: float = 0.0,
+  session_start: bool = False,
+) -> bytes:
   """A serialized `Event` of one kind: a file version, a scalar `tag` = `value`, or a session
   start."""
   if step < 0:

@@ -7,7 +7,7 @@ import os
 import signal
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -57,9 +57,12 @@ class PreemptionWatch:
       self._timer.start()
 
   def _expire(self):
-    log.error("no checkpoint within %g s of SIGTERM (preemption_grace_seconds); "
-              "exiting without one: the steps since the latest checkpoint in %s are lost",
-              self.grace_seconds, self.manager.directory)
+    log.error(
+      "no checkpoint within %g s of SIGTERM (preemption_grace_seconds); "
+      "exiting without one: the steps since the latest checkpoint in %s are lost",
+      self.grace_seconds,
+      self.manager.directory,
+    )
     for handler in logging.getLogger().handlers:  # The line above, before the exit.
       handler.flush()
     self.exit_fn(128 + signal.SIGTERM)
@@ -84,18 +87,23 @@ class FitSettings:
   (FieldError naming `fit.<field>`)."""
 
   num_train_steps: int = schema.count(100_000, "the run stops at this step")
-  checkpoint_every_steps: int = schema.count(1000, "also saved at the last step and on "
-                                             "preemption")
-  keep_checkpoints: int = schema.count(20, "the newest K checkpoints are kept, for averaging",
-                                       minimum=0, zero="keep all")
+  checkpoint_every_steps: int = schema.count(1000, "also saved at the last step and on preemption")
+  keep_checkpoints: int = schema.count(
+    20, "the newest K checkpoints are kept, for averaging", minimum=0, zero="keep all"
+  )
   log_every_steps: int = schema.count(100, "a log line and TensorBoard scalars every N steps")
-  eval_every_steps: int = schema.count(0, "validation loss and BLEU every N steps and after the "
-                                       "last", minimum=0, zero="never")
+  eval_every_steps: int = schema.count(
+    0, "validation loss and BLEU every N steps and after the last", minimum=0, zero="never"
+  )
   max_consecutive_nonfinite_steps: int = schema.count(
-      10, "stop after this many skipped (non-finite) updates in a row")
+    10, "stop after this many skipped (non-finite) updates in a row"
+  )
   on_checkpoint_save_error: str = schema.choice(
-      "stop", "a failed save stops the run, or training goes on and saves at the next "
-      "checkpoint step", "stop", "continue")
+    "stop",
+    "a failed save stops the run, or training goes on and saves at the next checkpoint step",
+    "stop",
+    "continue",
+  )
 
   def __post_init__(self):
     schema.check(self, "fit")
@@ -144,8 +152,9 @@ def _next_batch(train_iter, step: int, trainer: Trainer, shapes: set) -> tuple[d
     return batch, False
   trainer.check_batch(batch)
   shapes.add(shape)
-  log.info("step %d: compiling the train step for batch shape %s (inputs) %s (targets)",
-           step + 1, *shape)
+  log.info(
+    "step %d: compiling the train step for batch shape %s (inputs) %s (targets)", step + 1, *shape
+  )
   return batch, True
 
 
@@ -176,9 +185,17 @@ def _every(step: int, every: int, last: int) -> bool:
   return step % every == 0 or step == last
 
 
-def fit(trainer: Trainer, state: TrainState, train_iter, settings: FitSettings, *,
-        logger: TrainLogger, manager, stop_requested: Callable[[int], bool] = lambda step: False,
-        evaluate=None) -> TrainState:
+def fit(
+  trainer: Trainer,
+  state: TrainState,
+  train_iter,
+  settings: FitSettings,
+  *,
+  logger: TrainLogger,
+  manager,
+  stop_requested: Callable[[int], bool] = lambda step: False,
+  evaluate=None,
+) -> TrainState:
   """Run train steps from `state.step` to `settings.num_train_steps`, logging and checkpointing.
 
   `train_iter` yields this process's numpy batches and has Grain's
@@ -199,12 +216,12 @@ def fit(trainer: Trainer, state: TrainState, train_iter, settings: FitSettings, 
   step = int(jax.device_get(state.step))
   start_step, start = step, time.perf_counter()
   interval, shapes = _Interval(start), set()
-  writer = recovery.CheckpointWriter(manager, on_error=settings.on_checkpoint_save_error,
-                                     keep=settings.keep_checkpoints)
+  writer = recovery.CheckpointWriter(
+    manager, on_error=settings.on_checkpoint_save_error, keep=settings.keep_checkpoints
+  )
   stop = step < last and stop_requested(step)
   if stop:
-    log.warning("stopped before the first step of this run (step %d); nothing new to save",
-                step)
+    log.warning("stopped before the first step of this run (step %d); nothing new to save", step)
   phases = _Phases()
   while step < last and not stop:
     batch, new_shape = _next_batch(train_iter, step, trainer, shapes)
@@ -220,17 +237,22 @@ def fit(trainer: Trainer, state: TrainState, train_iter, settings: FitSettings, 
       if limit and in_a_row >= limit:
         writer.finish()
         raise NonFiniteError(
-            f"{in_a_row} updates in a row, the last at step {step}, had a non-finite loss or "
-            f"gradient and were skipped (the limit is max_consecutive_nonfinite_steps={limit}); "
-            f"the latest checkpoint in {manager.directory} is step {manager.latest_step()}. "
-            "Lower the learning rate, clip the gradients (grad_clip_norm) or check the training "
-            "data")
+          f"{in_a_row} updates in a row, the last at step {step}, had a non-finite loss or "
+          f"gradient and were skipped (the limit is max_consecutive_nonfinite_steps={limit}); "
+          f"the latest checkpoint in {manager.directory} is step {manager.latest_step()}. "
+          "Lower the learning rate, clip the gradients (grad_clip_norm) or check the training "
+          "data"
+        )
     stop = stop_requested(step)
     if stop or _every(step, settings.checkpoint_every_steps, last):
       with phases.timing("checkpointing", state):
         writer.save(step, state, train_iter)
-    if not stop and evaluate is not None and settings.eval_every_steps and _every(
-        step, settings.eval_every_steps, last):
+    if (
+      not stop
+      and evaluate is not None
+      and settings.eval_every_steps
+      and _every(step, settings.eval_every_steps, last)
+    ):
       evaluated = phases.seconds["evaluating"]
       with phases.timing("evaluating", state):
         logger.evaluation(step, *evaluate(state))
@@ -240,7 +262,11 @@ def fit(trainer: Trainer, state: TrainState, train_iter, settings: FitSettings, 
   if stop and step > start_step:
     log.warning("stopped at step %d for preemption; checkpoint saved", step)
   seconds = time.perf_counter() - start
-  logger.close(step, seconds=seconds, steps=step - start_step,
-               checkpoints=f"{manager.directory} (latest {manager.latest_step()})",
-               phases=phases.summary(seconds))
+  logger.close(
+    step,
+    seconds=seconds,
+    steps=step - start_step,
+    checkpoints=f"{manager.directory} (latest {manager.latest_step()})",
+    phases=phases.summary(seconds),
+  )
   return state

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import optax
 
 from transformer_jax import schema
-from transformer_jax.model.transformer import TransformerConfig, weight_counts
+from transformer_jax.model.config import TransformerConfig, weight_counts
 
 
 def paper_learning_rate(step, *, d_model: int, warmup_steps: int, scale: float = 1.0):
@@ -29,7 +29,8 @@ def learning_rate_schedule(*, d_model: int, warmup_steps: int, scale: float = 1.
   `warmup_steps`).
   """
   return lambda count: paper_learning_rate(
-      count + 1, d_model=d_model, warmup_steps=warmup_steps, scale=scale)
+    count + 1, d_model=d_model, warmup_steps=warmup_steps, scale=scale
+  )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,14 +39,21 @@ class OptimizerSettings:
   `config.grad_clip_norm`); validated on construction (FieldError naming `optimizer.<field>`)."""
 
   learning_rate: float = schema.number(
-      1.0, "scale on d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)", "a number > 0",
-      lambda v: v > 0)
+    1.0,
+    "scale on d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)",
+    "a number > 0",
+    lambda v: v > 0,
+  )
   warmup_steps: int = schema.count(4000, "warmup of the paper's learning-rate schedule")
   adam_b1: float = schema.number(0.9, "Adam's beta1", "a number in [0, 1)", lambda v: 0 <= v < 1)
   adam_b2: float = schema.number(0.98, "Adam's beta2", "a number in [0, 1)", lambda v: 0 <= v < 1)
   adam_eps: float = schema.number(1e-9, "Adam's epsilon", "a number > 0", lambda v: v > 0)
-  grad_clip_norm: float = schema.number(0.0, "global-norm gradient clipping (the paper does not "
-                                        "clip)", "a number >= 0 (0 = off)", lambda v: v >= 0)
+  grad_clip_norm: float = schema.number(
+    0.0,
+    "global-norm gradient clipping (the paper does not clip)",
+    "a number >= 0 (0 = off)",
+    lambda v: v >= 0,
+  )
 
   def __post_init__(self):
     schema.check(self, "optimizer")
@@ -53,16 +61,23 @@ class OptimizerSettings:
   def make(self, d_model: int):
     """`(optax optimizer, learning-rate schedule)` for a model of width `d_model`: Adam on the
     schedule, after global-norm clipping when `grad_clip_norm > 0`."""
-    schedule = learning_rate_schedule(d_model=d_model, warmup_steps=self.warmup_steps,
-                                      scale=self.learning_rate)
+    schedule = learning_rate_schedule(
+      d_model=d_model, warmup_steps=self.warmup_steps, scale=self.learning_rate
+    )
     adam = optax.adam(schedule, b1=self.adam_b1, b2=self.adam_b2, eps=self.adam_eps)
     if self.grad_clip_norm > 0:
       return optax.chain(optax.clip_by_global_norm(self.grad_clip_norm), adam), schedule
     return adam, schedule
 
 
-def train_flops(cfg: TransformerConfig, *, source_tokens: float, target_tokens: float,
-                source_length: int, target_length: int) -> float:
+def train_flops(
+  cfg: TransformerConfig,
+  *,
+  source_tokens: float,
+  target_tokens: float,
+  source_length: int,
+  target_length: int,
+) -> float:
   """Model FLOPs of one training step: 3 x the forward pass (backward = 2 x forward).
 
   Forward, 2 FLOPs per multiply-add:
@@ -89,6 +104,7 @@ def train_flops(cfg: TransformerConfig, *, source_tokens: float, target_tokens: 
   per_target_token = n * (self_attention + cross_query_out + feed_forward) + cfg.vocab_size * d
   weights = 2.0 * (per_source_token * source_tokens + per_target_token * target_tokens)
   per_pair = 2.0 * h * (cfg.d_k + cfg.d_v)
-  attention = n * per_pair * (source_tokens * source_length
-                              + target_tokens * (target_length + source_length))
+  attention = (
+    n * per_pair * (source_tokens * source_length + target_tokens * (target_length + source_length))
+  )
   return 3.0 * (weights + attention)

@@ -1,10 +1,10 @@
-"""What a run reports: log lines, TensorBoard scalars, a progress bar, MFU against a measured peak."""
+"""Run reporting: log lines, TensorBoard scalars, a progress bar, MFU against a measured peak."""
 
-from collections.abc import Mapping
 import datetime
 import logging
 import sys
 import time
+from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
@@ -34,8 +34,11 @@ def measure_matmul_flops(dtype=jnp.float32, device: jax.Device | None = None) ->
 def per_token(sums: Mapping[str, float]) -> dict:
   """Loss and NLL per target token and the perplexity, from summed metrics."""
   tokens = max(float(sums["tokens"]), 1.0)
-  return {"loss": float(sums["loss"]) / tokens, "nll": float(sums["nll"]) / tokens,
-          "perplexity": perplexity(float(sums["nll"]), tokens)}
+  return {
+    "loss": float(sums["loss"]) / tokens,
+    "nll": float(sums["nll"]) / tokens,
+    "perplexity": perplexity(float(sums["nll"]), tokens),
+  }
 
 
 class TrainLogger:
@@ -46,16 +49,26 @@ class TrainLogger:
   when stderr is a terminal, draws a progress bar.
   """
 
-  def __init__(self, tensorboard_dir: str, *, total_steps: int, start_step: int, learning_rate_fn,
-               peak_flops: float):
+  def __init__(
+    self,
+    tensorboard_dir: str,
+    *,
+    total_steps: int,
+    start_step: int,
+    learning_rate_fn,
+    peak_flops: float,
+  ):
     self.total_steps = total_steps
     self.learning_rate_fn, self.peak_flops = learning_rate_fn, peak_flops
     self.last_train, self.last_eval, self.tokens = {}, {}, 0.0
     self.skipped = 0  # Non-finite updates skipped in this run.
     main = jax.process_index() == 0
     self.writer = EventWriter(tensorboard_dir, purge_step=start_step) if main else None
-    self.bar = (tqdm.tqdm(total=total_steps, initial=start_step, unit="step", leave=False,
-                          dynamic_ncols=True) if main and sys.stderr.isatty() else None)
+    self.bar = (
+      tqdm.tqdm(total=total_steps, initial=start_step, unit="step", leave=False, dynamic_ncols=True)
+      if main and sys.stderr.isatty()
+      else None
+    )
 
   def advance(self):
     if self.bar is not None:
@@ -68,8 +81,15 @@ class TrainLogger:
     if self.bar is not None:
       self.bar.refresh()
 
-  def train(self, step: int, sums: Mapping[str, float], steps: int, seconds: float, *,
-            compiling: bool = False) -> dict:
+  def train(
+    self,
+    step: int,
+    sums: Mapping[str, float],
+    steps: int,
+    seconds: float,
+    *,
+    compiling: bool = False,
+  ) -> dict:
     """Report `steps` steps ending at `step` that took `seconds`; returns the derived scalars.
 
     `sums` are the summed step metrics. With `compiling`, the time includes
@@ -79,29 +99,36 @@ class TrainLogger:
     skipped = int(sums.get("nonfinite", 0))
     self.skipped += skipped
     scalars = {
-        **per_token(sums),
-        "learning_rate": float(self.learning_rate_fn(step - 1)),
-        "grad_norm": float(sums["grad_norm"]) / max(steps - skipped, 1),
-        "nonfinite_steps": float(skipped),
+      **per_token(sums),
+      "learning_rate": float(self.learning_rate_fn(step - 1)),
+      "grad_norm": float(sums["grad_norm"]) / max(steps - skipped, 1),
+      "nonfinite_steps": float(skipped),
     }
-    line = (f"step {step}/{self.total_steps} | loss {scalars['loss']:.4f} | "
-            f"ppl {scalars['perplexity']:.2f} | lr {scalars['learning_rate']:.3e} | "
-            f"grad_norm {scalars['grad_norm']:.3f}")
+    line = (
+      f"step {step}/{self.total_steps} | loss {scalars['loss']:.4f} | "
+      f"ppl {scalars['perplexity']:.2f} | lr {scalars['learning_rate']:.3e} | "
+      f"grad_norm {scalars['grad_norm']:.3f}"
+    )
     if skipped:
-      line += (f" | skipped {skipped} non-finite update{'s' * (skipped > 1)} "
-               f"({self.skipped} this run)")
+      line += (
+        f" | skipped {skipped} non-finite update{'s' * (skipped > 1)} ({self.skipped} this run)"
+      )
     if compiling:
       line += f" | compiled and ran step {step} in {seconds:.1f} s"
     else:
-      scalars.update({
+      scalars.update(
+        {
           "tokens_per_s": float(sums["tokens"]) / seconds,
           "source_tokens_per_s": float(sums["source_tokens"]) / seconds,
           "s_per_step": seconds / steps,
           "mfu": float(sums["flops"]) / (seconds * self.peak_flops),
-      })
+        }
+      )
       eta = datetime.timedelta(seconds=round((self.total_steps - step) * seconds / steps))
-      line += (f" | {scalars['tokens_per_s']:,.0f} tok/s | {scalars['s_per_step']:.3f} s/step | "
-               f"MFU {100 * scalars['mfu']:.1f}% | ETA {eta}")
+      line += (
+        f" | {scalars['tokens_per_s']:,.0f} tok/s | {scalars['s_per_step']:.3f} s/step | "
+        f"MFU {100 * scalars['mfu']:.1f}% | ETA {eta}"
+      )
     self.last_train = scalars
     self._line(line)
     self._write("train", step, scalars)
@@ -113,8 +140,10 @@ class TrainLogger:
     """Report dev-set loss sums (and `bleu`, if there) at `step`; returns loss, nll, perplexity
     (and bleu)."""
     scalars = per_token(sums)
-    line = (f"eval ({split}) at step {step} | loss {scalars['loss']:.4f} | "
-            f"ppl {scalars['perplexity']:.2f} | {int(sums['tokens']):,} target tokens")
+    line = (
+      f"eval ({split}) at step {step} | loss {scalars['loss']:.4f} | "
+      f"ppl {scalars['perplexity']:.2f} | {int(sums['tokens']):,} target tokens"
+    )
     if "bleu" in sums:
       scalars["bleu"] = float(sums["bleu"])
       line += f" | BLEU {scalars['bleu']:.2f}"
@@ -129,21 +158,33 @@ class TrainLogger:
         self.writer.scalar(f"{prefix}/{name}", value, step)
       self.writer.flush()
 
-  def close(self, step: int, *, seconds: float, steps: int, checkpoints: str,
-            phases: Mapping[str, float] | None = None):
+  def close(
+    self,
+    step: int,
+    *,
+    seconds: float,
+    steps: int,
+    checkpoints: str,
+    phases: Mapping[str, float] | None = None,
+  ):
     """Log the final summary line (`steps` steps of this run took `seconds`, of which `phases`
     maps phase names to seconds); close the writer and bar."""
     if self.bar is not None:
       self.bar.close()
-    text = (f"done: step {step}/{self.total_steps}; this run {steps} steps in "
-            f"{datetime.timedelta(seconds=round(seconds))}, {self.tokens / seconds:,.0f} "
-            "target tok/s overall (compilation and evaluation included)")
+    text = (
+      f"done: step {step}/{self.total_steps}; this run {steps} steps in "
+      f"{datetime.timedelta(seconds=round(seconds))}, {self.tokens / seconds:,.0f} "
+      "target tok/s overall (compilation and evaluation included)"
+    )
     if self.last_train:
-      text += (f"; last train loss {self.last_train['loss']:.4f}, "
-               f"ppl {self.last_train['perplexity']:.2f}")
+      text += (
+        f"; last train loss {self.last_train['loss']:.4f}, ppl {self.last_train['perplexity']:.2f}"
+      )
     if self.last_eval:
-      text += (f"; {self.last_eval['split']} loss {self.last_eval['loss']:.4f}, "
-               f"ppl {self.last_eval['perplexity']:.2f}")
+      text += (
+        f"; {self.last_eval['split']} loss {self.last_eval['loss']:.4f}, "
+        f"ppl {self.last_eval['perplexity']:.2f}"
+      )
       if "bleu" in self.last_eval:
         text += f", BLEU {self.last_eval['bleu']:.2f}"
     if self.skipped:

@@ -1,25 +1,26 @@
-"""The sharded train step: a pure function of `(state, batch)`, and the Trainer that jit-compiles it.
+"""The sharded train step, a pure function of `(state, batch)`, and the Trainer that compiles it.
 
 The step is jit-compiled once per mesh with explicit in/out shardings and the
 state donated. Its dropout key is `fold_in(key(seed), step)`, so a resumed
 run draws the same masks.
 """
 
-from collections.abc import Mapping
 import functools
+from collections.abc import Mapping
 from typing import Any
 
 import flax.linen as nn
-from flax import struct
 import jax
-from jax.sharding import NamedSharding, PartitionSpec
 import jax.numpy as jnp
 import numpy as np
 import optax
+from flax import struct
+from jax.sharding import NamedSharding, PartitionSpec
 
 from transformer_jax.conventions import BATCH_KEYS
 from transformer_jax.model.loss import LOSS_SUMS, loss_sums
-from transformer_jax.sharding import Placement, abstract_tree, tree_shardings
+from transformer_jax.placement import Placement
+from transformer_jax.sharding import abstract_tree, tree_shardings
 from transformer_jax.train.objective import train_flops
 
 
@@ -32,7 +33,7 @@ class TrainState(struct.PyTreeNode):
 
 
 def split_micro_batches(array, num_micro: int):
-  """`[batch, ...]` -> `[num_micro, batch / num_micro, ...]`; row `i * num_micro + j` goes to micro-batch j.
+  """`[batch, ...]` -> `[num_micro, batch / num_micro, ...]`; row `i * num_micro + j` to micro j.
 
   Each device's consecutive block of rows stays on that device in every
   micro-batch.
@@ -41,9 +42,15 @@ def split_micro_batches(array, num_micro: int):
   return jnp.swapaxes(array.reshape(rows // num_micro, num_micro, *array.shape[1:]), 0, 1)
 
 
-def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation, *,
-                    label_smoothing: float, grad_accum_steps: int = 1, seed: int = 0,
-                    batch_sharding: NamedSharding | None = None):
+def make_train_step(
+  model: nn.Module,
+  optimizer: optax.GradientTransformation,
+  *,
+  label_smoothing: float,
+  grad_accum_steps: int = 1,
+  seed: int = 0,
+  batch_sharding: NamedSharding | None = None,
+):
   """The pure train step `(state, batch) -> (state, metrics)`.
 
   The gradient is that of the mean smoothed loss over all non-padding target
@@ -71,8 +78,9 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation, *
     if grad_accum_steps == 1:
       grads, sums = grad_fn(state.params, batch, key)
     else:
-      micro = jax.tree.map(functools.partial(split_micro_batches, num_micro=grad_accum_steps),
-                           batch)
+      micro = jax.tree.map(
+        functools.partial(split_micro_batches, num_micro=grad_accum_steps), batch
+      )
 
       def accumulate(carry, xs):
         index, micro_batch = xs
@@ -81,15 +89,21 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation, *
         grads, sums = grad_fn(state.params, micro_batch, jax.random.fold_in(key, index))
         return jax.tree.map(jnp.add, carry, (grads, sums)), None
 
-      zeros = (jax.tree.map(jnp.zeros_like, state.params),
-               {k: jnp.zeros((), jnp.float32) for k in LOSS_SUMS})
+      zeros = (
+        jax.tree.map(jnp.zeros_like, state.params),
+        {k: jnp.zeros((), jnp.float32) for k in LOSS_SUMS},
+      )
       (grads, sums), _ = jax.lax.scan(accumulate, zeros, (jnp.arange(grad_accum_steps), micro))
     grads = jax.tree.map(lambda g: g / jnp.maximum(sums["tokens"], 1.0), grads)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    flops = train_flops(model.config, source_tokens=sums["source_tokens"],
-                        target_tokens=sums["tokens"], source_length=batch["inputs"].shape[1],
-                        target_length=batch["targets"].shape[1])
+    flops = train_flops(
+      model.config,
+      source_tokens=sums["source_tokens"],
+      target_tokens=sums["tokens"],
+      source_length=batch["inputs"].shape[1],
+      target_length=batch["targets"].shape[1],
+    )
     metrics = {**sums, "grad_norm": optax.tree.norm(grads), "flops": flops}
     new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state)
     return skip_nonfinite(state, new_state, metrics)
@@ -98,7 +112,8 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation, *
 
 
 def skip_nonfinite(state: TrainState, new_state: TrainState, metrics: dict):
-  """`(new_state, metrics)`, or `state` with its step advanced if the loss or gradient norm is not finite.
+  """`(new_state, metrics)`, or `state` with its step advanced if the loss or gradient norm is not
+  finite.
 
   Decided on the device (`jnp.where`, no host sync). Adds `metrics["nonfinite"]`
   (1.0 for a skipped update, else 0.0); a skipped step's `loss`, `nll` and
@@ -107,11 +122,15 @@ def skip_nonfinite(state: TrainState, new_state: TrainState, metrics: dict):
   """
   finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
   keep = lambda new, old: jnp.where(finite, new, old)
-  state = TrainState(step=new_state.step, params=jax.tree.map(keep, new_state.params, state.params),
-                     opt_state=jax.tree.map(keep, new_state.opt_state, state.opt_state))
+  state = TrainState(
+    step=new_state.step,
+    params=jax.tree.map(keep, new_state.params, state.params),
+    opt_state=jax.tree.map(keep, new_state.opt_state, state.opt_state),
+  )
   zeroed = ("loss", "nll", "tokens", "grad_norm")
-  metrics = {k: jnp.where(finite, v, jnp.zeros_like(v)) if k in zeroed else v
-             for k, v in metrics.items()}
+  metrics = {
+    k: jnp.where(finite, v, jnp.zeros_like(v)) if k in zeroed else v for k, v in metrics.items()
+  }
   metrics["nonfinite"] = 1.0 - finite.astype(jnp.float32)
   return state, metrics
 
@@ -125,8 +144,15 @@ class Trainer:
   step over global arrays that `train_step` runs (to lower or export it).
   """
 
-  def __init__(self, placement: Placement, optimizer: optax.GradientTransformation, *,
-               label_smoothing: float, grad_accum_steps: int = 1, seed: int = 0):
+  def __init__(
+    self,
+    placement: Placement,
+    optimizer: optax.GradientTransformation,
+    *,
+    label_smoothing: float,
+    grad_accum_steps: int = 1,
+    seed: int = 0,
+  ):
     self.placement, self.optimizer = placement, optimizer
     self.seed = seed
     self.grad_accum_steps = grad_accum_steps
@@ -134,20 +160,30 @@ class Trainer:
     self.state_shardings = tree_shardings(boxed, placement.mesh, placement.rules)
     self.abstract_state = abstract_tree(nn.unbox(boxed), self.state_shardings)
     replicated = NamedSharding(placement.mesh, PartitionSpec())
-    self._init = jax.jit(lambda key: nn.unbox(self._init_boxed(key)),
-                         out_shardings=self.state_shardings)
-    step = make_train_step(placement.model, optimizer, label_smoothing=label_smoothing,
-                           grad_accum_steps=grad_accum_steps, seed=seed,
-                           batch_sharding=placement.batch_sharding)
+    self._init = jax.jit(
+      lambda key: nn.unbox(self._init_boxed(key)), out_shardings=self.state_shardings
+    )
+    step = make_train_step(
+      placement.model,
+      optimizer,
+      label_smoothing=label_smoothing,
+      grad_accum_steps=grad_accum_steps,
+      seed=seed,
+      batch_sharding=placement.batch_sharding,
+    )
     self.jitted_step = jax.jit(
-        step, in_shardings=(self.state_shardings, placement.batch_sharding),
-        out_shardings=(self.state_shardings, replicated), donate_argnums=0)
+      step,
+      in_shardings=(self.state_shardings, placement.batch_sharding),
+      out_shardings=(self.state_shardings, replicated),
+      donate_argnums=0,
+    )
 
   def _init_boxed(self, key):
-    """Initial state with parameters boxed by logical axis names (the optimizer state inherits them)."""
+    """Initial state, parameters boxed by logical axis names (the optimizer state inherits them)."""
     params = self.placement.boxed_params(key)
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                      opt_state=self.optimizer.init(params))
+    return TrainState(
+      step=jnp.zeros((), jnp.int32), params=params, opt_state=self.optimizer.init(params)
+    )
 
   def init(self) -> TrainState:
     """Freshly initialized, sharded state; parameters from `key(seed)`."""
@@ -162,11 +198,12 @@ class Trainer:
     need = self.placement.batch_shards * self.grad_accum_steps
     if rows % need:
       raise ValueError(
-          f"the global batch has {rows} rows, not a multiple of {need} = "
-          f"{self.placement.batch_shards} batch shards (the mesh and sharding rules) x "
-          f"{self.grad_accum_steps} micro-batches (grad_accum_steps); change the batch size, "
-          "the mesh or grad_accum_steps")
+        f"the global batch has {rows} rows, not a multiple of {need} = "
+        f"{self.placement.batch_shards} batch shards (the mesh and sharding rules) x "
+        f"{self.grad_accum_steps} micro-batches (grad_accum_steps); change the batch size, "
+        "the mesh or grad_accum_steps"
+      )
 
   def train_step(self, state: TrainState, local_batch: Mapping[str, np.ndarray]):
-    """One update from this process's rows of the batch; `state` is donated. Returns `(state, metrics)`."""
+    """One update from this process's rows of the batch; `state` is donated. `(state, metrics)`."""
     return self.placement.run(self.jitted_step, state, self.placement.global_batch(local_batch))

@@ -1,7 +1,7 @@
 """The device report's command line (docs/gpu.md):
 
-    ./launch.sh device-report --out=DIR [--deadline=480] [--bundle=DIR]
-    python -m transformer_jax.tools.device_report --out=DIR --platform=cpu --tiny   # dry run
+./launch.sh device-report --out=DIR [--deadline=480] [--bundle=DIR]
+python -m transformer_jax.tools.device_report --out=DIR --platform=cpu --tiny   # dry run
 """
 
 import sys
@@ -13,22 +13,43 @@ from transformer_jax.tools.device_report import bundle
 from transformer_jax.tools.device_report.plan import PLANS, STAGES
 from transformer_jax.tools.device_report.runner import Runner
 
-_OUT = flags.DEFINE_string("out", None, "Where the stages' JSON files, log.txt and report.md go "
-                           "(at most 8 files).")
-_DEADLINE = flags.DEFINE_float("deadline", 480.0, "Seconds for the whole report; each step gets "
-                               "at most its own cap and what is left of this.", lower_bound=10.0)
-_PLATFORM = flags.DEFINE_enum("platform", "auto", ["auto", "cpu", "cuda", "gpu", "tpu"],
-                              "JAX_PLATFORMS of the steps; auto: what JAX picks (the full report "
-                              "stops if that is the CPU).")
-_TINY = flags.DEFINE_bool("tiny", False, "Tiny shapes and a few tests: a dry run of every stage "
-                          "(with --platform=cpu, about a minute).")
-_BUNDLE = flags.DEFINE_string("bundle", None, "A directory made by ./launch.sh device-bundle: "
-                              "its wheels are installed offline into --bundle_target first.")
-_BUNDLE_TARGET = flags.DEFINE_string("bundle_target", "/tmp/transformer_jax_bundle",
-                                     "The private directory the bundle is installed into.")
+_OUT = flags.DEFINE_string(
+  "out", None, "Where the stages' JSON files, log.txt and report.md go (at most 8 files)."
+)
+_DEADLINE = flags.DEFINE_float(
+  "deadline",
+  480.0,
+  "Seconds for the whole report; each step gets at most its own cap and what is left of this.",
+  lower_bound=10.0,
+)
+_PLATFORM = flags.DEFINE_enum(
+  "platform",
+  "auto",
+  ["auto", "cpu", "cuda", "gpu", "tpu"],
+  "JAX_PLATFORMS of the steps; auto: what JAX picks (the full report stops if that is the CPU).",
+)
+_TINY = flags.DEFINE_bool(
+  "tiny",
+  False,
+  "Tiny shapes and a few tests: a dry run of every stage (with --platform=cpu, about a minute).",
+)
+_BUNDLE = flags.DEFINE_string(
+  "bundle",
+  None,
+  "A directory made by ./launch.sh device-bundle: "
+  "its wheels are installed offline into --bundle_target first.",
+)
+_BUNDLE_TARGET = flags.DEFINE_string(
+  "bundle_target",
+  "/tmp/transformer_jax_bundle",
+  "The private directory the bundle is installed into.",
+)
 _STAGES = flags.DEFINE_list("stages", list(STAGES), f"The stages to run, of: {', '.join(STAGES)}.")
-_TARGET = flags.DEFINE_string("target", None, "The compile mode's target for the prediction "
-                              "(default: 1xh200 on an H200, else 1xh100).")
+_TARGET = flags.DEFINE_string(
+  "target",
+  None,
+  "The compile mode's target for the prediction (default: 1xh200 on an H200, else 1xh100).",
+)
 
 
 @flags.validator("stages", message=f"--stages takes some of: {', '.join(STAGES)}")
@@ -47,16 +68,27 @@ def main(argv):
     except bundle.BundleError as error:
       sys.exit(f"error: {error}")
     ours = [(r, "transformer-jax") for r in bundle.project_requirements()]
-    record["unmet"] = bundle.unmet(ours + bundle.bundled_requirements([_BUNDLE_TARGET.value]),
-                                   [_BUNDLE_TARGET.value])
+    record["unmet"] = bundle.unmet(
+      ours + bundle.bundled_requirements([_BUNDLE_TARGET.value]), [_BUNDLE_TARGET.value]
+    )
     extra_path = _BUNDLE_TARGET.value
-    print(f"installed {len(record['wheels'])} wheels into {record['target']} in "
-          f"{record['seconds']:.1f} s (already here: "
-          f"{', '.join(record['skipped']) or 'none'})", flush=True)
+    print(
+      f"installed {len(record['wheels'])} wheels into {record['target']} in "
+      f"{record['seconds']:.1f} s (already here: "
+      f"{', '.join(record['skipped']) or 'none'})",
+      flush=True,
+    )
   platform = {"gpu": "cuda"}.get(_PLATFORM.value, _PLATFORM.value)
-  runner = Runner(PLANS["tiny" if _TINY.value else "full"], _OUT.value, deadline=deadline,
-                  platform=platform, stages=_STAGES.value, bundle_record=record,
-                  extra_path=extra_path, target=_TARGET.value)
+  runner = Runner(
+    PLANS["tiny" if _TINY.value else "full"],
+    _OUT.value,
+    deadline=deadline,
+    platform=platform,
+    stages=_STAGES.value,
+    bundle_record=record,
+    extra_path=extra_path,
+    target=_TARGET.value,
+  )
   records = runner.run()
   failed = 0
   for stage, stage_record in records.items():

@@ -29,14 +29,19 @@ import zipfile
 LIST_NAME = "bundle.json"
 DEFAULT_PYTHON = "3.12"
 MAX_BYTES = 40 * 2**20
-PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
-             "linux_x86_64")
+PLATFORMS = (
+  "manylinux_2_28_x86_64",
+  "manylinux_2_17_x86_64",
+  "manylinux2014_x86_64",
+  "linux_x86_64",
+)
 EXTRAS = ("test",)  # The device tests run there.
 REPO = pathlib.Path(__file__).resolve().parents[3]
 
 # The distributions the GPU machines' image holds (its `pip list`, read on 2026-11-17), by their
 # normalized names. A requirement on one of them is taken as met there.
-GPU_IMAGE = frozenset("""
+GPU_IMAGE = frozenset(
+  """
 absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch
 build certifi charset-normalizer chex click cloudpickle cmake colorama contourpy coverage
 cuda-bindings cuda-core cuda-pathfinder cuda-toolkit cupy-cuda13x cycler cython diffrax e3nn einops
@@ -60,7 +65,8 @@ tensorboard-data-server tensorstore threadpoolctl tifffile tiktoken timm tokeniz
 torchaudio torchdiffeq torch-geometric torchmetrics torchvision tqdm transformers treescope triton
 typer typing-extensions typing-inspect urllib3 uvloop wadler-lindig werkzeug wheel wrapt xarray
 xxhash yarl zipp
-""".split())
+""".split()
+)
 
 
 class BundleError(Exception):
@@ -76,16 +82,24 @@ def project_requirements(repo: pathlib.Path = REPO) -> list[str]:
   """The requirement strings of the project and of its EXTRAS, from pyproject.toml (Python 3.11
   or later: tomllib)."""
   import tomllib  # pylint: disable=import-outside-toplevel  # Only where bundles are made.
+
   project = tomllib.loads((repo / "pyproject.toml").read_text(encoding="utf-8"))["project"]
   extras = project.get("optional-dependencies", {})
   return list(project["dependencies"]) + [r for extra in EXTRAS for r in extras.get(extra, [])]
 
 
 def _marker_environment(python_version: str) -> dict:
-  return {"python_version": python_version, "python_full_version": f"{python_version}.0",
-          "sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64",
-          "os_name": "posix", "implementation_name": "cpython",
-          "platform_python_implementation": "CPython", "extra": ""}
+  return {
+    "python_version": python_version,
+    "python_full_version": f"{python_version}.0",
+    "sys_platform": "linux",
+    "platform_system": "Linux",
+    "platform_machine": "x86_64",
+    "os_name": "posix",
+    "implementation_name": "cpython",
+    "platform_python_implementation": "CPython",
+    "extra": "",
+  }
 
 
 def _applies(requirement, python_version: str, extras=()) -> bool:
@@ -93,15 +107,15 @@ def _applies(requirement, python_version: str, extras=()) -> bool:
   if requirement.marker is None:
     return True
   environment = _marker_environment(python_version)
-  return any(requirement.marker.evaluate(dict(environment, extra=extra))
-             for extra in ("", *extras))
+  return any(requirement.marker.evaluate(dict(environment, extra=extra)) for extra in ("", *extras))
 
 
 def _wheel_requirements(wheel: pathlib.Path) -> tuple[str, str, list[str]]:
   """(name, version, Requires-Dist lines) from a wheel's METADATA."""
   with zipfile.ZipFile(wheel) as archive:
-    metadata = next(n for n in archive.namelist()
-                    if n.count("/") == 1 and n.endswith(".dist-info/METADATA"))
+    metadata = next(
+      n for n in archive.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA")
+    )
     text = archive.read(metadata).decode("utf-8")
   headers = {}
   requires = []
@@ -118,31 +132,65 @@ def _download(requirement: str, directory: pathlib.Path, python_version: str) ->
   """`pip download` the wheel of `requirement` alone (no dependencies) for the target; where the
   index has only a source archive, build the wheel here, which must then be pure Python."""
   platforms = [arg for platform in PLATFORMS for arg in ("--platform", platform)]
-  command = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
-             "--only-binary=:all:", "--python-version", python_version, "--implementation", "cp",
-             *platforms, "--dest", str(directory), requirement]
+  command = [
+    sys.executable,
+    "-m",
+    "pip",
+    "download",
+    "--quiet",
+    "--no-deps",
+    "--only-binary=:all:",
+    "--python-version",
+    python_version,
+    "--implementation",
+    "cp",
+    *platforms,
+    "--dest",
+    str(directory),
+    requirement,
+  ]
   result = subprocess.run(command, capture_output=True, text=True, check=False)
   if result.returncode == 0:
     return
   before = set(directory.glob("*.whl"))
-  built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
-                          "--wheel-dir", str(directory), requirement],
-                         capture_output=True, text=True, check=False)
+  built = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "pip",
+      "wheel",
+      "--quiet",
+      "--no-deps",
+      "--wheel-dir",
+      str(directory),
+      requirement,
+    ],
+    capture_output=True,
+    text=True,
+    check=False,
+  )
   new = set(directory.glob("*.whl")) - before
   if built.returncode or any(not w.name.endswith("-none-any.whl") for w in new):
     for wheel in new:
       wheel.unlink()
-    raise BundleError(f"no wheel of {requirement} for CPython {python_version} on Linux x86-64, "
-                      f"and none could be built here:\n{result.stderr.strip()}\n"
-                      f"{built.stderr.strip()}")
+    raise BundleError(
+      f"no wheel of {requirement} for CPython {python_version} on Linux x86-64, "
+      f"and none could be built here:\n{result.stderr.strip()}\n"
+      f"{built.stderr.strip()}"
+    )
 
 
-def make(directory: str, python_version: str = DEFAULT_PYTHON,
-         requirements: list[str] | None = None, image=GPU_IMAGE) -> dict:
+def make(
+  directory: str,
+  python_version: str = DEFAULT_PYTHON,
+  requirements: list[str] | None = None,
+  image=GPU_IMAGE,
+) -> dict:
   """Download into `directory` the wheels of `requirements` (default: the project's) that `image`
   lacks, and of what they require, level by level; write and return the list (LIST_NAME).
   BundleError when a download fails or the wheels exceed MAX_BYTES."""
   from packaging.requirements import Requirement  # pylint: disable=import-outside-toplevel
+
   out = pathlib.Path(directory).resolve()
   out.mkdir(parents=True, exist_ok=True)
   for old in out.glob("*.whl"):
@@ -166,21 +214,32 @@ def make(directory: str, python_version: str = DEFAULT_PYTHON,
     level = []
     for wheel in sorted(set(out.glob("*.whl")) - before):
       name, version, requires = _wheel_requirements(wheel)
-      wheels[normalize(name)] = {"name": name, "version": version, "file": wheel.name,
-                                 "bytes": wheel.stat().st_size,
-                                 "sha256": hashlib.sha256(wheel.read_bytes()).hexdigest(),
-                                 "required_by": wanted[normalize(name)][1]}
+      wheels[normalize(name)] = {
+        "name": name,
+        "version": version,
+        "file": wheel.name,
+        "bytes": wheel.stat().st_size,
+        "sha256": hashlib.sha256(wheel.read_bytes()).hexdigest(),
+        "required_by": wanted[normalize(name)][1],
+      }
       extras = set(Requirement(wanted[normalize(name)][0]).extras)
-      level += [(Requirement(r), name) for r in requires
-                if _applies(Requirement(r), python_version, extras)]
+      level += [
+        (Requirement(r), name) for r in requires if _applies(Requirement(r), python_version, extras)
+      ]
   total = sum(w["bytes"] for w in wheels.values())
-  record = {"python_version": python_version, "platforms": list(PLATFORMS),
-            "made": time.strftime("%Y-%m-%d"), "total_bytes": total,
-            "wheels": sorted(wheels.values(), key=lambda w: w["name"].lower())}
+  record = {
+    "python_version": python_version,
+    "platforms": list(PLATFORMS),
+    "made": time.strftime("%Y-%m-%d"),
+    "total_bytes": total,
+    "wheels": sorted(wheels.values(), key=lambda w: w["name"].lower()),
+  }
   (out / LIST_NAME).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
   if total > MAX_BYTES:
-    raise BundleError(f"the bundle in {out} holds {total / 2**20:.1f} MiB of wheels, over the "
-                      f"{MAX_BYTES / 2**20:.0f} MiB it may carry")
+    raise BundleError(
+      f"the bundle in {out} holds {total / 2**20:.1f} MiB of wheels, over the "
+      f"{MAX_BYTES / 2**20:.0f} MiB it may carry"
+    )
   return record
 
 
@@ -188,8 +247,10 @@ def read(directory: str) -> dict:
   """The list of a bundle made by `make`; BundleError when it is missing or a wheel is."""
   path = pathlib.Path(directory) / LIST_NAME
   if not path.is_file():
-    raise BundleError(f"{directory} holds no bundle (no {LIST_NAME}): make one where there is "
-                      "network with ./launch.sh device-bundle DIR")
+    raise BundleError(
+      f"{directory} holds no bundle (no {LIST_NAME}): make one where there is "
+      "network with ./launch.sh device-bundle DIR"
+    )
   record = json.loads(path.read_text(encoding="utf-8"))
   missing = [w["file"] for w in record["wheels"] if not (path.parent / w["file"]).is_file()]
   if missing:
@@ -204,10 +265,16 @@ def install(directory: str, target: str) -> dict:
   bundle. Returns the list with `target`, `skipped` (name: version found), `seconds` and `python`
   (this one's version); BundleError when pip fails."""
   record = read(directory)
-  found = {normalize(d.metadata["Name"]): d.version for d in importlib.metadata.distributions()
-           if str(d.locate_file("")).rstrip("/") != str(pathlib.Path(target).resolve())}
-  skipped = {w["name"]: found[normalize(w["name"])] for w in record["wheels"]
-             if normalize(w["name"]) in found}
+  found = {
+    normalize(d.metadata["Name"]): d.version
+    for d in importlib.metadata.distributions()
+    if str(d.locate_file("")).rstrip("/") != str(pathlib.Path(target).resolve())
+  }
+  skipped = {
+    w["name"]: found[normalize(w["name"])]
+    for w in record["wheels"]
+    if normalize(w["name"]) in found
+  }
   wanted = [w for w in record["wheels"] if w["name"] not in skipped]
   digest = hashlib.sha256(json.dumps(wanted, sort_keys=True).encode()).hexdigest()
   done = pathlib.Path(target) / ".bundle-installed"
@@ -215,21 +282,41 @@ def install(directory: str, target: str) -> dict:
   if not (done.is_file() and done.read_text(encoding="utf-8") == digest):
     shutil.rmtree(target, ignore_errors=True)
     wheels = [str(pathlib.Path(directory) / w["file"]) for w in wanted]
-    command = [sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps",
-               "--disable-pip-version-check", "--target", target, *wheels]
+    command = [
+      sys.executable,
+      "-m",
+      "pip",
+      "install",
+      "--quiet",
+      "--no-index",
+      "--no-deps",
+      "--disable-pip-version-check",
+      "--target",
+      target,
+      *wheels,
+    ]
     result = subprocess.run(command, capture_output=True, text=True, check=False)
     if result.returncode:
       raise BundleError(f"installing the bundle into {target} failed:\n{result.stderr.strip()}")
     done.write_text(digest, encoding="utf-8")
   python = f"{sys.version_info.major}.{sys.version_info.minor}"
-  return {**record, "wheels": wanted, "skipped": skipped, "target": target,
-          "seconds": time.perf_counter() - start, "python": python}
+  return {
+    **record,
+    "wheels": wanted,
+    "skipped": skipped,
+    "target": target,
+    "seconds": time.perf_counter() - start,
+    "python": python,
+  }
 
 
 def bundled_requirements(paths: list[str]) -> list[tuple[str, str]]:
   """(requirement, the distribution that has it) of every distribution installed in `paths`."""
-  return [(r, dist.metadata["Name"]) for dist in importlib.metadata.distributions(path=paths)
-          for r in dist.requires or ()]
+  return [
+    (r, dist.metadata["Name"])
+    for dist in importlib.metadata.distributions(path=paths)
+    for r in dist.requires or ()
+  ]
 
 
 def unmet(requirements: list[tuple[str, str]], paths: list[str]) -> list[str]:
@@ -258,11 +345,16 @@ def unmet(requirements: list[tuple[str, str]], paths: list[str]) -> list[str]:
 
 def main(argv: list[str]) -> int:
   import argparse  # pylint: disable=import-outside-toplevel
+
   parser = argparse.ArgumentParser(
-      prog="./launch.sh device-bundle", description=__doc__.split("\n\n")[0])
+    prog="./launch.sh device-bundle", description=__doc__.split("\n\n")[0]
+  )
   parser.add_argument("directory", help="where the wheels and bundle.json go (e.g. .device-bundle)")
-  parser.add_argument("--python_version", default=DEFAULT_PYTHON,
-                      help="the GPU machine's Python, major.minor (default %(default)s)")
+  parser.add_argument(
+    "--python_version",
+    default=DEFAULT_PYTHON,
+    help="the GPU machine's Python, major.minor (default %(default)s)",
+  )
   args = parser.parse_args(argv)
   try:
     record = make(args.directory, args.python_version)
@@ -271,9 +363,11 @@ def main(argv: list[str]) -> int:
     return 1
   for wheel in record["wheels"]:
     print(f"{wheel['file']:<72} {wheel['bytes'] / 2**20:6.2f} MiB  (for {wheel['required_by']})")
-  print(f"{len(record['wheels'])} wheels, {record['total_bytes'] / 2**20:.1f} MiB in "
-        f"{os.path.abspath(args.directory)}; carry it with the checkout and start the report with "
-        f"--bundle={args.directory}")
+  print(
+    f"{len(record['wheels'])} wheels, {record['total_bytes'] / 2**20:.1f} MiB in "
+    f"{os.path.abspath(args.directory)}; carry it with the checkout and start the report with "
+    f"--bundle={args.directory}"
+  )
   return 0
 
 

@@ -45,8 +45,12 @@ def _masks(batch: int, length: int, rng: np.random.Generator) -> dict:
   padding = attention.padding_mask(tokens, tokens)
   causal = attention.causal_mask(length)
   packed = attention.segment_mask(segments, segments)
-  return {"padding": padding, "causal": padding & causal, "packed": packed,
-          "packed_causal": packed & causal}
+  return {
+    "padding": padding,
+    "causal": padding & causal,
+    "packed": packed,
+    "packed_causal": packed & causal,
+  }
 
 
 def _relative_error(value, reference) -> float:
@@ -59,20 +63,23 @@ def check_attention(shape, platform: str, seed: int = 0) -> dict:
   batch, length, heads, size = shape
   rng = np.random.default_rng(seed)
   fused = "cudnn" if platform == "gpu" else "xla"
-  q, k, v, cotangent = (jnp.asarray(rng.standard_normal((batch, length, heads, size)),
-                                    jnp.bfloat16) for _ in range(4))
+  q, k, v, cotangent = (
+    jnp.asarray(rng.standard_normal((batch, length, heads, size)), jnp.bfloat16) for _ in range(4)
+  )
 
   def loss(implementation, dtype):
     def f(q, k, v, mask):
-      out = attention.dot_product_attention(q.astype(dtype), k.astype(dtype), v.astype(dtype),
-                                            mask, implementation=implementation)
+      out = attention.dot_product_attention(
+        q.astype(dtype), k.astype(dtype), v.astype(dtype), mask, implementation=implementation
+      )
       return jnp.sum(out.astype(jnp.float32) * cotangent.astype(jnp.float32)), out
+
     return f
 
-  fused_fn = jax.jit(jax.value_and_grad(loss(fused, jnp.bfloat16), argnums=(0, 1, 2),
-                                        has_aux=True))
-  reference_fn = jax.jit(jax.value_and_grad(loss("reference", jnp.float32), argnums=(0, 1, 2),
-                                            has_aux=True))
+  fused_fn = jax.jit(jax.value_and_grad(loss(fused, jnp.bfloat16), argnums=(0, 1, 2), has_aux=True))
+  reference_fn = jax.jit(
+    jax.value_and_grad(loss("reference", jnp.float32), argnums=(0, 1, 2), has_aux=True)
+  )
   cases = {}
   for name, mask in _masks(batch, length, rng).items():
     (_, out), grads = fused_fn(q, k, v, mask)
@@ -81,23 +88,32 @@ def check_attention(shape, platform: str, seed: int = 0) -> dict:
     empty = ~np.asarray(jnp.any(jnp.broadcast_to(mask, (batch, 1, length, length)), axis=-1))[:, 0]
     arrays = [np.asarray(a, np.float32) for a in (out, *grads)]
     case = {
-        "output_error": _relative_error(out, ref_out),
-        "gradient_errors": {n: _relative_error(g, r) for n, g, r in zip("qkv", grads, ref_grads)},
-        "empty_rows": int(empty.sum()),
-        "empty_rows_zero": bool(np.all(np.asarray(out, np.float32)[empty] == 0)),
-        "empty_rows_zero_dq": bool(np.all(np.asarray(grads[0], np.float32)[empty] == 0)),
-        "finite": bool(all(np.all(np.isfinite(a)) for a in arrays)),
+      "output_error": _relative_error(out, ref_out),
+      "gradient_errors": {n: _relative_error(g, r) for n, g, r in zip("qkv", grads, ref_grads)},
+      "empty_rows": int(empty.sum()),
+      "empty_rows_zero": bool(np.all(np.asarray(out, np.float32)[empty] == 0)),
+      "empty_rows_zero_dq": bool(np.all(np.asarray(grads[0], np.float32)[empty] == 0)),
+      "finite": bool(all(np.all(np.isfinite(a)) for a in arrays)),
     }
-    case["ok"] = (case["output_error"] <= OUTPUT_TOLERANCE and case["finite"]
-                  and max(case["gradient_errors"].values()) <= GRADIENT_TOLERANCE
-                  and case["empty_rows_zero"] and case["empty_rows_zero_dq"])
+    case["ok"] = (
+      case["output_error"] <= OUTPUT_TOLERANCE
+      and case["finite"]
+      and max(case["gradient_errors"].values()) <= GRADIENT_TOLERANCE
+      and case["empty_rows_zero"]
+      and case["empty_rows_zero_dq"]
+    )
     cases[name] = case
   text = fused_fn.lower(q, k, v, _masks(batch, length, rng)["packed_causal"]).compile().as_text()
   calls = cudnn_attention_calls(text)
-  record = {"implementation": fused, "shape": list(shape), "dtype": "bfloat16",
-            "reference": "float32 on the same inputs, matmuls at highest precision",
-            "tolerance": {"output": OUTPUT_TOLERANCE, "gradients": GRADIENT_TOLERANCE},
-            "cases": cases, "cudnn_calls_in_hlo": calls}
+  record = {
+    "implementation": fused,
+    "shape": list(shape),
+    "dtype": "bfloat16",
+    "reference": "float32 on the same inputs, matmuls at highest precision",
+    "tolerance": {"output": OUTPUT_TOLERANCE, "gradients": GRADIENT_TOLERANCE},
+    "cases": cases,
+    "cudnn_calls_in_hlo": calls,
+  }
   ok = all(case["ok"] for case in cases.values())
   if platform == "gpu":
     ok = ok and calls >= 2  # forward and backward
@@ -109,20 +125,33 @@ def check_attention(shape, platform: str, seed: int = 0) -> dict:
 
 def device_test_files(tests: pathlib.Path) -> list[str]:
   """The test files that mark tests `device` (collecting only these spares importing the rest)."""
-  return sorted(str(p.relative_to(tests.parent)) for p in tests.glob("test_*.py")
-                if "mark.device" in p.read_text(encoding="utf-8"))
+  return sorted(
+    str(p.relative_to(tests.parent))
+    for p in tests.glob("test_*.py")
+    if "mark.device" in p.read_text(encoding="utf-8")
+  )
 
 
-def run_device_tests(arguments, seconds: float, log_path: pathlib.Path,
-                     test_timeout: int, platform: str) -> dict:
+def run_device_tests(
+  arguments, seconds: float, log_path: pathlib.Path, test_timeout: int, platform: str
+) -> dict:
   """The tests `arguments` select (pytest, one process, on `platform`), stopped after `seconds`
   with everything it started: counts of each outcome, the failures and whether they all ran."""
   env = dict(os.environ, **{pytest_log.ENV: str(log_path)})
   env["JAX_PLATFORMS"] = {"gpu": "cuda"}.get(platform, platform)
   # Tests that start the command line share the device with the test process.
   env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-  command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
-             "transformer_jax.tools.device_report.pytest_log", *arguments]
+  command = [
+    sys.executable,
+    "-m",
+    "pytest",
+    "-q",
+    "-p",
+    "no:cacheprovider",
+    "-p",
+    "transformer_jax.tools.device_report.pytest_log",
+    *arguments,
+  ]
   if targets.installed("pytest_timeout"):
     command.append(f"--timeout={test_timeout}")
   if targets.installed("xdist"):
@@ -138,8 +167,12 @@ def run_device_tests(arguments, seconds: float, log_path: pathlib.Path,
   except ProcessLookupError:
     pass
   process.wait()
-  return {"command": " ".join(command[1:]), "status": status, "exit_status": code,
-          **pytest_log.summary(log_path)}
+  return {
+    "command": " ".join(command[1:]),
+    "status": status,
+    "exit_status": code,
+    **pytest_log.summary(log_path),
+  }
 
 
 def run(plan, step, result, context) -> None:
@@ -151,7 +184,12 @@ def run(plan, step, result, context) -> None:
   # platform off the environment step.
   platform = context.earlier("environment").get("backend") or "cpu"
   files = list(plan.device_test_files) or device_test_files(bundle.REPO / "tests")
-  tests = run_device_tests([*files, "-m", "device"], result.left() - 2.0,
-                           context.work / "pytest_log.jsonl", plan.test_timeout_seconds, platform)
+  tests = run_device_tests(
+    [*files, "-m", "device"],
+    result.left() - 2.0,
+    context.work / "pytest_log.jsonl",
+    plan.test_timeout_seconds,
+    platform,
+  )
   passed = tests["status"] == "finished" and tests["exit_status"] == 0
   result.put(device_tests=tests, status="ok" if passed else "problems found")

@@ -21,13 +21,20 @@ def run(plan, step, result, context) -> None:
   start = time.perf_counter()
   experiment_lib.train(experiment, workdir)
   train_seconds = time.perf_counter() - start
-  result.put(train_seconds=train_seconds,
-             steps_per_second=experiment.fit.num_train_steps / train_seconds)
+  result.put(
+    train_seconds=train_seconds, steps_per_second=experiment.fit.num_train_steps / train_seconds
+  )
   averaged = time.perf_counter()
   steps = experiment_lib.average(experiment, workdir)["steps"]
   result.put(average_seconds=time.perf_counter() - averaged, averaged_steps=steps)
   evaluated = time.perf_counter()
   record = experiment_lib.evaluate_split(experiment, workdir, experiment_lib.Checkpoint("averaged"))
-  result.put(eval_seconds=time.perf_counter() - evaluated, wall_seconds=time.perf_counter() - start,
-             split=record["split"], bleu=record["bleu"], perplexity=record["perplexity"],
-             sentences=record["sentences"], sentences_per_second=record["sentences_per_second"])
+  result.put(
+    eval_seconds=time.perf_counter() - evaluated,
+    wall_seconds=time.perf_counter() - start,
+    split=record["split"],
+    bleu=record["bleu"],
+    perplexity=record["perplexity"],
+    sentences=record["sentences"],
+    sentences_per_second=record["sentences_per_second"],
+  )

@@ -10,11 +10,31 @@ import sys
 import jax
 from jax.extend import backend as jax_backend
 
-DISTRIBUTIONS = ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda13-pjrt", "jax-cuda12-plugin",
-                 "jax-cuda12-pjrt", "libtpu", "nvidia-cudnn-cu13", "nvidia-cudnn-cu12",
-                 "nvidia-cublas", "nvidia-cublas-cu12", "flax", "optax", "orbax-checkpoint",
-                 "grain", "tensorflow-datasets", "array-record", "ml-collections", "numpy",
-                 "sentencepiece", "sacrebleu", "pytest", "torch")
+DISTRIBUTIONS = (
+  "jax",
+  "jaxlib",
+  "jax-cuda13-plugin",
+  "jax-cuda13-pjrt",
+  "jax-cuda12-plugin",
+  "jax-cuda12-pjrt",
+  "libtpu",
+  "nvidia-cudnn-cu13",
+  "nvidia-cudnn-cu12",
+  "nvidia-cublas",
+  "nvidia-cublas-cu12",
+  "flax",
+  "optax",
+  "orbax-checkpoint",
+  "grain",
+  "tensorflow-datasets",
+  "array-record",
+  "ml-collections",
+  "numpy",
+  "sentencepiece",
+  "sacrebleu",
+  "pytest",
+  "torch",
+)
 
 
 def versions() -> dict:
@@ -34,12 +54,19 @@ def nvidia_smi() -> dict | None:
     return None
   fields = "name,driver_version,memory.total,clocks.max.sm,power.limit"
   try:
-    result = subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"],
-                            capture_output=True, text=True, check=False, timeout=30)
+    result = subprocess.run(
+      ["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"],
+      capture_output=True,
+      text=True,
+      check=False,
+      timeout=30,
+    )
   except subprocess.TimeoutExpired:
     return {"gpus": [], "error": "nvidia-smi did not answer in 30 s"}
-  rows = [dict(zip(fields.split(","), (v.strip() for v in line.split(","))))
-          for line in result.stdout.strip().splitlines()]
+  rows = [
+    dict(zip(fields.split(","), (v.strip() for v in line.split(","))))
+    for line in result.stdout.strip().splitlines()
+  ]
   return {"gpus": rows, "error": result.stderr.strip()[-500:] or None}
 
 
@@ -50,13 +77,21 @@ def run(plan, step, result, context) -> None:
   stats = first.memory_stats() or {}
   backend = jax_backend.get_backend()
   result.put(
-      backend=jax.default_backend(), device_kind=first.device_kind, device_count=len(devices),
-      global_device_count=jax.device_count(), process_count=jax.process_count(),
-      memory_bytes_limit=stats.get("bytes_limit"),
-      platform_version=getattr(backend, "platform_version", None),
-      python=sys.version.split()[0], versions=versions(),
-      xla_flags=os.environ.get("XLA_FLAGS", ""),
-      jax_environment={k: v for k, v in os.environ.items()
-                       if k.startswith(("JAX_", "XLA_", "TF_CPP", "CUDA_", "NVIDIA_"))},
-      nvidia_smi=nvidia_smi())
+    backend=jax.default_backend(),
+    device_kind=first.device_kind,
+    device_count=len(devices),
+    global_device_count=jax.device_count(),
+    process_count=jax.process_count(),
+    memory_bytes_limit=stats.get("bytes_limit"),
+    platform_version=getattr(backend, "platform_version", None),
+    python=sys.version.split()[0],
+    versions=versions(),
+    xla_flags=os.environ.get("XLA_FLAGS", ""),
+    jax_environment={
+      k: v
+      for k, v in os.environ.items()
+      if k.startswith(("JAX_", "XLA_", "TF_CPP", "CUDA_", "NVIDIA_"))
+    },
+    nvidia_smi=nvidia_smi(),
+  )
   result.put(environment_info=jax.print_environment_info(return_string=True))

@@ -15,8 +15,9 @@ def run(plan, step, result, context) -> None:
     return
   found = context.earlier("prediction:compile").get("largest_batch")
   if not found or not found.get("rows"):
-    result.put(skipped="the prediction step found no largest batch (see prediction.compile)",
-               complete=True)
+    result.put(
+      skipped="the prediction step found no largest batch (see prediction.compile)", complete=True
+    )
     return
   result.put(compile_mode_says=found)
   try:

@@ -7,8 +7,13 @@ GIB = 2**30
 GOALS = {"base": 700_000, "big": 230_000}
 MEMORY_GOAL = 0.10  # measured peak within 10% of the compile mode's prediction
 CPU_BLEU = "95.68-96.08 (2-core CPUs)"
-_VARIANT_NAMES = {"base": "base", "big": "big", "base_xla": "base, attention=xla",
-                  "base_remat": "base, remat=full", "largest": "base at the largest batch"}
+_VARIANT_NAMES = {
+  "base": "base",
+  "big": "big",
+  "base_xla": "base, attention=xla",
+  "base_remat": "base, remat=full",
+  "largest": "base at the largest batch",
+}
 
 
 def _number(value, spec: str = ",.0f", scale: float = 1.0) -> str:
@@ -37,33 +42,49 @@ def _header(records: dict, plan) -> list[str]:
   versions = env.get("versions") or {}
   gpus = _get(env, "nvidia_smi", "gpus") or [{}]
   lines = [
-      "# Device report", "",
-      f"- Made {time.strftime('%Y-%m-%d %H:%M %Z')}, plan `{plan.name}`.",
-      f"- Device: {env.get('device_count', '?')} x {env.get('device_kind', '?')} "
-      f"(backend {env.get('backend', '?')}; {env.get('platform_version') or 'no platform version'}"
-      f"; driver {gpus[0].get('driver_version', '-')}); memory limit "
-      f"{_bytes(env.get('memory_bytes_limit'))}.",
-      "- Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items() if v) + ".",
-      f"- Python {env.get('python', '?')}; XLA_FLAGS `{env.get('xla_flags', '')}`.",
+    "# Device report",
+    "",
+    f"- Made {time.strftime('%Y-%m-%d %H:%M %Z')}, plan `{plan.name}`.",
+    f"- Device: {env.get('device_count', '?')} x {env.get('device_kind', '?')} "
+    f"(backend {env.get('backend', '?')}; {env.get('platform_version') or 'no platform version'}"
+    f"; driver {gpus[0].get('driver_version', '-')}); memory limit "
+    f"{_bytes(env.get('memory_bytes_limit'))}.",
+    "- Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items() if v) + ".",
+    f"- Python {env.get('python', '?')}; XLA_FLAGS `{env.get('xla_flags', '')}`.",
   ]
   bundle = env.get("bundle")
   if bundle:
-    lines.append(f"- Installed from the bundle: {len(bundle['wheels'])} wheels into "
-                 f"{bundle['target']} in {bundle['seconds']:.1f} s; unmet requirements: "
-                 f"{', '.join(bundle.get('unmet', [])) or 'none'}.")
+    lines.append(
+      f"- Installed from the bundle: {len(bundle['wheels'])} wheels into "
+      f"{bundle['target']} in {bundle['seconds']:.1f} s; unmet requirements: "
+      f"{', '.join(bundle.get('unmet', [])) or 'none'}."
+    )
   return lines
 
 
 def _stage_table(records: dict) -> list[str]:
-  lines = ["", "## Stages", "", "| step | status | seconds | limit | note |",
-           "|---|---|---|---|---|"]
+  lines = [
+    "",
+    "## Stages",
+    "",
+    "| step | status | seconds | limit | note |",
+    "|---|---|---|---|---|",
+  ]
   for stage, record in records.items():
     for part, step in record["steps"].items():
       name = stage if part == stage else f"{stage}:{part}"
-      note = next((str(step[k]).splitlines()[0][:160] for k in (
-          "reason", "not_applicable", "skipped", "error") if step.get(k)), "")
-      lines.append(f"| {name} | {step['status']} | {step['seconds']:.0f} | "
-                   f"{step['limit_seconds']:.0f} | {note} |")
+      note = next(
+        (
+          str(step[k]).splitlines()[0][:160]
+          for k in ("reason", "not_applicable", "skipped", "error")
+          if step.get(k)
+        ),
+        "",
+      )
+      lines.append(
+        f"| {name} | {step['status']} | {step['seconds']:.0f} | "
+        f"{step['limit_seconds']:.0f} | {note} |"
+      )
   return lines
 
 
@@ -72,34 +93,51 @@ def _train_rows(records: dict) -> list[str]:
   largest = _get(records, "prediction", "steps", "largest")
   predicted = _get(records, "prediction", "steps", "compile", "programs") or {}
   target = _get(records, "prediction", "steps", "compile", "target") or "target"
-  lines = ["", "## Train steps: measured beside predicted", "",
-           f"| train step | status | batch | compile s | step ms: median (min-max) | target tok/s "
-           f"| goal | MFU vs matmul | MFU vs spec | peak memory | this device's compiler | "
-           f"compile mode ({target}, CPU) | peak / compile mode |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+  lines = [
+    "",
+    "## Train steps: measured beside predicted",
+    "",
+    f"| train step | status | batch | compile s | step ms: median (min-max) | target tok/s "
+    f"| goal | MFU vs matmul | MFU vs spec | peak memory | this device's compiler | "
+    f"compile mode ({target}, CPU) | peak / compile mode |",
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+  ]
   rows = list(speed.items()) + ([("largest", largest)] if largest else [])
   for name, step in rows:
     batch = f"{step.get('rows', '?')}x{step.get('length', '?')}"
     step_s = step.get("step_seconds") or {}
     median, low, high = (_number(step_s.get(k), ".1f", 1e3) for k in ("median", "min", "max"))
     timing = f"{median} ({low}-{high})" if step_s else "-"
-    mode = _get(predicted, name, "total_bytes") if name != "largest" else _get(
-        records, "prediction", "steps", "compile", "largest_program", "total_bytes")
+    mode = (
+      _get(predicted, name, "total_bytes")
+      if name != "largest"
+      else _get(records, "prediction", "steps", "compile", "largest_program", "total_bytes")
+    )
     peak = step.get("peak_bytes")
-    ratio = (f"{peak / mode:.2f} ({'within' if abs(peak / mode - 1) <= MEMORY_GOAL else 'outside'}"
-             f" {MEMORY_GOAL:.0%})" if peak and mode else "-")
+    ratio = (
+      f"{peak / mode:.2f} ({'within' if abs(peak / mode - 1) <= MEMORY_GOAL else 'outside'}"
+      f" {MEMORY_GOAL:.0%})"
+      if peak and mode
+      else "-"
+    )
     goal = GOALS.get(name)
     lines.append(
-        f"| {_VARIANT_NAMES.get(name, name)} | {step['status']} | {batch} | "
-        f"{_number(step.get('compile_seconds'), '.1f')} | {timing} | "
-        f"{_number(step.get('target_tokens_per_second'))} | {_number(goal)} | "
-        f"{_number(step.get('mfu_vs_measured_matmul'), '.1%')} | "
-        f"{_number(step.get('mfu_vs_spec'), '.1%')} | {_bytes(peak)} | "
-        f"{_bytes(_get(step, 'predicted_local', 'total_bytes'))} | {_bytes(mode)} | {ratio} |")
-  rate = next((s.get("matmul_flops_per_second") for s in speed.values()
-               if s.get("matmul_flops_per_second")), None)
-  lines += ["", f"bf16 matmul measured: {_number(rate, '.1f', 1e-12)} TFLOP/s; "
-            "target tok/s counts the batch's non-padding target tokens."]
+      f"| {_VARIANT_NAMES.get(name, name)} | {step['status']} | {batch} | "
+      f"{_number(step.get('compile_seconds'), '.1f')} | {timing} | "
+      f"{_number(step.get('target_tokens_per_second'))} | {_number(goal)} | "
+      f"{_number(step.get('mfu_vs_measured_matmul'), '.1%')} | "
+      f"{_number(step.get('mfu_vs_spec'), '.1%')} | {_bytes(peak)} | "
+      f"{_bytes(_get(step, 'predicted_local', 'total_bytes'))} | {_bytes(mode)} | {ratio} |"
+    )
+  rate = next(
+    (s.get("matmul_flops_per_second") for s in speed.values() if s.get("matmul_flops_per_second")),
+    None,
+  )
+  lines += [
+    "",
+    f"bf16 matmul measured: {_number(rate, '.1f', 1e-12)} TFLOP/s; "
+    "target tok/s counts the batch's non-padding target tokens.",
+  ]
   return lines
 
 
@@ -108,22 +146,31 @@ def _correctness(records: dict) -> list[str]:
   lines = ["", "## Correct on the device", ""]
   attention = _get(steps, "attention", "attention")
   if attention:
-    lines.append(f"Fused attention ({attention['implementation']}, bf16, shape "
-                 f"{attention['shape']}) against {attention['reference']}; cuDNN calls in the "
-                 f"compiled HLO: {attention['cudnn_calls_in_hlo']}; all within tolerance: "
-                 f"{attention['ok']}.")
-    lines += ["", "| mask | output error | gradient error (q, k, v) | empty rows zero | finite |",
-              "|---|---|---|---|---|"]
+    lines.append(
+      f"Fused attention ({attention['implementation']}, bf16, shape "
+      f"{attention['shape']}) against {attention['reference']}; cuDNN calls in the "
+      f"compiled HLO: {attention['cudnn_calls_in_hlo']}; all within tolerance: "
+      f"{attention['ok']}."
+    )
+    lines += [
+      "",
+      "| mask | output error | gradient error (q, k, v) | empty rows zero | finite |",
+      "|---|---|---|---|---|",
+    ]
     for name, case in attention["cases"].items():
       grads = ", ".join(f"{v:.2e}" for v in case["gradient_errors"].values())
-      lines.append(f"| {name} | {case['output_error']:.2e} | {grads} | "
-                   f"{case['empty_rows_zero'] and case['empty_rows_zero_dq']} "
-                   f"({case['empty_rows']} rows) | {case['finite']} |")
+      lines.append(
+        f"| {name} | {case['output_error']:.2e} | {grads} | "
+        f"{case['empty_rows_zero'] and case['empty_rows_zero_dq']} "
+        f"({case['empty_rows']} rows) | {case['finite']} |"
+      )
   tests = _get(steps, "tests", "device_tests")
   if tests:
     counts = ", ".join(f"{v} {k}" for k, v in sorted(tests["counts"].items())) or "none ran"
-    lines += ["", f"Tests marked `device`: {counts} of {tests['collected']} collected "
-              f"({tests['status']})."]
+    lines += [
+      "",
+      f"Tests marked `device`: {counts} of {tests['collected']} collected ({tests['status']}).",
+    ]
     lines += [f"- failed: `{f['test']}`" for f in tests["failures"][:20]]
   return lines
 
@@ -132,18 +179,22 @@ def _decoding_and_end_to_end(records: dict) -> list[str]:
   lines = ["", "## Decoding and end to end", ""]
   decoding = _get(records, "decoding", "steps", "decoding") or {}
   for name, figures in (decoding.get("searches") or {}).items():
-    lines.append(f"- {name} of `base`, {decoding['sentences']} sentences of "
-                 f"{decoding['source_length']} tokens to {decoding['output_length']}: "
-                 f"{figures['sentences_per_second']:,.1f} sentences/s, "
-                 f"{figures['tokens_per_second']:,.0f} tokens/s (compile and first call "
-                 f"{figures['compile_and_first_seconds']:.1f} s).")
+    lines.append(
+      f"- {name} of `base`, {decoding['sentences']} sentences of "
+      f"{decoding['source_length']} tokens to {decoding['output_length']}: "
+      f"{figures['sentences_per_second']:,.1f} sentences/s, "
+      f"{figures['tokens_per_second']:,.0f} tokens/s (compile and first call "
+      f"{figures['compile_and_first_seconds']:.1f} s)."
+    )
   e2e = _get(records, "end_to_end", "steps", "end_to_end") or {}
   if "bleu" in e2e:
-    lines.append(f"- `{e2e['experiment']}` in bf16: {e2e['steps']} steps in "
-                 f"{e2e['train_seconds']:.1f} s ({e2e['steps_per_second']:.1f} steps/s, "
-                 f"data and vocabulary included), average {e2e['average_seconds']:.1f} s, eval "
-                 f"{e2e['eval_seconds']:.1f} s; {e2e['split']} BLEU {e2e['bleu']:.2f} "
-                 f"(CPU: {CPU_BLEU}), perplexity {e2e['perplexity']:.3f}.")
+    lines.append(
+      f"- `{e2e['experiment']}` in bf16: {e2e['steps']} steps in "
+      f"{e2e['train_seconds']:.1f} s ({e2e['steps_per_second']:.1f} steps/s, "
+      f"data and vocabulary included), average {e2e['average_seconds']:.1f} s, eval "
+      f"{e2e['eval_seconds']:.1f} s; {e2e['split']} BLEU {e2e['bleu']:.2f} "
+      f"(CPU: {CPU_BLEU}), perplexity {e2e['perplexity']:.3f}."
+    )
   elif e2e:
     lines.append(f"- end to end: {e2e.get('status')}")
   return lines
@@ -165,23 +216,32 @@ def _goals(records: dict) -> list[str]:
   for name, goal in GOALS.items():
     tokens = _get(speed, name, "target_tokens_per_second")
     verdict = _verdict(tokens, goal) if "H100" in kind else f"for an H100, not {kind or '?'}"
-    lines.append(f"| `{name}` at least {goal:,} target tokens/s | {_number(tokens)} | "
-                 f"{verdict} |")
+    lines.append(f"| `{name}` at least {goal:,} target tokens/s | {_number(tokens)} | {verdict} |")
   ok = attention.get("ok")
-  lines.append(f"| fused attention equal to the reference | "
-               f"{'-' if ok is None else 'within tolerance' if ok else 'outside tolerance'} | "
-               f"{'not measured' if ok is None else 'met' if ok else 'not met'} |")
+  lines.append(
+    f"| fused attention equal to the reference | "
+    f"{'-' if ok is None else 'within tolerance' if ok else 'outside tolerance'} | "
+    f"{'not measured' if ok is None else 'met' if ok else 'not met'} |"
+  )
   for name in GOALS:
     peak, mode = _get(speed, name, "peak_bytes"), _get(predicted, name, "total_bytes")
     off = abs(peak / mode - 1) if peak and mode else None
-    lines.append(f"| `{name}` peak memory within {MEMORY_GOAL:.0%} of the compile mode's | "
-                 f"{'-' if off is None else f'{off:.1%} off'} | "
-                 f"{_verdict(off, MEMORY_GOAL, at_least=False)} |")
+    lines.append(
+      f"| `{name}` peak memory within {MEMORY_GOAL:.0%} of the compile mode's | "
+      f"{'-' if off is None else f'{off:.1%} off'} | "
+      f"{_verdict(off, MEMORY_GOAL, at_least=False)} |"
+    )
   return lines
 
 
 def render(records: dict, plan) -> str:
   """The whole page."""
-  lines = (_header(records, plan) + _stage_table(records) + _goals(records)
-           + _train_rows(records) + _correctness(records) + _decoding_and_end_to_end(records))
+  lines = (
+    _header(records, plan)
+    + _stage_table(records)
+    + _goals(records)
+    + _train_rows(records)
+    + _correctness(records)
+    + _decoding_and_end_to_end(records)
+  )
   return "\n".join(lines) + "\n"

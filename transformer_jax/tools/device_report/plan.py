@@ -68,10 +68,12 @@ WMT14 = "experiments/wmt14.py"
 
 
 def _variants(shrink: dict) -> dict:
-  return {"base": (f"{WMT14}:base", dict(shrink)),
-          "big": (f"{WMT14}:big", dict(shrink)),
-          "base_xla": (f"{WMT14}:base", {**shrink, "model.attention_impl": "xla"}),
-          "base_remat": (f"{WMT14}:base", {**shrink, "model.remat": "full"})}
+  return {
+    "base": (f"{WMT14}:base", dict(shrink)),
+    "big": (f"{WMT14}:big", dict(shrink)),
+    "base_xla": (f"{WMT14}:base", {**shrink, "model.attention_impl": "xla"}),
+    "base_remat": (f"{WMT14}:base", {**shrink, "model.remat": "full"}),
+  }
 
 
 def _steps(caps: dict) -> tuple[Step, ...]:
@@ -85,42 +87,111 @@ def _steps(caps: dict) -> tuple[Step, ...]:
 # short window must bring back (the attention check, then the train steps); the tests marked
 # `device` come last, since a run of them stopped early still counts what ended.
 FULL = Plan(
-    name="full",
-    steps=_steps({"environment": 40, "correctness:attention": 40, "speed:base": 60,
-                  "speed:big": 75, "speed:base_xla": 45, "speed:base_remat": 50,
-                  "prediction:compile": 300, "prediction:largest": 50, "decoding": 60,
-                  "end_to_end": 120, "correctness:tests": 120}),
-    variants=_variants({}),
-    rows=104, length=256, timed_steps=20, warmup_steps=3, largest_timed_steps=5,
-    matmul_size=8192, attention_shape=(4, 512, 8, 64), device_test_files=(),
-    test_timeout_seconds=60, predicted=("base", "big", "base_xla", "base_remat"), fit_search=True,
-    decode_sentences=128, decode_source_length=32, decode_output_length=48, decode_runs=5,
-    # Decoding batches of 128 (the CPU's 8 would decode the test split in 250 batches).
-    end_to_end=("experiments/default.py", {"model.dtype": "bfloat16", "decode.batch_size": 128}),
+  name="full",
+  steps=_steps(
+    {
+      "environment": 40,
+      "correctness:attention": 40,
+      "speed:base": 60,
+      "speed:big": 75,
+      "speed:base_xla": 45,
+      "speed:base_remat": 50,
+      "prediction:compile": 300,
+      "prediction:largest": 50,
+      "decoding": 60,
+      "end_to_end": 120,
+      "correctness:tests": 120,
+    }
+  ),
+  variants=_variants({}),
+  rows=104,
+  length=256,
+  timed_steps=20,
+  warmup_steps=3,
+  largest_timed_steps=5,
+  matmul_size=8192,
+  attention_shape=(4, 512, 8, 64),
+  device_test_files=(),
+  test_timeout_seconds=60,
+  predicted=("base", "big", "base_xla", "base_remat"),
+  fit_search=True,
+  decode_sentences=128,
+  decode_source_length=32,
+  decode_output_length=48,
+  decode_runs=5,
+  # Decoding batches of 128 (the CPU's 8 would decode the test split in 250 batches).
+  end_to_end=("experiments/default.py", {"model.dtype": "bfloat16", "decode.batch_size": 128}),
 )
 
-_TINY_MODEL = {"model.num_layers": 1, "model.d_model": 32, "model.d_ff": 64,
-               "model.num_heads": 4, "model.max_len": 64, "data.vocab_size": 128,
-               "data.max_length": 32, "data.max_source_length": 32, "data.max_target_length": 32}
+_TINY_MODEL = {
+  "model.num_layers": 1,
+  "model.d_model": 32,
+  "model.d_ff": 64,
+  "model.num_heads": 4,
+  "model.max_len": 64,
+  "data.vocab_size": 128,
+  "data.max_length": 32,
+  "data.max_source_length": 32,
+  "data.max_target_length": 32,
+}
 TINY = Plan(
-    name="tiny",
-    # Caps with room for a loaded machine (CI runs two test processes at once).
-    steps=_steps({"environment": 30, "correctness:attention": 30, "speed:base": 45,
-                  "speed:big": 45, "speed:base_xla": 45, "speed:base_remat": 45,
-                  "prediction:compile": 90, "prediction:largest": 30, "decoding": 45,
-                  "end_to_end": 90, "correctness:tests": 60}),
-    variants=_variants(_TINY_MODEL),
-    rows=8, length=32, timed_steps=3, warmup_steps=1, largest_timed_steps=2, matmul_size=256,
-    attention_shape=(2, 16, 2, 8), device_test_files=("tests/test_mask_properties.py",),
-    test_timeout_seconds=60, predicted=("base",), fit_search=False,
-    decode_sentences=8, decode_source_length=8, decode_output_length=8, decode_runs=2,
-    end_to_end=("experiments/default.py", {
-        "model.dtype": "bfloat16", "model.num_layers": 1, "model.d_model": 32, "model.d_ff": 64,
-        "model.num_heads": 4, "model.max_len": 256, "data.name": "embedded_tiny",
-        "data.vocab_size": 128, "data.batch_mode": "packed", "data.batch_size": 8,
-        "data.max_length": 128, "num_train_steps": 6, "warmup_steps": 2,
-        "checkpoint_every_steps": 3, "keep_checkpoints": 2, "average_last": 2,
-        "log_every_steps": 3, "decode.beam_size": 2, "decode.max_length": 12,
-        "decode.batch_size": 64}),
+  name="tiny",
+  # Caps with room for a loaded machine (CI runs two test processes at once).
+  steps=_steps(
+    {
+      "environment": 30,
+      "correctness:attention": 30,
+      "speed:base": 45,
+      "speed:big": 45,
+      "speed:base_xla": 45,
+      "speed:base_remat": 45,
+      "prediction:compile": 90,
+      "prediction:largest": 30,
+      "decoding": 45,
+      "end_to_end": 90,
+      "correctness:tests": 60,
+    }
+  ),
+  variants=_variants(_TINY_MODEL),
+  rows=8,
+  length=32,
+  timed_steps=3,
+  warmup_steps=1,
+  largest_timed_steps=2,
+  matmul_size=256,
+  attention_shape=(2, 16, 2, 8),
+  device_test_files=("tests/test_mask_properties.py",),
+  test_timeout_seconds=60,
+  predicted=("base",),
+  fit_search=False,
+  decode_sentences=8,
+  decode_source_length=8,
+  decode_output_length=8,
+  decode_runs=2,
+  end_to_end=(
+    "experiments/default.py",
+    {
+      "model.dtype": "bfloat16",
+      "model.num_layers": 1,
+      "model.d_model": 32,
+      "model.d_ff": 64,
+      "model.num_heads": 4,
+      "model.max_len": 256,
+      "data.name": "embedded_tiny",
+      "data.vocab_size": 128,
+      "data.batch_mode": "packed",
+      "data.batch_size": 8,
+      "data.max_length": 128,
+      "num_train_steps": 6,
+      "warmup_steps": 2,
+      "checkpoint_every_steps": 3,
+      "keep_checkpoints": 2,
+      "average_last": 2,
+      "log_every_steps": 3,
+      "decode.beam_size": 2,
+      "decode.max_length": 12,
+      "decode.batch_size": 64,
+    },
+  ),
 )
 PLANS = {"full": FULL, "tiny": TINY}

@@ -7,7 +7,6 @@ Stage c's records carry the other prediction, the compiler's for the local
 device; `prediction:largest` then runs the train step at the largest batch.
 """
 
-from transformer_jax.compile import experiment as compile_experiment
 from transformer_jax.compile import targets
 from transformer_jax.tools.device_report.speed import experiment_of
 
@@ -25,7 +24,7 @@ def run(plan, step, result, context) -> None:
 
   def predict(name):
     spec, overrides = plan.variants[name]
-    compilers[name] = compile_experiment.Compiler(experiment_of(spec, overrides), target)
+    compilers[name] = programs.Compiler(experiment_of(spec, overrides), target)
     programs[name] = compilers[name].train(plan.rows, plan.length)
     result.put(programs={n: p.record(target) for n, p in programs.items()})
 
@@ -34,8 +33,10 @@ def run(plan, step, result, context) -> None:
   for name in plan.predicted[:2]:
     predict(name)
   if plan.fit_search:
-    largest = compile_experiment.largest_batch(compilers["base"], programs["base"])
-    result.put(largest_batch={k: v for k, v in largest.items() if k != "program"},
-               largest_program=largest.get("program"))
+    largest = programs.largest_batch(compilers["base"], programs["base"])
+    result.put(
+      largest_batch={k: v for k, v in largest.items() if k != "program"},
+      largest_program=largest.get("program"),
+    )
   for name in plan.predicted[2:]:
     predict(name)

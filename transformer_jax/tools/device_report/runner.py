@@ -70,8 +70,14 @@ class _Child:
     self.limit, self.log_path = limit, log_path
     self.start = time.monotonic()
     with open(log_path, "a", encoding="utf-8") as log:
-      self.process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                      start_new_session=True, cwd=bundle.REPO)
+      self.process = subprocess.Popen(
+        command,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        cwd=bundle.REPO,
+      )
 
   def wait(self) -> tuple[int | None, bool]:
     """(exit status, timed out), once it has ended or been stopped; either way, then, whatever
@@ -113,9 +119,18 @@ def _signal_group(pid: int, signum: int) -> None:
 class Runner:
   """Runs the steps of a `Plan` into `out` before `deadline` (a time.monotonic() value)."""
 
-  def __init__(self, plan: Plan, out: str, *, deadline: float, platform: str,
-               stages=STAGES, bundle_record: dict | None = None, extra_path: str = "",
-               target: str | None = None):
+  def __init__(
+    self,
+    plan: Plan,
+    out: str,
+    *,
+    deadline: float,
+    platform: str,
+    stages=STAGES,
+    bundle_record: dict | None = None,
+    extra_path: str = "",
+    target: str | None = None,
+  ):
     self.plan, self.deadline, self.platform = plan, deadline, platform
     self.out = pathlib.Path(out).resolve()
     self.out.mkdir(parents=True, exist_ok=True)
@@ -127,7 +142,8 @@ class Runner:
     self.records: dict[str, dict] = {}
     self.env = dict(os.environ, PYTHONUNBUFFERED="1")
     self.env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(bundle.REPO), extra_path, os.environ.get("PYTHONPATH", "")) if p)
+      p for p in (str(bundle.REPO), extra_path, os.environ.get("PYTHONPATH", "")) if p
+    )
     self.stop_reason = ""
     self._live: set[_Child] = set()
 
@@ -149,9 +165,19 @@ class Runner:
       reason = self.stop_reason or f"no time left under the deadline ({left:.0f} s)"
       return {"status": "skipped", "reason": reason, "seconds": 0.0, "limit_seconds": 0.0}
     limit = min(step.cap_seconds, left)
-    command = [sys.executable, "-m", "transformer_jax.tools.device_report.stage",
-               "--step", step.name, "--work", str(self.work),
-               "--result", str(self._result_path(step)), "--seconds", f"{limit:.1f}"]
+    command = [
+      sys.executable,
+      "-m",
+      "transformer_jax.tools.device_report.stage",
+      "--step",
+      step.name,
+      "--work",
+      str(self.work),
+      "--result",
+      str(self._result_path(step)),
+      "--seconds",
+      f"{limit:.1f}",
+    ]
     if self.target:
       command += ["--target", self.target]
     with open(log_path, "a", encoding="utf-8") as log:
@@ -167,11 +193,13 @@ class Runner:
     code, timed_out = child.wait()
     self._live.discard(child)
     result = read_json(self._result_path(step)) or {}
-    record = {"status": _status(code, timed_out, result),
-              # A background step may have ended well before it is collected.
-              "seconds": round(result.get("process_seconds", time.monotonic() - child.start), 2),
-              "limit_seconds": round(child.limit, 1),
-              **{k: v for k, v in result.items() if k != "complete"}}
+    record = {
+      "status": _status(code, timed_out, result),
+      # A background step may have ended well before it is collected.
+      "seconds": round(result.get("process_seconds", time.monotonic() - child.start), 2),
+      "limit_seconds": round(child.limit, 1),
+      **{k: v for k, v in result.items() if k != "complete"},
+    }
     if timed_out:
       record["reason"] = f"ran past its limit of {child.limit:.0f} s and was stopped"
     if child.log_path != self.out / LOG_NAME:  # A background step's own log, now appended.
@@ -209,8 +237,11 @@ class Runner:
     background = {}
     for step in (s for s in self.plan.steps if s.stage in self.stages):
       if step.stage != "environment" and not self.records.keys() - {"environment"}:
-        background = {s.name: self._start(s, step_file(self.work, s.name, ".log"))
-                      for s in self.plan.steps if s.runs_on == "cpu" and s.stage in self.stages}
+        background = {
+          s.name: self._start(s, step_file(self.work, s.name, ".log"))
+          for s in self.plan.steps
+          if s.runs_on == "cpu" and s.stage in self.stages
+        }
       if step.name in background:
         record = self._finish(step, background.pop(step.name))
         if record["status"] != "skipped":
@@ -229,8 +260,10 @@ class Runner:
       record["bundle"] = self.bundle_record
     backend = record.get("backend")
     if self.platform == "auto" and backend == "cpu" and self.plan.name == "full":
-      self.stop_reason = ("JAX found no accelerator and runs on the CPU; the full report needs "
-                          "one (for a dry run on the CPU: --platform=cpu --tiny)")
+      self.stop_reason = (
+        "JAX found no accelerator and runs on the CPU; the full report needs "
+        "one (for a dry run on the CPU: --platform=cpu --tiny)"
+      )
     if record.get("status") not in ("ok", "skipped") and not backend:
       self.stop_reason = "the environment stage failed: JAX may not start here (see log.txt)"
     if not self.target:
@@ -242,8 +275,7 @@ class Runner:
     if log.exists() and log.stat().st_size > MAX_LOG_BYTES:
       data = log.read_bytes()[-MAX_LOG_BYTES:]
       log.write_bytes(b"[... the beginning was cut ...]\n" + data)
-    (self.out / REPORT_NAME).write_text(markdown.render(self.records, self.plan),
-                                        encoding="utf-8")
+    (self.out / REPORT_NAME).write_text(markdown.render(self.records, self.plan), encoding="utf-8")
 
 
 def _stage_status(steps: dict) -> str:

@@ -36,14 +36,23 @@ def experiment_of(spec: str, overrides: dict) -> Experiment:
   return config_lib.parse(config)
 
 
-def packed_batch(rows: int, length: int, vocab_size: int, seed: int = 0,
-                 pair_lengths=(8, 64), tries: int = 8) -> dict:
+def packed_batch(
+  rows: int, length: int, vocab_size: int, seed: int = 0, pair_lengths=(8, 64), tries: int = 8
+) -> dict:
   """A packed batch of random pairs (each side `pair_lengths[0]` to `[1]` tokens, EOS last): a row
   takes pairs until `tries` draws in a row fit it on neither side; padding after them."""
   rng = np.random.default_rng(seed)
-  batch = {key: np.zeros((rows, length), np.int32) for key in (
-      "inputs", "targets", "inputs_segmentation", "targets_segmentation", "inputs_position",
-      "targets_position")}
+  batch = {
+    key: np.zeros((rows, length), np.int32)
+    for key in (
+      "inputs",
+      "targets",
+      "inputs_segmentation",
+      "targets_segmentation",
+      "inputs_position",
+      "targets_position",
+    )
+  }
   for row in range(rows):
     used, segment, misses = {"inputs": 0, "targets": 0}, 1, 0
     while misses < tries:
@@ -74,8 +83,11 @@ def matmul_rate(size: int, runs: int = 10, dtype=jnp.bfloat16) -> float:
 
 # The device kinds (as JAX names them) of the parts whose datasheet figures targets.CHIPS holds:
 # the SXM boards, not the PCIe or NVL ones, whose peaks are lower.
-_SXM_KINDS = {"NVIDIA H100 80GB HBM3": "h100", "NVIDIA H200": "h200",
-              "NVIDIA A100-SXM4-80GB": "a100"}
+_SXM_KINDS = {
+  "NVIDIA H100 80GB HBM3": "h100",
+  "NVIDIA H200": "h200",
+  "NVIDIA A100-SXM4-80GB": "a100",
+}
 
 
 def chip_of(device_kind: str) -> targets.Chip | None:
@@ -84,8 +96,9 @@ def chip_of(device_kind: str) -> targets.Chip | None:
   return targets.CHIPS[name] if name else None
 
 
-def train_speed(experiment: Experiment, rows: int, length: int, *, timed_steps: int,
-                warmup_steps: int) -> dict:
+def train_speed(
+  experiment: Experiment, rows: int, length: int, *, timed_steps: int, warmup_steps: int
+) -> dict:
   """Compile, run and time the train step of `experiment` on a packed `rows` x `length` batch;
   the device's peak memory is read right after."""
   trainer, _ = make_trainer(experiment, vocab_size=experiment.data.vocab_size)
@@ -115,22 +128,35 @@ def train_speed(experiment: Experiment, rows: int, length: int, *, timed_steps: 
   target_tokens = int(np.sum(local["targets_segmentation"] > 0))
   median = statistics.median(times)
   return {
-      "model": {"d_model": cfg.d_model, "num_layers": cfg.num_layers, "heads": cfg.num_heads,
-                "d_ff": cfg.d_ff, "vocab_size": cfg.vocab_size, "dtype": cfg.dtype,
-                "attention": cfg.attention_impl, "remat": cfg.remat},
-      "rows": rows, "length": length, "target_tokens": target_tokens,
-      "real_fraction": float(np.mean(local["targets_segmentation"] > 0)),
-      "compile_seconds": predicted.compile_seconds, "first_step_seconds": first,
-      "step_seconds": summary(times), "timed_steps": len(times),
-      "target_tokens_per_second": target_tokens / median,
-      "model_flops_per_step": batch_flops(cfg, local),
-      "loss_first_last": per_token,
-      "nonfinite_steps": int(sum(float(m["nonfinite"]) for m in metrics)),
-      "peak_bytes": peak,
-      "predicted_local": {"total_bytes": predicted.total_bytes,
-                          "temp_bytes": predicted.temp_bytes,
-                          "argument_bytes": predicted.argument_bytes,
-                          "cudnn_attention_calls": predicted.cudnn_attention_calls},
+    "model": {
+      "d_model": cfg.d_model,
+      "num_layers": cfg.num_layers,
+      "heads": cfg.num_heads,
+      "d_ff": cfg.d_ff,
+      "vocab_size": cfg.vocab_size,
+      "dtype": cfg.dtype,
+      "attention": cfg.attention_impl,
+      "remat": cfg.remat,
+    },
+    "rows": rows,
+    "length": length,
+    "target_tokens": target_tokens,
+    "real_fraction": float(np.mean(local["targets_segmentation"] > 0)),
+    "compile_seconds": predicted.compile_seconds,
+    "first_step_seconds": first,
+    "step_seconds": summary(times),
+    "timed_steps": len(times),
+    "target_tokens_per_second": target_tokens / median,
+    "model_flops_per_step": batch_flops(cfg, local),
+    "loss_first_last": per_token,
+    "nonfinite_steps": int(sum(float(m["nonfinite"]) for m in metrics)),
+    "peak_bytes": peak,
+    "predicted_local": {
+      "total_bytes": predicted.total_bytes,
+      "temp_bytes": predicted.temp_bytes,
+      "argument_bytes": predicted.argument_bytes,
+      "cudnn_attention_calls": predicted.cudnn_attention_calls,
+    },
   }
 
 
@@ -140,16 +166,24 @@ def measure(plan, name: str, rows: int, length: int, timed_steps: int, result) -
   spec, overrides = plan.variants[name]
   kind = jax.local_devices()[0].device_kind
   result.put(variant=name, experiment=spec, overrides=overrides, device_kind=kind)
-  figures = train_speed(experiment_of(spec, overrides), rows, length, timed_steps=timed_steps,
-                        warmup_steps=plan.warmup_steps)
+  figures = train_speed(
+    experiment_of(spec, overrides),
+    rows,
+    length,
+    timed_steps=timed_steps,
+    warmup_steps=plan.warmup_steps,
+  )
   result.put(**figures)
   rate = matmul_rate(plan.matmul_size)
   chip = chip_of(kind)
   flops_per_second = figures["model_flops_per_step"] / figures["step_seconds"]["median"]
-  result.put(matmul_size=plan.matmul_size, matmul_flops_per_second=rate,
-             spec_flops_per_second=chip.peak_flops if chip else None,
-             mfu_vs_measured_matmul=flops_per_second / rate,
-             mfu_vs_spec=flops_per_second / chip.peak_flops if chip else None)
+  result.put(
+    matmul_size=plan.matmul_size,
+    matmul_flops_per_second=rate,
+    spec_flops_per_second=chip.peak_flops if chip else None,
+    mfu_vs_measured_matmul=flops_per_second / rate,
+    mfu_vs_spec=flops_per_second / chip.peak_flops if chip else None,
+  )
 
 
 def run(plan, step, result, context) -> None:

@@ -21,8 +21,7 @@ import time
 import traceback
 
 from transformer_jax.tools.device_report.plan import Plan
-from transformer_jax.tools.device_report.runner import PLAN_NAME, read_json, step_file
-from transformer_jax.tools.device_report.runner import write_json
+from transformer_jax.tools.device_report.runner import PLAN_NAME, read_json, step_file, write_json
 
 
 @dataclasses.dataclass
@@ -46,9 +45,15 @@ class Result:
 
 
 # The module of each step, or else of its stage; its `run(plan, step, result, context)` runs it.
-_MODULES = {"environment": "environment", "correctness": "correctness", "speed": "speed",
-            "prediction": "prediction", "prediction:largest": "largest", "decoding": "decoding",
-            "end_to_end": "end_to_end"}
+_MODULES = {
+  "environment": "environment",
+  "correctness": "correctness",
+  "speed": "speed",
+  "prediction": "prediction",
+  "prediction:largest": "largest",
+  "decoding": "decoding",
+  "end_to_end": "end_to_end",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +73,7 @@ def _keep_to_a_quarter_of_the_cores() -> None:
   by them), leaving the rest to the device's steps, which run beside this one."""
   cores = sorted(os.sched_getaffinity(0))
   if len(cores) >= 8:
-    os.sched_setaffinity(0, cores[-(len(cores) // 4):])
+    os.sched_setaffinity(0, cores[-(len(cores) // 4) :])
 
 
 def main(argv: list[str]) -> int:
@@ -91,12 +96,15 @@ def main(argv: list[str]) -> int:
   result.put(step=step.name)
   try:  # The import too: it fails where a package is missing.
     module = importlib.import_module(
-        f"transformer_jax.tools.device_report.{_MODULES.get(step.name, _MODULES[step.stage])}")
+      f"transformer_jax.tools.device_report.{_MODULES.get(step.name, _MODULES[step.stage])}"
+    )
     module.run(plan, step, result, Context(pathlib.Path(args.work), args.target))
   except Exception as error:  # pylint: disable=broad-except  # Recorded, then the status says so.
-    result.put(error=f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}",
-               traceback=traceback.format_exc()[-4000:],
-               process_seconds=time.monotonic() - started)
+    result.put(
+      error=f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}",
+      traceback=traceback.format_exc()[-4000:],
+      process_seconds=time.monotonic() - started,
+    )
     traceback.print_exc()
     return 1
   result.put(process_seconds=time.monotonic() - started, complete=True)

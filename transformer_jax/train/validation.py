@@ -11,9 +11,9 @@ import logging
 
 from etils import epath
 
-from transformer_jax import data
+from transformer_jax import data, fileio
 from transformer_jax.checkpoints import store
-from transformer_jax.decode import files, metrics
+from transformer_jax.decode import metrics
 from transformer_jax.decode.translator import Translator
 from transformer_jax.errors import UserError
 from transformer_jax.workdir import Workdir
@@ -29,8 +29,10 @@ def read_best(workdir: Workdir) -> dict | None:
   try:
     return json.loads(path.read_text())
   except (OSError, ValueError) as error:
-    raise UserError(f"{path} cannot be read ({error}); remove it (and {workdir.best}) to keep "
-                    "the best validation BLEU anew") from None
+    raise UserError(
+      f"{path} cannot be read ({error}); remove it (and {workdir.best}) to keep "
+      "the best validation BLEU anew"
+    ) from None
 
 
 class ValidationBleu:
@@ -40,8 +42,9 @@ class ValidationBleu:
   step and (sharded) parameters.
   """
 
-  def __init__(self, translator: Translator, data_config, workdir: Workdir, *, split: str,
-               sentences: int):
+  def __init__(
+    self, translator: Translator, data_config, workdir: Workdir, *, split: str, sentences: int
+  ):
     self.translator, self.data_config, self.workdir = translator, data_config, workdir
     self.split, self.sentences = split, sentences
     self.sources, self.references = None, None
@@ -50,7 +53,7 @@ class ValidationBleu:
   def __call__(self, step: int, params) -> float:
     if self.sources is None:
       sources, references = data.split_texts(self.data_config, self.split)
-      self.sources, self.references = sources[:self.sentences], references[:self.sentences]
+      self.sources, self.references = sources[: self.sentences], references[: self.sentences]
     hypotheses = self.translator.translate(params, self.sources)
     bleu = metrics.bleu(hypotheses, self.references)
     if self.best is None or bleu > self.best["bleu"]:
@@ -58,10 +61,20 @@ class ValidationBleu:
       store.save_params(manager, step, params, bleu=bleu, split=self.split)
       manager.close()
       self.best = {
-          "step": step, "bleu": bleu, "split": self.split, "sentences": len(self.sources),
-          "search": self.translator.settings.search, "alpha": self.translator.settings.alpha,
-          "checkpoint": str(manager.directory / str(step))}
-      files.write_json(self.workdir.best_json, self.best)
-      log.info("step %d: best %s BLEU so far (%.2f), parameters saved in %s", step,
-               self.split, bleu, manager.directory)
+        "step": step,
+        "bleu": bleu,
+        "split": self.split,
+        "sentences": len(self.sources),
+        "search": self.translator.settings.search,
+        "alpha": self.translator.settings.alpha,
+        "checkpoint": str(manager.directory / str(step)),
+      }
+      fileio.write_json(self.workdir.best_json, self.best)
+      log.info(
+        "step %d: best %s BLEU so far (%.2f), parameters saved in %s",
+        step,
+        self.split,
+        bleu,
+        manager.directory,
+      )
     return bleu

@@ -12,11 +12,11 @@ where the compiler gives a usable one, its estimated step time with the
 tokens/s and MFU that it implies (an estimate, never a measurement).
 """
 
-from collections.abc import Callable
 import dataclasses
 import logging
 import math
 import time
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -28,7 +28,7 @@ from transformer_jax.decode.metrics import TeacherForcedLoss
 from transformer_jax.decode.translator import DecodeSettings, Translator
 from transformer_jax.errors import UserError
 from transformer_jax.experiment import Experiment, make_trainer
-from transformer_jax.model.transformer import count_params
+from transformer_jax.model.config import count_params
 from transformer_jax.train import objective
 
 log = logging.getLogger(__name__)
@@ -59,15 +59,27 @@ class Program:
     seconds, why = self.cost.estimated_seconds(target.chip.peak_flops, self.loop)
     estimate = None
     if seconds is not None and self.kind in ("train", "eval"):
-      estimate = {"step_seconds": seconds,
-                  "tokens_per_second": self.rows * self.length / seconds,
-                  "mfu": (self.model_flops / (seconds * target.chips * target.chip.peak_flops)
-                          if self.model_flops else None)}
-    return {"name": self.name, "kind": self.kind, "rows": self.rows, "length": self.length,
-            **self.cost.record(), "fits": self.cost.fits(target.chip.usable_bytes),
-            "model_flops_per_device": (self.model_flops / target.chips
-                                       if self.model_flops else None),
-            "compiler_estimate": estimate, "estimate_basis": why, "note": self.note}
+      estimate = {
+        "step_seconds": seconds,
+        "tokens_per_second": self.rows * self.length / seconds,
+        "mfu": (
+          self.model_flops / (seconds * target.chips * target.chip.peak_flops)
+          if self.model_flops
+          else None
+        ),
+      }
+    return {
+      "name": self.name,
+      "kind": self.kind,
+      "rows": self.rows,
+      "length": self.length,
+      **self.cost.record(),
+      "fits": self.cost.fits(target.chip.usable_bytes),
+      "model_flops_per_device": (self.model_flops / target.chips if self.model_flops else None),
+      "compiler_estimate": estimate,
+      "estimate_basis": why,
+      "note": self.note,
+    }
 
 
 @dataclasses.dataclass
@@ -92,28 +104,42 @@ class Report:
     """The whole report as a JSON-ready dict (the fields docs/compile.md describes)."""
     chip = self.target.chip
     return {
-        "target": {"name": self.target.name, "topology": self.target.topology,
-                   "chip": chip.name, "platform": chip.platform, "chips": self.target.chips,
-                   "hosts": self.hosts, "memory_bytes": chip.memory_bytes,
-                   "usable_bytes": chip.usable_bytes, "peak_flops": chip.peak_flops,
-                   "memory_bandwidth": chip.memory_bandwidth, "source": chip.source},
-        "mesh": self.mesh, "sharding_rules": self.rules, "attention": self.attention,
-        "parameters": {"count": self.parameters,
-                       "bytes_per_parameter": 12,  # float32 parameters and two Adam moments
-                       "state_bytes_total": 12 * self.parameters,
-                       "state_bytes_per_device": self.state_bytes_per_device},
-        "data_shards": self.data_shards,
-        "programs": [p.record(self.target) for p in self.programs],
-        "compile_seconds": sum(p.cost.compile_seconds for p in self.programs),
-        "fits": not self.too_big(),
-        "largest_batch": self.largest_batch,
+      "target": {
+        "name": self.target.name,
+        "topology": self.target.topology,
+        "chip": chip.name,
+        "platform": chip.platform,
+        "chips": self.target.chips,
+        "hosts": self.hosts,
+        "memory_bytes": chip.memory_bytes,
+        "usable_bytes": chip.usable_bytes,
+        "peak_flops": chip.peak_flops,
+        "memory_bandwidth": chip.memory_bandwidth,
+        "source": chip.source,
+      },
+      "mesh": self.mesh,
+      "sharding_rules": self.rules,
+      "attention": self.attention,
+      "parameters": {
+        "count": self.parameters,
+        "bytes_per_parameter": 12,  # float32 parameters and two Adam moments
+        "state_bytes_total": 12 * self.parameters,
+        "state_bytes_per_device": self.state_bytes_per_device,
+      },
+      "data_shards": self.data_shards,
+      "programs": [p.record(self.target) for p in self.programs],
+      "compile_seconds": sum(p.cost.compile_seconds for p in self.programs),
+      "fits": not self.too_big(),
+      "largest_batch": self.largest_batch,
     }
 
 
 def abstract_batch(placement, rows: int, length: int) -> dict:
   """A `[rows, length]` batch of abstract int32 arrays with the placement's batch sharding."""
-  return {k: jax.ShapeDtypeStruct((rows, length), jnp.int32, sharding=placement.batch_sharding)
-          for k in BATCH_KEYS}
+  return {
+    k: jax.ShapeDtypeStruct((rows, length), jnp.int32, sharding=placement.batch_sharding)
+    for k in BATCH_KEYS
+  }
 
 
 def _compile(target: targets.Target, lower: Callable):
@@ -130,8 +156,8 @@ def _compile(target: targets.Target, lower: Callable):
     message = str(error)
     if "cuDNN not found" in message:
       raise targets.TargetError(
-          f"--target={target.name}: the cuDNN attention needs cuDNN: pip install -e "
-          "'.[cuda]'") from None
+        f"--target={target.name}: the cuDNN attention needs cuDNN: pip install -e '.[cuda]'"
+      ) from None
     if target.platform != "gpu" or _TRITON_TILING not in message:
       raise
   cost = analysis.compile_and_measure(lowered, {"xla_gpu_enable_triton_gemm": False})
@@ -161,34 +187,55 @@ class Compiler:
     self.placement = self.trainer.placement
     self.model_config = self.placement.model.config
     layers = "the layers (model.scan_layers)" if self.model_config.scan_layers else ""
-    accumulation = ("the micro-batches (grad_accum_steps)" if experiment.grad_accum_steps > 1
-                    else "")
+    accumulation = "the micro-batches (grad_accum_steps)" if experiment.grad_accum_steps > 1 else ""
     self.train_loop = " and ".join(x for x in (layers, accumulation) if x)
     self.eval_loop = layers
 
   def _train_flops(self, rows: int, length: int) -> float:
     """The model's FLOPs of a train step on a `[rows, length]` batch, every slot counted."""
-    return objective.train_flops(self.model_config, source_tokens=rows * length,
-                                 target_tokens=rows * length, source_length=length,
-                                 target_length=length)
+    return objective.train_flops(
+      self.model_config,
+      source_tokens=rows * length,
+      target_tokens=rows * length,
+      source_length=length,
+      target_length=length,
+    )
 
   def train(self, rows: int, length: int) -> Program:
     trainer, placement = self.trainer, self.placement
     batch = abstract_batch(placement, rows, length)
-    cost, note = _compile(self.target, lambda: placement.run(
-        lambda: trainer.jitted_step.lower(trainer.abstract_state, batch)))
-    return Program(f"train {rows}x{length}", "train", rows, length, cost,
-                   self._train_flops(rows, length),
-                   self.train_loop, note)
+    cost, note = _compile(
+      self.target,
+      lambda: placement.run(lambda: trainer.jitted_step.lower(trainer.abstract_state, batch)),
+    )
+    return Program(
+      f"train {rows}x{length}",
+      "train",
+      rows,
+      length,
+      cost,
+      self._train_flops(rows, length),
+      self.train_loop,
+      note,
+    )
 
   def evaluate(self, rows: int, length: int) -> Program:
     placement = self.placement
     step = TeacherForcedLoss(placement, label_smoothing=self.experiment.label_smoothing).jitted_sums
     batch = abstract_batch(placement, rows, length)
-    cost, note = _compile(self.target, lambda: placement.run(
-        lambda: step.lower(placement.abstract_params, batch)))
-    return Program(f"eval {rows}x{length}", "eval", rows, length, cost,
-                   self._train_flops(rows, length) / 3, self.eval_loop, note)  # Forward only.
+    cost, note = _compile(
+      self.target, lambda: placement.run(lambda: step.lower(placement.abstract_params, batch))
+    )
+    return Program(
+      f"eval {rows}x{length}",
+      "eval",
+      rows,
+      length,
+      cost,
+      self._train_flops(rows, length) / 3,
+      self.eval_loop,
+      note,
+    )  # Forward only.
 
   def search(self, settings: DecodeSettings, rows: int, length: int) -> Program:
     placement, model = self.placement, self.placement.model
@@ -197,9 +244,16 @@ class Compiler:
     variables = {"params": placement.abstract_params}
     lower = lambda: run.lower(model, variables, inputs, **kwargs)
     cost, note = _compile(self.target, lambda: placement.run(lower))
-    return Program(f"{settings.search} {rows}x{length}",
-                   "beam" if settings.beam_size > 1 else "greedy", rows, length, cost, None,
-                   "the search steps", note)
+    return Program(
+      f"{settings.search} {rows}x{length}",
+      "beam" if settings.beam_size > 1 else "greedy",
+      rows,
+      length,
+      cost,
+      None,
+      "the search steps",
+      note,
+    )
 
 
 def _log_progress(index: int, total: int, name: str, started: float) -> None:
@@ -208,8 +262,9 @@ def _log_progress(index: int, total: int, name: str, started: float) -> None:
   log.info("compiling %s (%d of %d; %.0f s so far%s)", name, index + 1, total, done, eta)
 
 
-def compile_experiment(experiment: Experiment, target: targets.Target, *,
-                       find_largest_batch: bool = False) -> Report:
+def compile_experiment(
+  experiment: Experiment, target: targets.Target, *, find_largest_batch: bool = False
+) -> Report:
   """The report of every program of `experiment` compiled for `target`.
 
   With `find_largest_batch`, or when a train step does not fit, also the
@@ -225,32 +280,49 @@ def compile_experiment(experiment: Experiment, target: targets.Target, *,
   shapes = data.train_batch_shapes(experiment.data, placement.data_shard[1])
   max_len = compiler.model_config.max_len
   # Evaluation reads whole pairs (none cut) in lengths of the padded series, at most max_len.
-  eval_length = min(data.padded_length(max(experiment.data.max_source_length,
-                                           experiment.data.max_target_length)), max_len)
+  eval_length = min(
+    data.padded_length(max(experiment.data.max_source_length, experiment.data.max_target_length)),
+    max_len,
+  )
   decode_length = min(data.padded_length(experiment.data.max_source_length), max_len)
   settings = experiment.decode
   decode_rows = Translator(placement, None, settings).batch_size
   jobs = [(f"train {r}x{n}", lambda r=r, n=n: compiler.train(r, n)) for r, n in shapes]
-  jobs.append((f"eval {experiment.data.eval_batch_size}x{eval_length}",
-               lambda: compiler.evaluate(experiment.data.eval_batch_size, eval_length)))
+  jobs.append(
+    (
+      f"eval {experiment.data.eval_batch_size}x{eval_length}",
+      lambda: compiler.evaluate(experiment.data.eval_batch_size, eval_length),
+    )
+  )
   searches = {settings.beam_size: settings}  # --mode=eval and translate
   if experiment.fit.eval_every_steps and experiment.eval_bleu_sentences:  # Validation BLEU.
-    searches.setdefault(experiment.eval_bleu_beam_size, dataclasses.replace(
-        settings, beam_size=experiment.eval_bleu_beam_size))
+    searches.setdefault(
+      experiment.eval_bleu_beam_size,
+      dataclasses.replace(settings, beam_size=experiment.eval_bleu_beam_size),
+    )
   for s in searches.values():
-    jobs.append((f"{s.search} {decode_rows}x{decode_length}",
-                 lambda s=s: compiler.search(s, decode_rows, decode_length)))
+    jobs.append(
+      (
+        f"{s.search} {decode_rows}x{decode_length}",
+        lambda s=s: compiler.search(s, decode_rows, decode_length),
+      )
+    )
   started = time.perf_counter()
   programs = []
   for index, (name, job) in enumerate(jobs):
     _log_progress(index, len(jobs), name, started)
     programs.append(job())
   report = Report(
-      target=target, hosts=targets.hosts(compiler.devices), mesh=dict(placement.mesh.shape),
-      rules=experiment.sharding_rules, attention=compiler.model_config.attention_impl,
-      parameters=count_params(compiler.model_config),
-      state_bytes_per_device=_state_bytes_per_device(compiler.trainer.abstract_state),
-      data_shards=placement.data_shard[1], programs=programs)
+    target=target,
+    hosts=targets.hosts(compiler.devices),
+    mesh=dict(placement.mesh.shape),
+    rules=experiment.sharding_rules,
+    attention=compiler.model_config.attention_impl,
+    parameters=count_params(compiler.model_config),
+    state_bytes_per_device=_state_bytes_per_device(compiler.trainer.abstract_state),
+    data_shards=placement.data_shard[1],
+    programs=programs,
+  )
   train_too_big = [p for p in report.too_big() if p.kind == "train"]
   if find_largest_batch or train_too_big:
     trains = [p for p in programs if p.kind == "train"]
@@ -293,10 +365,15 @@ def largest_batch(compiler: Compiler, most_memory: Program) -> dict:
     else:
       high = middle
   packed = compiler.experiment.data.batch_mode == "packed"
-  record = {"field": "data.batch_size" if packed else "data.tokens_per_batch",
-            "value": low * multiple if packed else low * multiple * length,
-            "tokens_per_batch": low * multiple * length, "rows": low * multiple,
-            "length": length, "compiles": len(tried) - 1, "capped": capped}
+  record = {
+    "field": "data.batch_size" if packed else "data.tokens_per_batch",
+    "value": low * multiple if packed else low * multiple * length,
+    "tokens_per_batch": low * multiple * length,
+    "rows": low * multiple,
+    "length": length,
+    "compiles": len(tried) - 1,
+    "capped": capped,
+  }
   if low:
     record["program"] = tried[low].record(target)
   return record

@@ -27,8 +27,12 @@ pytestmark = pytest.mark.slow
 
 STEPS = 20
 # A 1+1-layer model that learns fast, decoded 32 sentences at a time.
-OVERRIDES = {"model__num_layers": 1, "learning_rate": 2.0, "decode__batch_size": 32,
-             "log_every_steps": 10}
+OVERRIDES = {
+  "model__num_layers": 1,
+  "learning_rate": 2.0,
+  "decode__batch_size": 32,
+  "log_every_steps": 10,
+}
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +40,14 @@ def run(shared, tmp_path_factory):
   """A 20-step tiny run of the default experiment evaluated (BLEU) at steps 10 and 20."""
   workdir = tmp_path_factory.mktemp("run")
   experiment = helpers.tiny_experiment(
-      shared, num_train_steps=STEPS, checkpoint_every_steps=10, eval_every_steps=10,
-      eval_bleu_sentences=16, average_last=2, **OVERRIDES)
+    shared,
+    num_train_steps=STEPS,
+    checkpoint_every_steps=10,
+    eval_every_steps=10,
+    eval_bleu_sentences=16,
+    average_last=2,
+    **OVERRIDES,
+  )
   experiment_lib.train(experiment, Workdir(str(workdir)))
   return {"workdir": workdir, "shared": shared, "experiment": experiment}
 
@@ -61,8 +71,9 @@ def test_average_then_eval_write_hypotheses_and_their_bleu(run, caplog):
   averaged = experiment_lib.average(experiment, _workdir(run))
   assert averaged["steps"] == [10, STEPS]
   assert averaged["directory"] == str(workdir / "averaged" / str(STEPS))
-  scored = dataclasses.replace(experiment, decode=dataclasses.replace(
-      experiment.decode, tokenized_bleu=True, as_is_bleu=True))
+  scored = dataclasses.replace(
+    experiment, decode=dataclasses.replace(experiment.decode, tokenized_bleu=True, as_is_bleu=True)
+  )
   returned = experiment_lib.evaluate_split(scored, _workdir(run), Checkpoint.parse("averaged"))
   assert "could not be restored" not in caplog.text  # Orbax's noise about unread items.
   record = json.loads((workdir / "eval" / "test-averaged-beam4.json").read_text())
@@ -75,15 +86,15 @@ def test_average_then_eval_write_hypotheses_and_their_bleu(run, caplog):
   assert record["bleu"] == pytest.approx(metrics.bleu(hypotheses, references), abs=1e-9)
   assert record["bleu_as_is"] == pytest.approx(metrics.bleu_as_is(hypotheses, references))
   assert record["bleu_tokenized"] == pytest.approx(
-      metrics.bleu(hypotheses, references, tokenized=True))
+    metrics.bleu(hypotheses, references, tokenized=True)
+  )
   assert set(record["bleu_methods"]) == {"bleu", "bleu_tokenized", "bleu_as_is"}
   assert record["checkpoint"] == f"averaged 10-{STEPS} (2 checkpoints)"
   assert record["beam_size"] == 4 and record["alpha"] == 0.6 and record["max_extra"] == 50
   assert 1.0 < record["perplexity"] < 200.0
 
 
-def test_translate_keeps_line_count_and_order_with_empty_and_overlong_lines(run, tmp_path,
-                                                                            caplog):
+def test_translate_keeps_line_count_and_order_with_empty_and_overlong_lines(run, tmp_path, caplog):
   tokenizer = data.Tokenizer((run["shared"] / "vocab.model").read_bytes())
   split = sources.open_split(helpers.tiny_data_config(run["shared"]), "validation")
   by_length = {}
@@ -97,13 +108,19 @@ def test_translate_keeps_line_count_and_order_with_empty_and_overlong_lines(run,
   (tmp_path / "reversed.txt").write_text("\n".join(reversed(lines)) + "\n")
   best = Checkpoint.parse("best")
   with caplog.at_level(logging.WARNING):
-    experiment_lib.translate_file(run["experiment"], _workdir(run), best,
-                                  str(tmp_path / "reversed.txt"), str(tmp_path / "out.txt"))
+    experiment_lib.translate_file(
+      run["experiment"],
+      _workdir(run),
+      best,
+      str(tmp_path / "reversed.txt"),
+      str(tmp_path / "out.txt"),
+    )
   reverse_log = caplog.text
   caplog.clear()
   with caplog.at_level(logging.WARNING):
-    result = experiment_lib.translate_file(run["experiment"], _workdir(run), best,
-                                           str(tmp_path / "in.txt"), str(tmp_path / "fwd.txt"))
+    result = experiment_lib.translate_file(
+      run["experiment"], _workdir(run), best, str(tmp_path / "in.txt"), str(tmp_path / "fwd.txt")
+    )
   forward_log = caplog.text
   assert result["lines"] == len(lines)
   forward_lines = (tmp_path / "fwd.txt").read_text().split("\n")
@@ -120,25 +137,41 @@ def test_user_mistakes_give_one_clear_message(run, tmp_path):
   workdir = run["workdir"]
   (tmp_path / "bad.txt").write_bytes(b"a fine line\nnot \xc3\x28 fine\n")
   other_vocab = tmp_path / "vocab150.model"
-  data.get_tokenizer(dataclasses.replace(helpers.tiny_data_config(run["shared"]),
-                                         vocab_path=str(other_vocab), vocab_size=150),
-                     str(tmp_path))
-  other = helpers.tiny_experiment(run["shared"], data__vocab_path=other_vocab,
-                                 data__vocab_size=150, **OVERRIDES)
-  good = (tmp_path / "good.txt")
+  data.get_tokenizer(
+    dataclasses.replace(
+      helpers.tiny_data_config(run["shared"]), vocab_path=str(other_vocab), vocab_size=150
+    ),
+    str(tmp_path),
+  )
+  other = helpers.tiny_experiment(
+    run["shared"], data__vocab_path=other_vocab, data__vocab_size=150, **OVERRIDES
+  )
+  good = tmp_path / "good.txt"
   good.write_text("a line\n")
   cases = {
-      "line 2: not valid UTF-8 (byte 0xc3": (run["experiment"], workdir, "latest",
-                                             tmp_path / "bad.txt"),
-      "no checkpoint in": (run["experiment"], tmp_path / "empty", "latest", good),
-      "params/embed/embedding: (200, 32) in the checkpoint, (150, 32) expected": (
-          other, workdir, "latest", good),
+    "line 2: not valid UTF-8 (byte 0xc3": (
+      run["experiment"],
+      workdir,
+      "latest",
+      tmp_path / "bad.txt",
+    ),
+    "no checkpoint in": (run["experiment"], tmp_path / "empty", "latest", good),
+    "params/embed/embedding: (200, 32) in the checkpoint, (150, 32) expected": (
+      other,
+      workdir,
+      "latest",
+      good,
+    ),
   }
   for message, (experiment, directory, checkpoint, source) in cases.items():
     with pytest.raises(UserError) as caught:
-      experiment_lib.translate_file(experiment, Workdir(str(directory)),
-                                    Checkpoint.parse(checkpoint), str(source),
-                                    str(tmp_path / "out.txt"))
+      experiment_lib.translate_file(
+        experiment,
+        Workdir(str(directory)),
+        Checkpoint.parse(checkpoint),
+        str(source),
+        str(tmp_path / "out.txt"),
+      )
     assert message in str(caught.value), message
   with pytest.raises(UserError, match="--checkpoint='step9' is not understood"):
     Checkpoint.parse("step9")
@@ -163,11 +196,13 @@ def test_average_skips_a_broken_checkpoint_and_eval_refuses_it(run, tmp_path, ca
   assert "averaged 1 checkpoints, not config.average_last=2" in caplog.text
   assert averaged["steps"] == [10]
   with pytest.raises(UserError) as caught:
-    experiment_lib.evaluate_split(run["experiment"], Workdir(str(workdir)), Checkpoint.parse(
-        str(STEPS)))
+    experiment_lib.evaluate_split(
+      run["experiment"], Workdir(str(workdir)), Checkpoint.parse(str(STEPS))
+    )
   assert str(caught.value).startswith(f"checkpoint {broken}")
   _damage_arrays(workdir / "checkpoints" / "10")
   with pytest.raises(UserError) as caught:
     experiment_lib.average(run["experiment"], Workdir(str(workdir)))
   assert f"none of the checkpoints 10, {STEPS} in {workdir / 'checkpoints'} reads back" in str(
-      caught.value)
+    caught.value
+  )

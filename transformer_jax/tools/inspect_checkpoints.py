@@ -1,6 +1,7 @@
 """Lists the checkpoints of a work directory and checks them, without the experiment's config.
 
-    python -m transformer_jax.checkpoints.inspect --workdir=/path/to/workdir [--verify]
+    ./launch.sh inspect --workdir=/path/to/workdir [--verify]
+    python -m transformer_jax.tools.inspect_checkpoints --workdir=/path/to/workdir [--verify]
 
 One line per entry of <workdir>/checkpoints: committed steps with their size,
 arrays, parameters and data position; interrupted writes (the next run
@@ -13,16 +14,17 @@ import glob
 import json
 import os
 
-from absl import app, flags, logging
 import numpy as np
+from absl import app, flags, logging
 
 from transformer_jax.checkpoints import integrity, recovery, store
 from transformer_jax.workdir import Workdir
 
 
 def _size(path: str) -> str:
-  total = sum(os.path.getsize(f) for f in glob.glob(f"{path}/**", recursive=True)
-              if os.path.isfile(f))
+  total = sum(
+    os.path.getsize(f) for f in glob.glob(f"{path}/**", recursive=True) if os.path.isfile(f)
+  )
   return f"{total / 1e6:.1f} MB"
 
 
@@ -43,11 +45,16 @@ def describe_step(manager, step: int, *, verify: bool) -> tuple[str, bool]:
   path = os.path.join(manager.directory, str(step))
   try:
     arrays = store.saved_arrays(manager, step)
-    params = sum(int(np.prod(leaf.shape)) for name, leaf in arrays.items()
-                 if name.startswith(f"{store.PARAMS}/"))
+    params = sum(
+      int(np.prod(leaf.shape))
+      for name, leaf in arrays.items()
+      if name.startswith(f"{store.PARAMS}/")
+    )
     positions = store.saved_data_positions(manager, step)
-    text = (f"step {step}: {_size(path)}, {len(arrays)} arrays ({params:,} parameters), data "
-            f"position {json.dumps(positions[0]) if positions else 'not saved'}")
+    text = (
+      f"step {step}: {_size(path)}, {len(arrays)} arrays ({params:,} parameters), data "
+      f"position {json.dumps(positions[0]) if positions else 'not saved'}"
+    )
     problem = _problem(manager, step, positions) if verify else None
   except Exception as error:  # Whatever a broken checkpoint raises.
     problem = f"{type(error).__name__}: {str(error).strip().splitlines()[0][:200]}"
@@ -97,7 +104,11 @@ def main(argv):
 
 if __name__ == "__main__":  # Flags defined here only: main.py has a --workdir too.
   flags.DEFINE_string("workdir", None, "The work directory of a run.")
-  flags.DEFINE_bool("verify", False, "Read each committed step back and check its fingerprints "
-                    "(loads the whole state into host memory).")
+  flags.DEFINE_bool(
+    "verify",
+    False,
+    "Read each committed step back and check its fingerprints "
+    "(loads the whole state into host memory).",
+  )
   flags.mark_flags_as_required(["workdir"])
   app.run(main)

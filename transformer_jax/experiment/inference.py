@@ -16,15 +16,15 @@ import time
 
 import jax
 
-from transformer_jax import data
+from transformer_jax import data, fileio
 from transformer_jax.checkpoints import average as average_lib
 from transformer_jax.checkpoints import integrity, store
-from transformer_jax.decode import files, metrics
+from transformer_jax.decode import metrics
 from transformer_jax.decode.translator import Translator
 from transformer_jax.errors import UserError
 from transformer_jax.experiment.settings import Experiment
 from transformer_jax.model.loss import perplexity
-from transformer_jax.sharding import Placement
+from transformer_jax.placement import Placement
 from transformer_jax.workdir import Workdir
 
 log = logging.getLogger(__name__)
@@ -32,8 +32,8 @@ log = logging.getLogger(__name__)
 # Checkpoints besides `latest` and a step: each is a directory of `Workdir`, and how a user
 # makes it.
 NAMED_CHECKPOINTS = {
-    "averaged": "run --mode=average first",
-    "best": "train with config.eval_every_steps > 0 and config.eval_bleu_sentences > 0",
+  "averaged": "run --mode=average first",
+  "best": "train with config.eval_every_steps > 0 and config.eval_bleu_sentences > 0",
 }
 
 
@@ -46,9 +46,13 @@ class Checkpoint:
 
   def __post_init__(self):
     if (self.name == "step") != isinstance(self.step, int) or self.name not in (
-        "latest", "step", *NAMED_CHECKPOINTS):
-      raise ValueError(f"{self} is not a checkpoint: latest, averaged, best, or step with a step "
-                       "number")
+      "latest",
+      "step",
+      *NAMED_CHECKPOINTS,
+    ):
+      raise ValueError(
+        f"{self} is not a checkpoint: latest, averaged, best, or step with a step number"
+      )
 
   @classmethod
   def parse(cls, text: str) -> "Checkpoint":
@@ -57,8 +61,9 @@ class Checkpoint:
       return cls("step", int(text))
     if text == "latest" or text in NAMED_CHECKPOINTS:
       return cls(text)
-    raise UserError(f"--checkpoint={text!r} is not understood; allowed: latest, averaged, best "
-                    "or a step number")
+    raise UserError(
+      f"--checkpoint={text!r} is not understood; allowed: latest, averaged, best or a step number"
+    )
 
   def directory(self, workdir: Workdir) -> str:
     return getattr(workdir, self.name) if self.name in NAMED_CHECKPOINTS else workdir.checkpoints
@@ -66,7 +71,7 @@ class Checkpoint:
 
 @dataclasses.dataclass
 class Loaded:
-  """A trained model: placed on the mesh, its parameters, its vocabulary and where they came from."""
+  """A trained model placed on the mesh: its parameters, vocabulary and where they came from."""
 
   placement: Placement
   params: object
@@ -83,13 +88,15 @@ def _manager_and_step(workdir: Workdir, checkpoint: Checkpoint):
   directory = checkpoint.directory(workdir)
   steps = integrity.process_zero_steps(store.committed_steps(directory))
   if not steps:
-    hint = NAMED_CHECKPOINTS.get(checkpoint.name,
-                                 "train first, or pass the --workdir of a trained run")
+    hint = NAMED_CHECKPOINTS.get(
+      checkpoint.name, "train first, or pass the --workdir of a trained run"
+    )
     raise UserError(f"no checkpoint in {directory}: {hint}")
   step = max(steps) if checkpoint.step is None else checkpoint.step
   if step not in steps:
-    raise UserError(f"no checkpoint {step} in {directory}; steps there: "
-                    f"{', '.join(map(str, steps))}")
+    raise UserError(
+      f"no checkpoint {step} in {directory}; steps there: {', '.join(map(str, steps))}"
+    )
   return store.make_manager(directory), step, steps
 
 
@@ -98,19 +105,22 @@ def _model(experiment: Experiment, workdir: Workdir) -> tuple[Placement, data.To
   try:
     tokenizer = data.load_tokenizer(experiment.data, workdir.vocab)
   except data.DataError as error:
-    raise UserError(f"{error}: pass the --workdir of a trained run and its config (or "
-                    "--config.data.vocab_path)") from None
+    raise UserError(
+      f"{error}: pass the --workdir of a trained run and its config (or --config.data.vocab_path)"
+    ) from None
   return experiment.placement(vocab_size=tokenizer.vocab_size), tokenizer
 
 
 def _hint(tokenizer: data.Tokenizer) -> str:
   """What to check when a checkpoint does not fit the model."""
-  return ("Use the config (config.model) and the vocabulary the model was trained with (here: "
-          f"{tokenizer.path}, {tokenizer.vocab_size} tokens)")
+  return (
+    "Use the config (config.model) and the vocabulary the model was trained with (here: "
+    f"{tokenizer.path}, {tokenizer.vocab_size} tokens)"
+  )
 
 
 def _describe(manager, checkpoint: Checkpoint, step: int) -> str:
-  """The checkpoint for people: 'averaged 600-800 (5 checkpoints)', 'best (step 700)', 'step 800'."""
+  """The checkpoint in words: 'averaged 600-800 (5 checkpoints)', 'best (step 700)', 'step 800'."""
   if checkpoint.name == "averaged":
     steps = store.saved_info(manager, step).get("steps")
     if steps:
@@ -120,8 +130,7 @@ def _describe(manager, checkpoint: Checkpoint, step: int) -> str:
   return f"step {step}"
 
 
-def load(experiment: Experiment, workdir: Workdir,
-         checkpoint: Checkpoint = Checkpoint()) -> Loaded:
+def load(experiment: Experiment, workdir: Workdir, checkpoint: Checkpoint = Checkpoint()) -> Loaded:
   """The parameters named by `checkpoint` in `workdir`, restored onto the mesh of `experiment`.
 
   Raises UserError (FieldError, CheckpointMismatchError, ...) when the
@@ -132,8 +141,9 @@ def load(experiment: Experiment, workdir: Workdir,
   experiment.check_devices(jax.device_count())
   manager, step, _ = _manager_and_step(workdir, checkpoint)
   placement, tokenizer = _model(experiment, workdir)
-  params = store.restore_params(manager, placement.abstract_params, step=step,
-                                hint=_hint(tokenizer))
+  params = store.restore_params(
+    manager, placement.abstract_params, step=step, hint=_hint(tokenizer)
+  )
   name = _describe(manager, checkpoint, step)
   log.info("restored the parameters of %s from %s", name, manager.directory)
   manager.close()
@@ -152,23 +162,28 @@ def average(experiment: Experiment, workdir: Workdir) -> dict:
   manager, _, steps = _manager_and_step(workdir, Checkpoint())
   placement, tokenizer = _model(experiment, workdir)
   start = time.perf_counter()
-  params, steps = average_lib.average_params(manager, steps, placement.abstract_params,
-                                             count=experiment.average_last,
-                                             hint=_hint(tokenizer))
+  params, steps = average_lib.average_params(
+    manager, steps, placement.abstract_params, count=experiment.average_last, hint=_hint(tokenizer)
+  )
   manager.close()
   if len(steps) < experiment.average_last:
-    log.warning("averaged %d checkpoints, not config.average_last=%d: only %d in %s read "
-                "back intact", len(steps), experiment.average_last, len(steps), manager.directory)
+    log.warning(
+      "averaged %d checkpoints, not config.average_last=%d: only %d in %s read back intact",
+      len(steps),
+      experiment.average_last,
+      len(steps),
+      manager.directory,
+    )
   out = store.make_params_manager(workdir.averaged)
   store.save_params(out, steps[-1], params, steps=steps)
   out.close()
-  log.info("averaged steps %s into %s in %.1f s", steps, out.directory,
-           time.perf_counter() - start)
+  log.info("averaged steps %s into %s in %.1f s", steps, out.directory, time.perf_counter() - start)
   return {"steps": steps, "directory": str(out.directory / str(steps[-1]))}
 
 
-def evaluate_split(experiment: Experiment, workdir: Workdir,
-                   checkpoint: Checkpoint = Checkpoint()) -> dict:
+def evaluate_split(
+  experiment: Experiment, workdir: Workdir, checkpoint: Checkpoint = Checkpoint()
+) -> dict:
   """Decode `decode.split` with the paper's search, score it, write the files.
 
   Writes `<workdir>/eval/<split>-<checkpoint>-<search>.txt` (one hypothesis
@@ -181,9 +196,14 @@ def evaluate_split(experiment: Experiment, workdir: Workdir,
   shard_index, shard_count = loaded.placement.data_shard
   try:
     sources, references = data.split_texts(experiment.data, split)
-    batches = data.make_eval_batches(experiment.data, loaded.tokenizer, split,
-                                     shard_index=shard_index, shard_count=shard_count,
-                                     max_length=loaded.placement.model.config.max_len)
+    batches = data.make_eval_batches(
+      experiment.data,
+      loaded.tokenizer,
+      split,
+      shard_index=shard_index,
+      shard_count=shard_count,
+      max_length=loaded.placement.model.config.max_len,
+    )
   except (data.DataError, data.DataUnavailableError) as error:
     raise UserError(f"config.decode.split={split!r}: {error}") from None
   loss = metrics.TeacherForcedLoss(loaded.placement, label_smoothing=experiment.label_smoothing)
@@ -191,20 +211,27 @@ def evaluate_split(experiment: Experiment, workdir: Workdir,
 
   start = time.perf_counter()
   hypotheses = Translator(loaded.placement, loaded.tokenizer, settings).translate(
-      loaded.params, sources)
+    loaded.params, sources
+  )
   seconds = time.perf_counter() - start
   record = {
-      "split": split, "checkpoint": loaded.name, "step": loaded.step,
-      "sentences": len(sources),
-      "bleu": metrics.bleu(hypotheses, references),
-      "perplexity": perplexity(float(sums["nll"]), int(sums["tokens"])),
-      "search": settings.search, "beam_size": settings.beam_size, "alpha": settings.alpha,
-      "length_normalization": settings.length_normalization,
-      "max_extra": settings.max_extra, "max_length": settings.max_length,
-      "force_eos": settings.force_eos, "renormalize": settings.renormalize,
-      "early_stopping": settings.early_stopping,
-      "decode_seconds": round(seconds, 2),
-      "sentences_per_second": round(len(sources) / seconds, 2),
+    "split": split,
+    "checkpoint": loaded.name,
+    "step": loaded.step,
+    "sentences": len(sources),
+    "bleu": metrics.bleu(hypotheses, references),
+    "perplexity": perplexity(float(sums["nll"]), int(sums["tokens"])),
+    "search": settings.search,
+    "beam_size": settings.beam_size,
+    "alpha": settings.alpha,
+    "length_normalization": settings.length_normalization,
+    "max_extra": settings.max_extra,
+    "max_length": settings.max_length,
+    "force_eos": settings.force_eos,
+    "renormalize": settings.renormalize,
+    "early_stopping": settings.early_stopping,
+    "decode_seconds": round(seconds, 2),
+    "sentences_per_second": round(len(sources) / seconds, 2),
   }
   if experiment.decode.tokenized_bleu:
     record["bleu_tokenized"] = metrics.bleu(hypotheses, references, tokenized=True)
@@ -213,23 +240,28 @@ def evaluate_split(experiment: Experiment, workdir: Workdir,
   record["bleu_methods"] = {k: v for k, v in metrics.BLEU_METHODS.items() if k in record}
   stem = loaded.workdir.eval_file(f"{split}-{loaded.label}-{settings.search}")
   record["hypotheses"] = stem + ".txt"
-  files.write_lines(stem + ".txt", hypotheses)
-  files.write_json(stem + ".json", record)
+  fileio.write_lines(stem + ".txt", hypotheses)
+  fileio.write_json(stem + ".json", record)
   return record
 
 
-def translate_file(experiment: Experiment, workdir: Workdir, checkpoint: Checkpoint,
-                   input_path: str | None, output_path: str | None) -> dict:
+def translate_file(
+  experiment: Experiment,
+  workdir: Workdir,
+  checkpoint: Checkpoint,
+  input_path: str | None,
+  output_path: str | None,
+) -> dict:
   """Translate the lines of `input_path` (stdin for None or '-') into `output_path` (stdout).
 
   One line out per line in, in order (written by process 0). Returns
   `{"lines": n, "seconds": decoding time}`.
   """
-  lines = files.read_lines(input_path)  # Fails on bad input before loading anything.
+  lines = fileio.read_lines(input_path)  # Fails on bad input before loading anything.
   loaded = load(experiment, workdir, checkpoint)
   start = time.perf_counter()
   translator = Translator(loaded.placement, loaded.tokenizer, experiment.decode)
   translations = translator.translate(loaded.params, lines)
   seconds = time.perf_counter() - start
-  files.write_lines(output_path, translations)
+  fileio.write_lines(output_path, translations)
   return {"lines": len(lines), "seconds": seconds}

@@ -1,0 +1,1 @@
+"""The command line's parts, one job each; `transformer_jax.main` puts them together."""

@@ -1,0 +1,149 @@
+"""Which processes of a run are alive: their heartbeat files, and the ones that went silent.
+
+Each process of a run writes `<workdir>/hosts/process_<i>.json` (its host,
+pid and clock time) every few seconds from a thread of its own (`Heartbeat`),
+so the beats go on while its main thread waits in a collective or compiles.
+When a run stops because a process stopped answering, the processes whose
+beats stopped and who did not say they ended are the lost ones
+(`lost_processes`). Nothing here uses JAX: the supervisor of a process
+(`supervisor.py`) reads these files without touching the devices.
+"""
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+
+from etils import epath
+
+from transformer_jax import fileio
+from transformer_jax.errors import first_line
+from transformer_jax.workdir import Workdir
+
+log = logging.getLogger(__name__)
+
+
+def beat_interval(timeout_seconds: float) -> float:
+  """Seconds between beats, for a run that declares a process lost after `timeout_seconds`."""
+  return max(1.0, min(30.0, timeout_seconds / 5))
+
+
+def read_record(path: str) -> dict | None:
+  """The JSON record at `path`; None when it is missing or unreadable (being replaced)."""
+  try:
+    return json.loads(epath.Path(path).read_text())
+  except (OSError, ValueError):
+    return None
+
+
+def write_record(path: str, record: dict) -> None:
+  """Write `record` to `path` whole: readers see the old record or the new one."""
+  fileio.write_atomically(path, json.dumps(record))
+
+
+def describe(record: dict) -> str:
+  """'host h, pid 12, since 2026-11-23 01:02:03 UTC'."""
+  since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(record.get("since", 0)))
+  return f"host {record.get('host', '?')}, pid {record.get('pid', '?')}, since {since}"
+
+
+def own_record(**fields) -> dict:
+  """A record naming this process: host, pid, since (now) and `fields`."""
+  now = time.time()
+  return {"host": socket.gethostname(), "pid": os.getpid(), "since": now, "time": now, **fields}
+
+
+def same_process(record: dict | None, other: dict) -> bool:
+  """Whether `record` names the process of `other` (`own_record`): its host, pid and start."""
+  return record is not None and all(
+    record.get(key) == other[key] for key in ("host", "pid", "since")
+  )
+
+
+class Heartbeat:
+  """Rewrites `record` (with the time) to each of `paths` every `interval` seconds, from a daemon
+  thread, while in its `with` block; on leaving it, marks the records ended.
+
+  With `owned`, a file is rewritten only while it still names this process
+  (`same_process`): one that names another process is left alone, with an
+  error logged once; one that cannot be read this beat (being replaced) is
+  tried again at the next.
+  """
+
+  def __init__(self, paths: list[str], record: dict, interval: float, *, owned: bool = False):
+    self.paths, self.record, self.interval, self.owned = paths, dict(record), interval, owned
+    self.lost: set[str] = set()
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
+
+  def _write(self) -> None:
+    self.record["time"] = time.time()
+    for path in self.paths:
+      if path in self.lost:
+        continue
+      if self.owned:
+        holder = read_record(path)
+        if holder is None:
+          continue
+        if not same_process(holder, self.record):
+          self.lost.add(path)
+          log.error(
+            "%s no longer names this run (%s): another run took it over; this run no "
+            "longer refreshes it",
+            path,
+            describe(holder),
+          )
+          continue
+      try:
+        write_record(path, self.record)
+      except Exception as error:  # Whatever the storage raised: the next beat tries again.
+        log.warning("could not write the heartbeat %s: %s", path, first_line(error))
+
+  def _run(self) -> None:
+    while not self._stop.wait(self.interval):
+      self._write()
+
+  def __enter__(self):
+    epath.Path(os.path.dirname(self.paths[0])).mkdir(parents=True, exist_ok=True)
+    self._write()
+    self._thread.start()
+    return self
+
+  def __exit__(self, *exc):
+    self._stop.set()
+    self._thread.join()
+    self.record["ended"] = "exited"
+    self._write()
+
+
+def mark_ended(path: str, how: str) -> None:
+  """Record in the heartbeat file at `path` that its process ended (`how`)."""
+  record = read_record(path)
+  if record is not None:
+    record["ended"] = how
+    write_record(path, record)
+
+
+def heartbeat_records(workdir: Workdir) -> dict[str, dict | None]:
+  """`{path: record}` of every heartbeat file in `workdir`."""
+  directory = epath.Path(workdir.hosts)
+  if not directory.is_dir():
+    return {}
+  return {str(path): read_record(str(path)) for path in directory.glob("process_*.json")}
+
+
+def lost_processes(
+  workdir: Workdir, run: int, wait_seconds: float, *, sleep=time.sleep
+) -> list[dict]:
+  """The heartbeat records of run `run` in `workdir` that neither changed within `wait_seconds`
+  nor say their process ended: the processes of the run that are gone."""
+  before = heartbeat_records(workdir)
+  sleep(wait_seconds)
+  lost = []
+  for path, first in sorted(before.items()):
+    last = read_record(path)
+    if last is not None and last == first and last.get("run") == run and not last.get("ended"):
+      lost.append(last)
+  return sorted(lost, key=lambda record: record.get("process", 0))
