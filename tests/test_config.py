@@ -5,6 +5,7 @@ The references are hand-written: each field's allowed values, and the
 messages a user reads.
 """
 
+import dataclasses
 import re
 
 import jax
@@ -141,11 +142,13 @@ def test_model_fields_follow_the_presets_and_build_the_model():
   config = config_lib.default_config()
   config.model = config_lib.model_fields("big")
   config.data.vocab_size = 37000
-  assert config_lib.parse(config).model == TransformerConfig.preset("big")
+  model = config_lib.parse(config).model
+  assert model.vocab_size is None  # The vocabulary sets it when the model is placed.
+  assert dataclasses.replace(model, vocab_size=37000) == TransformerConfig.preset("big")
   config.model = config_lib.model_fields("C2", dtype="bfloat16")
   config.data.vocab_size = 100
   c2 = config_lib.parse(config).placement(vocab_size=100, devices=jax.devices()[:1]).model.config
-  assert (c2.num_layers, c2.dtype, c2.d_k, c2.vocab_size) == (4, "bfloat16", 64, 100)
+  assert (c2.num_layers, c2.dtype, c2.key_size, c2.vocab_size) == (4, "bfloat16", 64, 100)
   with pytest.raises(ValueError, match="unknown preset 'huge'; allowed: base"):
     config_lib.model_fields("huge")
   with pytest.raises(FieldError, match="model.vocab_size is not a model field"):

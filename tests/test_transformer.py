@@ -126,14 +126,14 @@ def test_every_table3_row_has_a_preset_with_its_values():
     base.d_model,
     base.d_ff,
     base.num_heads,
-    base.d_k,
-    base.d_v,
+    base.key_size,
+    base.value_size,
     base.dropout_rate,
     base.positional,
     base.norm,
   ) == (6, 512, 2048, 8, 64, 64, 0.1, "sinusoidal", "post")
   big = TransformerConfig.preset("big")
-  assert (big.d_model, big.d_ff, big.num_heads, big.d_k, big.dropout_rate) == (
+  assert (big.d_model, big.d_ff, big.num_heads, big.key_size, big.dropout_rate) == (
     1024,
     4096,
     16,
@@ -141,8 +141,8 @@ def test_every_table3_row_has_a_preset_with_its_values():
     0.3,
   )
   b1 = TransformerConfig.preset("B1")
-  assert (b1.d_k, b1.d_v) == (16, 64)
-  assert TransformerConfig.preset("A4").num_heads * TransformerConfig.preset("A4").d_k == 512
+  assert (b1.key_size, b1.value_size) == (16, 64)
+  assert TransformerConfig.preset("A4").num_heads * TransformerConfig.preset("A4").key_size == 512
   assert TransformerConfig.preset("E").positional == "learned"
   assert TransformerConfig.preset("base", vocab_size=100, dtype="bfloat16").vocab_size == 100
 

@@ -33,8 +33,8 @@ def for_platform(model_config: TransformerConfig, platform: str) -> TransformerC
   FieldError (owner `model`) for `attention_impl='cudnn'` where cuDNN cannot run it."""
   problem = implementation_problem(
     model_config.attention_impl,
-    d_k=model_config.d_k,
-    d_v=model_config.d_v,
+    d_k=model_config.key_size,
+    d_v=model_config.value_size,
     platform=platform,
     dtype=model_config.compute_dtype,
   )
@@ -44,8 +44,8 @@ def for_platform(model_config: TransformerConfig, platform: str) -> TransformerC
     model_config.attention_impl,
     platform,
     dtype=model_config.compute_dtype,
-    d_k=model_config.d_k,
-    d_v=model_config.d_v,
+    d_k=model_config.key_size,
+    d_v=model_config.value_size,
   )
   return dataclasses.replace(model_config, attention_impl=attention)
 

@@ -1,77 +1,115 @@
-"""Typed settings: frozen dataclasses whose fields each declare a default, what they allow, a help.
+"""Typed settings: frozen dataclasses whose fields each declare once a default, a help and what
+they allow.
 
-A settings class declares its fields with `setting` (or the shorthands
-`count`, `number`, `choice`, `flag`, `text`) and calls `check(self, owner)`
-in `__post_init__`, so that an instance exists only with valid values; an
-invalid one raises FieldError naming `owner.field`. `build` makes an instance
-from a mapping of plain values (a config file's section), refusing unknown
-and missing names; a field declared with `group` is a settings class whose
-fields sit beside its owner's in that mapping, and one declared with
-`section` a settings class of its own sub-mapping. `defaults` and
-`describe` list what a class declares, for a config file's defaults and the
-reference of every setting.
+A field's type is its annotation (`int`, `float`, `str`, `bool`, or one of them `| None`); what
+it allows beyond its type is data (`Allowed`: bounds, a multiple, choices, values allowed besides
+the bounds), from which both the check and the words of its help are made. A settings class
+declares its fields with `setting` and calls `check(self, owner)` in `__post_init__`, so that an
+instance exists only with valid values; an invalid one raises FieldError naming `owner.field`.
+`build` makes an instance from a mapping of plain values (a config file's section), refusing
+unknown and missing names; a field declared with `group` is a settings class whose fields sit
+beside its owner's in that mapping, and one declared with `section` a settings class of its own
+sub-mapping. `defaults` and `describe` list what a class declares, for a config file's defaults
+and the reference of every setting.
 """
 
 import dataclasses
-from collections.abc import Callable, Mapping
+import types
+import typing
+from collections.abc import Mapping
 from typing import Any
 
 from transformer_jax.errors import FieldError
 
 _META = "schema"
+_NOUNS = {bool: "True or False", int: "integer", float: "number", str: "string"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Allowed:
+  """What a setting allows beyond its type: bounds (`gt`, `ge`, `lt`, `le`), a `multiple_of`,
+  `choices`, values allowed besides the bounds (`also`), `nonempty` text, and what some values
+  mean (`means`, e.g. `{0: "off"}`)."""
+
+  gt: float | None = None
+  ge: float | None = None
+  lt: float | None = None
+  le: float | None = None
+  multiple_of: int | None = None
+  choices: tuple = ()
+  also: tuple = ()
+  nonempty: bool = False
+  means: tuple[tuple[Any, str], ...] = ()
+
+  def admits(self, value) -> bool:
+    """Whether `value`, of the field's type, is allowed."""
+    if value in self.also:
+      return True
+    if self.choices:
+      return value in self.choices
+    bounds = (
+      (self.gt, lambda b: value > b),
+      (self.ge, lambda b: value >= b),
+      (self.lt, lambda b: value < b),
+      (self.le, lambda b: value <= b),
+    )
+    if not all(bound is None or holds(bound) for bound, holds in bounds):
+      return False
+    if self.multiple_of and value % self.multiple_of:
+      return False
+    return not (self.nonempty and value == "")
+
+  def words(self, kind: type, optional: bool = False) -> str:
+    """What a field of type `kind` (`optional`: or None) allows, in words: 'a number in [0, 1)',
+    'an even positive integer', "'tokens' or 'packed'", 'a positive integer or -1 (-1 = the rest
+    of the devices)'."""
+    if self.choices:
+      text = " or ".join(repr(c) for c in self.choices)
+    elif kind is bool:
+      text = _NOUNS[bool]
+    else:
+      text = self._numbers(kind) if kind in (int, float) else "a string"
+      if self.nonempty:
+        text = "a non-empty string"
+    text += "".join(f" or {value!r}" for value in self.also + (None,) * optional)
+    if self.means:
+      text += f" ({', '.join(f'{value!r} = {meaning}' for value, meaning in self.means)})"
+    return text
+
+  def _numbers(self, kind: type) -> str:
+    noun = _NOUNS[kind]
+    low = (self.gt, "(", ">") if self.gt is not None else (self.ge, "[", ">=")
+    high = (self.lt, ")", "<") if self.lt is not None else (self.le, "]", "<=")
+    if kind is int and high[0] is None and (self.gt == 0 or self.ge == 1):
+      if self.multiple_of in (None, 2):
+        return "an even positive integer" if self.multiple_of else "a positive integer"
+      return f"a positive multiple of {self.multiple_of}"
+    article = "an" if noun == "integer" else "a"
+    if low[0] is not None and high[0] is not None:
+      return f"{article} {noun} in {low[1]}{low[0]:g}, {high[0]:g}{high[1]}"
+    for bound, _, sign in (low, high):
+      if bound is not None:
+        return f"{article} {noun} {sign} {bound:g}"
+    return f"{article} {noun}"
 
 
 @dataclasses.dataclass(frozen=True)
 class Declared:
-  """What one field allows (`check`, described by `allowed`) and what it is for (`help`)."""
+  """What one field allows and what it is for (`help`)."""
 
-  allowed: str
-  check: Callable[[Any], bool]
+  allowed: Allowed
   help: str
 
 
-def setting(default: Any, allowed: str, check: Callable[[Any], bool], help_: str):
-  """A settings field: its default, the values it allows and its help."""
-  return dataclasses.field(default=default, metadata={_META: Declared(allowed, check, help_)})
-
-
-def is_int(value) -> bool:
-  return isinstance(value, int) and not isinstance(value, bool)
-
-
-def is_number(value) -> bool:
-  return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def count(default: int, help_: str, *, minimum: int = 1, zero: str = ""):
-  """An integer field >= `minimum` (1 unless given; `zero` says what 0 means when it is allowed)."""
-  if minimum == 1:
-    allowed = "a positive integer"
-  elif minimum == 0 and zero:
-    allowed = f"an integer >= 0 (0 = {zero})"
-  else:
-    allowed = f"an integer >= {minimum}"
-  return setting(default, allowed, lambda v: is_int(v) and v >= minimum, help_)
-
-
-def number(default: float, help_: str, allowed: str, check: Callable[[float], bool]):
-  """A real-number field allowed where `check` holds (`allowed` says where in words)."""
-  return setting(default, allowed, lambda v: is_number(v) and check(v), help_)
-
-
-def choice(default: str, help_: str, *choices: str):
-  """A field that is one of `choices`."""
-  return setting(default, " or ".join(repr(c) for c in choices), lambda v: v in choices, help_)
-
-
-def flag(default: bool, help_: str):
-  """A True-or-False field."""
-  return setting(default, "True or False", lambda v: isinstance(v, bool), help_)
-
-
-def text(default: str, help_: str, allowed: str = "a string"):
-  """A string field (any string)."""
-  return setting(default, allowed, lambda v: isinstance(v, str), help_)
+def setting(default: Any, help_: str, **allowed):
+  """A settings field: its default, its help and what it allows (the fields of `Allowed`; `means`
+  may be a dict)."""
+  if isinstance(allowed.get("means"), dict):
+    allowed["means"] = tuple(allowed["means"].items())
+  for name in ("choices", "also"):
+    if name in allowed:
+      allowed[name] = tuple(allowed[name])
+  return dataclasses.field(default=default, metadata={_META: Declared(Allowed(**allowed), help_)})
 
 
 def section(cls: type):
@@ -89,13 +127,42 @@ def declared(field: dataclasses.Field) -> Declared | str | None:
   return field.metadata.get(_META)
 
 
+def kind_of(field: dataclasses.Field) -> tuple[type, bool]:
+  """(the type of `field`'s annotation, whether it also allows None)."""
+  annotation = field.type
+  if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+    members = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
+    return members[0], len(members) < len(typing.get_args(annotation))
+  return annotation, False
+
+
+def _of_kind(value, kind: type) -> bool:
+  if kind is bool:
+    return isinstance(value, bool)
+  if isinstance(value, bool):  # True is an int in Python, not a number here.
+    return False
+  return isinstance(value, (int, float)) if kind is float else isinstance(value, kind)
+
+
+def allowed_words(field: dataclasses.Field) -> str:
+  """What `field` allows, in words (its type, bounds and choices)."""
+  return declared(field).allowed.words(*kind_of(field))
+
+
 def check(instance, owner: str) -> None:
   """FieldError naming `owner.field` for the first declared field whose value it does not allow."""
   for field in dataclasses.fields(instance):
     spec = declared(field)
+    if not isinstance(spec, Declared):
+      continue
     value = getattr(instance, field.name)
-    if isinstance(spec, Declared) and not spec.check(value):
-      raise FieldError(owner, field.name, f" must be {spec.allowed}; got {value!r} ({spec.help})")
+    kind, optional = kind_of(field)
+    if optional and value is None:
+      continue
+    if not (_of_kind(value, kind) and spec.allowed.admits(value)):
+      raise FieldError(
+        owner, field.name, f" must be {allowed_words(field)}; got {value!r} ({spec.help})"
+      )
 
 
 def _read(cls: type) -> list[tuple[dataclasses.Field, Declared | str]]:
@@ -174,5 +241,5 @@ def describe(cls: type, prefix: str = "") -> list[tuple[str, Any, str, str]]:
     if spec == "section":
       out += describe(field.type, f"{prefix}{field.name}.")
     else:
-      out.append((prefix + field.name, field.default, spec.allowed, spec.help))
+      out.append((prefix + field.name, field.default, allowed_words(field), spec.help))
   return out

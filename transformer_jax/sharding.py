@@ -56,12 +56,7 @@ def _axes(entry) -> tuple[str, ...]:
 
 
 def _axis_size(default: int, help_: str):
-  return schema.setting(
-    default,
-    "a positive integer or -1 (the rest of the devices)",
-    lambda v: schema.is_int(v) and (v >= 1 or v == -1),
-    help_,
-  )
+  return schema.setting(default, help_, ge=1, also=(-1,), means={-1: "the rest of the devices"})
 
 
 @dataclasses.dataclass(frozen=True)

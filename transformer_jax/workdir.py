@@ -30,10 +30,12 @@ class Workdir:
   hosts/                each process's heartbeat while it runs (`hosts.liveness.Heartbeat`)
   """
 
-  root: str
+  path: str  # as given: relative to the current directory, absolute, or a URL
 
-  def __post_init__(self):
-    object.__setattr__(self, "root", absolute(self.root))
+  @property
+  def root(self) -> str:
+    """The work directory's absolute path, or its URL."""
+    return absolute(self.path)
 
   def _path(self, *parts: str) -> str:
     return os.path.join(self.root, *parts)

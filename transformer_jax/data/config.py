@@ -25,74 +25,78 @@ class DataConfig:
   """Which data, its vocabulary and its batches; validated on construction (FieldError naming
   `data.<field>`). Sizes are global (all processes together)."""
 
-  name: str = schema.choice("embedded", "the dataset", *DATASETS)
-  source_lang: str = schema.text("en", "translate from this language of the pair")
-  target_lang: str = schema.text("sy", "into this one (swap the two to reverse the direction)")
-  data_dir: str = schema.text("", "TFDS data dir ('' = $TFDS_DATA_DIR or ~/tensorflow_datasets)")
-  manual_dir: str = schema.text(
+  name: str = schema.setting("embedded", "the dataset", choices=DATASETS)
+  source_lang: str = schema.setting("en", "translate from this language of the pair")
+  target_lang: str = schema.setting("sy", "into this one (swap the two to reverse the direction)")
+  data_dir: str = schema.setting("", "TFDS data dir ('' = $TFDS_DATA_DIR or ~/tensorflow_datasets)")
+  manual_dir: str = schema.setting(
     "",
     "WMT files downloaded by hand ('' = "
     "<data_dir>/downloads/manual); 'multi30k', 'multi30k_tok': the "
     "root of a clone of github.com/multi30k/dataset",
   )
-  text_train: str = schema.text("", "'text': path prefix of the training files <prefix>.<lang>")
-  text_validation: str = schema.text("", "'text': path prefix of the validation files")
-  text_test: str = schema.text("", "'text': path prefix of the test files ('' = no test split)")
-  train_split: str = schema.text("train", "split to train on")
-  eval_split: str = schema.text("validation", "split evaluated during training")
-  vocab_size: int = schema.count(
+  text_train: str = schema.setting("", "'text': path prefix of the training files <prefix>.<lang>")
+  text_validation: str = schema.setting("", "'text': path prefix of the validation files")
+  text_test: str = schema.setting("", "'text': path prefix of the test files ('' = no test split)")
+  train_split: str = schema.setting("train", "split to train on")
+  eval_split: str = schema.setting("validation", "split evaluated during training")
+  vocab_size: int = schema.setting(
     1000,
     "shared SentencePiece BPE vocabulary (paper: 37000 EN-DE, 32000 EN-FR); a size the "
     "training text cannot fill (or its characters do not fit) stops the run, naming the "
     "largest (smallest) size that works",
-    minimum=16,
+    ge=16,
   )
-  vocab_path: str = schema.text(
+  vocab_path: str = schema.setting(
     "",
     "SentencePiece model, or a directory of Marian files source.spm, target.spm, "
     "vocab.json ('' = <workdir>/vocab/<dataset>-<langs>-<size>.model)",
   )
-  tokenizer_sample_size: int = schema.count(
-    200_000, "at most this many training pairs (evenly spaced) train the vocabulary"
+  tokenizer_sample_size: int = schema.setting(
+    200_000, "at most this many training pairs (evenly spaced) train the vocabulary", ge=1
   )
-  batch_mode: str = schema.choice(
+  batch_mode: str = schema.setting(
     "tokens",
     "'tokens': length-bucketed batches (paper); 'packed': packed rows; 'padded': one "
     "pair per row, every row max(max_source_length, max_target_length) long (one shape)",
-    *BATCH_MODES,
+    choices=BATCH_MODES,
   )
-  bucket_growth: float = schema.number(
+  bucket_growth: float = schema.setting(
     1.25,
     "'tokens': each bucket length is about this times the one before (8, 16, 24, 32, "
     "40, 56, ... at 1.25; 8, 16, 32, 64, ... at 2); fewer buckets compile fewer train steps "
     "but pad more",
-    "a number in (1, 4]",
-    lambda v: 1 < v <= 4,
+    gt=1,
+    le=4,
   )
-  tokens_per_batch: int = schema.count(
-    4096, "'tokens', 'padded': max source and max target tokens (padding included) per global batch"
+  tokens_per_batch: int = schema.setting(
+    4096,
+    "'tokens', 'padded': max source and max target tokens (padding included) per global batch",
+    ge=1,
   )
-  batch_size: int = schema.count(32, "'packed': rows per global batch")
-  max_length: int = schema.count(128, "'packed': tokens per row")
-  max_source_length: int = schema.count(
-    72, "training pairs with more source tokens (EOS included) are over-long"
+  batch_size: int = schema.setting(32, "'packed': rows per global batch", ge=1)
+  max_length: int = schema.setting(128, "'packed': tokens per row", ge=1)
+  max_source_length: int = schema.setting(
+    72, "training pairs with more source tokens (EOS included) are over-long", ge=1
   )
-  max_target_length: int = schema.count(
-    72, "training pairs with more target tokens (EOS included) are over-long"
+  max_target_length: int = schema.setting(
+    72, "training pairs with more target tokens (EOS included) are over-long", ge=1
   )
-  overlong: str = schema.choice(
-    "drop", "over-long training pairs are dropped or truncated (evaluation keeps all)", *OVERLONG
+  overlong: str = schema.setting(
+    "drop",
+    "over-long training pairs are dropped or truncated (evaluation keeps all)",
+    choices=OVERLONG,
   )
-  batch_multiple: int = schema.count(
-    8, "global batch rows are a multiple of this (the data-parallel device count)"
+  batch_multiple: int = schema.setting(
+    8, "global batch rows are a multiple of this (the data-parallel device count)", ge=1
   )
-  window: int = schema.count(
-    16384, "training pairs grouped by length / packed together (more: less padding)"
+  window: int = schema.setting(
+    16384, "training pairs grouped by length / packed together (more: less padding)", ge=1
   )
-  num_workers: int = schema.count(
-    0, "Grain worker processes", minimum=0, zero="one background thread in this process"
+  num_workers: int = schema.setting(
+    0, "Grain worker processes", ge=0, means={0: "one background thread in this process"}
   )
-  eval_batch_size: int = schema.count(64, "rows per global evaluation batch")
+  eval_batch_size: int = schema.setting(64, "rows per global evaluation batch", ge=1)
 
   def __post_init__(self):
     schema.check(self, "data")

@@ -28,63 +28,54 @@ class DecodeSettings:
   """How to decode (`config.decode`; the paper: beam 4, alpha 0.6, input length + 50) and, for
   `--mode=eval`, what; validated on construction (FieldError naming `decode.<field>`)."""
 
-  beam_size: int = schema.setting(
-    4,
-    "a positive integer (1 = greedy)",
-    lambda v: schema.is_int(v) and v > 0,
-    "beam size of eval and translate",
-  )
-  alpha: float = schema.number(
+  beam_size: int = schema.setting(4, "beam size of eval and translate", ge=1, means={1: "greedy"})
+  alpha: float = schema.setting(
     0.6,
     "exponent of the length penalty: ((5 + len) / 6) ** alpha (gnmt) or len ** alpha (length)",
-    "a number >= 0",
-    lambda v: v >= 0,
+    ge=0,
   )
-  length_normalization: str = schema.choice(
+  length_normalization: str = schema.setting(
     "gnmt",
     "beam scores are summed log-probabilities over the paper's GNMT penalty, or over "
     "len ** alpha as Hugging Face's beam search divides them",
-    "gnmt",
-    "length",
+    choices=("gnmt", "length"),
   )
-  max_extra: int = schema.count(
-    50, "output tokens <= source tokens + max_extra (and <= model.max_len)", minimum=0
+  max_extra: int = schema.setting(
+    50, "output tokens <= source tokens + max_extra (and <= model.max_len)", ge=0
   )
   max_length: int = schema.setting(
     0,
-    "0 (no cap) or an integer >= 2",
-    lambda v: schema.is_int(v) and (v == 0 or v >= 2),
     "output tokens <= max_length - 1, EOS included, whatever the source (Hugging Face's "
     "max_length, which counts the decoder's start token)",
+    ge=2,
+    also=(0,),
+    means={0: "no cap"},
   )
-  force_eos: bool = schema.flag(
+  force_eos: bool = schema.setting(
     False,
     "an output that reaches its limit ends with EOS, scored "
     "log-probability 0 (Hugging Face's forced_eos_token_id)",
   )
-  early_stopping: str = schema.choice(
+  early_stopping: str = schema.setting(
     "exact",
     "when a sentence's beam search stops: exact (no beam can improve; Hugging Face's "
     "early_stopping='never'), heuristic (its default, False) or first_k (True)",
-    *search.EARLY_STOPPING,
+    choices=search.EARLY_STOPPING,
   )
-  renormalize: bool = schema.flag(
+  renormalize: bool = schema.setting(
     False,
     "log-probabilities are renormalized over the tokens "
     "other than pad (Hugging Face's renormalize_logits); off: "
     "pad's share is dropped",
   )
-  batch_size: int = schema.count(
-    128, "sentences per decoding batch (rounded up to the batch shards)"
+  batch_size: int = schema.setting(
+    128, "sentences per decoding batch (rounded up to the batch shards)", ge=1
   )
-  split: str = schema.setting(
-    "test",
-    "a split name such as test",
-    lambda v: isinstance(v, str) and v != "",
-    "the split --mode=eval decodes",
+  split: str = schema.setting("test", "the split --mode=eval decodes", nonempty=True)
+  tokenized_bleu: bool = schema.setting(
+    False, "--mode=eval also reports the paper's tokenized BLEU"
   )
-  tokenized_bleu: bool = schema.flag(False, "--mode=eval also reports the paper's tokenized BLEU")
-  as_is_bleu: bool = schema.flag(
+  as_is_bleu: bool = schema.setting(
     False,
     "--mode=eval also reports BLEU on the text as it is, "
     "split at spaces (multi-bleu.perl, fairseq): for corpora "

@@ -24,69 +24,55 @@ from transformer_jax.train.objective import OptimizerSettings
 class Experiment:
   """An experiment: the paper's base model and training settings unless given.
 
-  `model.vocab_size` is always `data.vocab_size` (the size asked of the
-  vocabulary); a run places the model with its tokenizer's size
-  (`placement`). FieldError (naming the field's path) for an invalid value.
+  The model's vocabulary size comes from the vocabulary alone: a run places
+  the model with its tokenizer's size (`placement`); `data.vocab_size` is the
+  size asked of a vocabulary trained here. FieldError (naming the field's path) for an
+  invalid value.
   """
 
-  seed: int = schema.count(
-    0, "parameter initialization, dropout (fold_in(key, step)) and data order", minimum=0
+  seed: int = schema.setting(
+    0, "parameter initialization, dropout (fold_in(key, step)) and data order", ge=0
   )
   optimizer: OptimizerSettings = schema.group(OptimizerSettings)
-  label_smoothing: float = schema.number(
-    0.1,
-    "1 - eps on the target, eps / (vocab - 1) on each other token",
-    "a number in [0, 1)",
-    lambda v: 0 <= v < 1,
+  label_smoothing: float = schema.setting(
+    0.1, "1 - eps on the target, eps / (vocab - 1) on each other token", ge=0, lt=1
   )
-  grad_accum_steps: int = schema.count(1, "micro-batches per batch, run one after another")
+  grad_accum_steps: int = schema.setting(1, "micro-batches per batch, run one after another", ge=1)
   fit: FitSettings = schema.group(FitSettings)
-  eval_bleu_sentences: int = schema.count(
-    1000, "validation BLEU on this many sentences at each evaluation", minimum=0, zero="no BLEU"
+  eval_bleu_sentences: int = schema.setting(
+    1000, "validation BLEU on this many sentences at each evaluation", ge=0, means={0: "no BLEU"}
   )
-  eval_bleu_beam_size: int = schema.setting(
-    1,
-    "a positive integer (1 = greedy)",
-    lambda v: schema.is_int(v) and v > 0,
-    "the search of that BLEU",
+  eval_bleu_beam_size: int = schema.setting(1, "the search of that BLEU", ge=1, means={1: "greedy"})
+  average_last: int = schema.setting(
+    5, "--mode=average: the mean of the last K checkpoints (paper: 5 base, 20 big)", ge=1
   )
-  average_last: int = schema.count(
-    5, "--mode=average: the mean of the last K checkpoints (paper: 5 base, 20 big)"
-  )
-  sharding_rules: str = schema.text(
+  sharding_rules: str = schema.setting(
     "dp",
-    "logical axis names -> mesh axes: dp, fsdp, tp or explicit pairs",
-    "a string (a preset such as 'dp', or pairs like 'batch=data+fsdp,embed=fsdp')",
+    "logical axis names -> mesh axes: a preset (dp, fsdp, tp) or pairs such as "
+    "'batch=data+fsdp,embed=fsdp'",
   )
-  peak_flops_per_device: float = schema.number(
-    0.0,
-    "the peak for MFU",
-    "a number >= 0 (0 = measure a square matmul at start-up)",
-    lambda v: v >= 0,
+  peak_flops_per_device: float = schema.setting(
+    0.0, "the peak for MFU", ge=0, means={0: "measure a square matmul at start-up"}
   )
-  on_bad_checkpoints: str = schema.choice(
+  on_bad_checkpoints: str = schema.setting(
     "stop",
     "when no checkpoint restores: stop, or move them aside and train from step 0",
-    "stop",
-    "start_over",
+    choices=("stop", "start_over"),
   )
-  preemption_grace_seconds: float = schema.number(
-    120.0,
-    "after SIGTERM, exit this long later at the latest",
-    "a number >= 0 (0 = no limit)",
-    lambda v: v >= 0,
+  preemption_grace_seconds: float = schema.setting(
+    120.0, "after SIGTERM, exit this long later at the latest", ge=0, means={0: "no limit"}
   )
-  compilation_cache_dir: str = schema.text(
+  compilation_cache_dir: str = schema.setting(
     "auto",
     "compiled programs kept between runs (the CLI's modes share them); auto: "
     "$XDG_CACHE_HOME/transformer_jax/xla, default ~/.cache/transformer_jax/xla",
-    "a directory, 'auto' or '' (off)",
+    means={"": "off"},
   )
-  host_timeout_seconds: int = schema.count(
+  host_timeout_seconds: int = schema.setting(
     60,
     "a process of a multi-process run not heard from for this long is lost: the others "
     "stop naming it; a work directory lock not refreshed for this long is stale",
-    minimum=5,
+    ge=5,
   )
   model: TransformerConfig = schema.section(TransformerConfig)
   data: DataConfig = schema.section(DataConfig)
@@ -95,10 +81,6 @@ class Experiment:
 
   def __post_init__(self):
     schema.check(self, "")
-    if self.model.vocab_size != self.data.vocab_size:
-      object.__setattr__(
-        self, "model", dataclasses.replace(self.model, vocab_size=self.data.vocab_size)
-      )
     sharding.logical_rules(self.sharding_rules)
     fields = (
       ("max_length",)

@@ -30,12 +30,7 @@ REMAT_POLICIES = {
 
 
 def _positive_or_none(help_: str):
-  return schema.setting(
-    None,
-    "a positive integer or None (d_model / num_heads)",
-    lambda v: v is None or (schema.is_int(v) and v > 0),
-    help_,
-  )
+  return schema.setting(None, help_, ge=1, means={None: "d_model / num_heads"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,93 +38,101 @@ class TransformerConfig:
   """Architecture of the model; validated on construction (FieldError naming `model.<field>`).
 
   The defaults are the paper's base model. `vocab_size` is not a setting of
-  an experiment: its vocabulary sets it. d_k and d_v default to d_model /
-  num_heads. `scan_layers` runs the layers through `nn.scan` (one compiled
+  an experiment: its vocabulary sets it when the model is placed
+  (`Experiment.placement`); None until then, and a model needs it. d_k and d_v
+  are settings (None: d_model / num_heads); `key_size` and `value_size` are
+  the widths in use. `scan_layers` runs the layers through `nn.scan` (one compiled
   layer, params stacked on a leading "layers" axis). `attention_bias`,
   `logits_bias`, `activation`, `norm_epsilon` and `init` serve models and
   recipes from elsewhere (Marian, fairseq).
   """
 
-  vocab_size: int = 37000
-  num_layers: int = schema.count(6, "layers of the encoder and of the decoder")
+  vocab_size: int | None = None
+  num_layers: int = schema.setting(6, "layers of the encoder and of the decoder", ge=1)
   d_model: int = schema.setting(
-    512,
-    "an even positive integer",
-    lambda v: schema.is_int(v) and v > 0 and v % 2 == 0,
-    "width of the residual stream (sin/cos pairs: even)",
+    512, "width of the residual stream (sin/cos pairs: even)", ge=1, multiple_of=2
   )
-  d_ff: int = schema.count(2048, "inner width of the feed-forward sublayers")
-  num_heads: int = schema.count(8, "attention heads")
+  d_ff: int = schema.setting(2048, "inner width of the feed-forward sublayers", ge=1)
+  num_heads: int = schema.setting(8, "attention heads", ge=1)
   d_k: int | None = _positive_or_none("width of each head's queries and keys")
   d_v: int | None = _positive_or_none("width of each head's values")
-  dropout_rate: float = schema.number(
-    0.1,
-    "dropout on sublayer outputs and embedding sums",
-    "a number in [0, 1)",
-    lambda v: 0 <= v < 1,
+  dropout_rate: float = schema.setting(
+    0.1, "dropout on sublayer outputs and embedding sums", ge=0, lt=1
   )
-  max_len: int = schema.count(
-    512, "positions: the size of the positional table, the longest sequence"
+  max_len: int = schema.setting(
+    512, "positions: the size of the positional table, the longest sequence", ge=1
   )
-  positional: str = schema.choice(
+  positional: str = schema.setting(
     "sinusoidal",
     "positional encoding (paper: sinusoidal; Table 3 row E: learned)",
-    *POSITIONAL_KINDS,
+    choices=POSITIONAL_KINDS,
   )
-  norm: str = schema.choice(
+  norm: str = schema.setting(
     "post",
     "post: LayerNorm(x + Dropout(Sublayer(x))) (paper); pre: "
     "x + Sublayer(LayerNorm(x)), with a final LayerNorm per stack",
-    *NORM_KINDS,
+    choices=NORM_KINDS,
   )
-  dtype: str = schema.choice("float32", "computation dtype (parameters are float32)", *DTYPES)
-  attention_impl: str = schema.choice(
+  dtype: str = schema.setting(
+    "float32", "computation dtype (parameters are float32)", choices=DTYPES
+  )
+  attention_impl: str = schema.setting(
     "auto",
     "attention kernel: auto picks by platform (see model.attention)",
-    *attention.IMPLEMENTATIONS,
+    choices=attention.IMPLEMENTATIONS,
   )
-  scan_layers: bool = schema.flag(False, "one compiled layer run through nn.scan")
-  remat: str = schema.choice(
+  scan_layers: bool = schema.setting(False, "one compiled layer run through nn.scan")
+  remat: str = schema.setting(
     "none",
     "what the backward pass recomputes: none, dots (keeps "
     "matmul outputs) or full (keeps each layer's input)",
-    *REMAT_POLICIES,
+    choices=REMAT_POLICIES,
   )
-  attention_bias: bool = schema.flag(False, "biases on the Q, K, V and output projections")
-  logits_bias: bool = schema.flag(False, "a [vocab] bias on the logits")
-  activation: str = schema.choice("relu", "feed-forward nonlinearity", *ACTIVATIONS)
-  norm_epsilon: float = schema.number(
-    1e-6, "LayerNorm epsilon", "a number in (0, 1)", lambda v: 0 < v < 1
-  )
-  init: str = schema.choice(
+  attention_bias: bool = schema.setting(False, "biases on the Q, K, V and output projections")
+  logits_bias: bool = schema.setting(False, "a [vocab] bias on the logits")
+  activation: str = schema.setting("relu", "feed-forward nonlinearity", choices=ACTIVATIONS)
+  norm_epsilon: float = schema.setting(1e-6, "LayerNorm epsilon", gt=0, lt=1)
+  init: str = schema.setting(
     "xavier",
     "initial parameters: xavier (Xavier-uniform weights, zero biases) or fairseq "
     "(W^Q, W^K, W^V at Xavier gain 2^-1/2; feed-forward layers and Q, K, V biases "
     "U(+-1/sqrt(fan_in)), torch's nn.Linear default)",
-    *INITS,
+    choices=INITS,
   )
 
   def __post_init__(self):
-    if not schema.is_int(self.vocab_size) or self.vocab_size <= 0:
-      raise _error("vocab_size", f" must be a positive integer; got {self.vocab_size!r}")
+    if self.vocab_size is not None and (
+      not isinstance(self.vocab_size, int)
+      or isinstance(self.vocab_size, bool)
+      or self.vocab_size < 1
+    ):
+      raise _error("vocab_size", f" must be a positive integer or None; got {self.vocab_size!r}")
     schema.check(self, "model")
-    for name in ("d_k", "d_v"):
-      if getattr(self, name) is None:
-        if self.d_model % self.num_heads:
-          raise _error(
-            name,
-            f": d_model={self.d_model} is not divisible by num_heads="
-            f"{self.num_heads}; set d_k and d_v explicitly or pick num_heads "
-            "dividing d_model",
-          )
-        object.__setattr__(self, name, self.d_model // self.num_heads)
+    if None in (self.d_k, self.d_v) and self.d_model % self.num_heads:
+      raise _error(
+        "d_k" if self.d_k is None else "d_v",
+        f": d_model={self.d_model} is not divisible by num_heads="
+        f"{self.num_heads}; set d_k and d_v explicitly or pick num_heads dividing d_model",
+      )
     if self.dtype == "float64" and not jax.config.jax_enable_x64:
       raise _error(
         "dtype", "='float64' needs 64-bit JAX: call jax.config.update('jax_enable_x64', True) first"
       )
-    problem = attention.implementation_problem(self.attention_impl, d_k=self.d_k, d_v=self.d_v)
+    problem = attention.implementation_problem(
+      self.attention_impl, d_k=self.key_size, d_v=self.value_size
+    )
     if problem:
       raise _error("attention_impl", f"={self.attention_impl!r}{problem}")
+
+  @property
+  def key_size(self) -> int:
+    """The width of each head's queries and keys in use: `d_k`, or d_model / num_heads."""
+    return self.d_model // self.num_heads if self.d_k is None else self.d_k
+
+  @property
+  def value_size(self) -> int:
+    """The width of each head's values in use: `d_v`, or d_model / num_heads."""
+    return self.d_model // self.num_heads if self.d_v is None else self.d_v
 
   @property
   def compute_dtype(self):
@@ -144,7 +147,7 @@ class TransformerConfig:
     and D4 differ from base only in label smoothing, a training setting, so
     their architecture is base's.
     """
-    vocab_size = overrides.pop("vocab_size", cls.vocab_size)
+    vocab_size = overrides.pop("vocab_size", 37000)
     return cls(vocab_size=vocab_size, **preset_fields(name, **overrides))
 
 
@@ -199,10 +202,10 @@ def weight_counts(config: TransformerConfig) -> dict[str, int]:
   and of one feed-forward network (`feed_forward`)."""
   d, h = config.d_model, config.num_heads
   return {
-    "query": d * h * config.d_k,
-    "key": d * h * config.d_k,
-    "value": d * h * config.d_v,
-    "out": h * config.d_v * d,
+    "query": d * h * config.key_size,
+    "key": d * h * config.key_size,
+    "value": d * h * config.value_size,
+    "out": h * config.value_size * d,
     "feed_forward": 2 * d * config.d_ff,
   }
 
@@ -212,7 +215,7 @@ def count_params(config: TransformerConfig) -> int:
   d, weights, h = config.d_model, weight_counts(config), config.num_heads
   attention_params = weights["query"] + weights["key"] + weights["value"] + weights["out"]
   if config.attention_bias:
-    attention_params += h * (2 * config.d_k + config.d_v) + d
+    attention_params += h * (2 * config.key_size + config.value_size) + d
   feed_forward = weights["feed_forward"] + config.d_ff + d
   norm = 2 * d
   encoder_layer = attention_params + feed_forward + 2 * norm

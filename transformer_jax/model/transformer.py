@@ -47,8 +47,8 @@ def shift_right(targets, segmentation=None):
 def _layer_kwargs(config: TransformerConfig) -> dict[str, Any]:
   return dict(
     num_heads=config.num_heads,
-    d_k=config.d_k,
-    d_v=config.d_v,
+    d_k=config.key_size,
+    d_v=config.value_size,
     d_ff=config.d_ff,
     dropout_rate=config.dropout_rate,
     pre_norm=config.norm == "pre",
@@ -205,6 +205,11 @@ class Transformer(nn.Module):
 
   def setup(self):
     cfg = self.config
+    if cfg.vocab_size is None:
+      raise ValueError(
+        "TransformerConfig.vocab_size is None: give the vocabulary's size "
+        "(dataclasses.replace(config, vocab_size=...); an experiment's placement does)"
+      )
     self.embed = Embed(cfg.vocab_size, cfg.d_model, cfg.logits_bias, dtype=cfg.compute_dtype)
     self.encoder = Encoder(cfg, self.embed)
     self.decoder = Decoder(cfg, self.embed)

@@ -111,8 +111,8 @@ def marian_config(model, *, vocab_size: int, pad_id: int, eos_id: int) -> dict:
   checks = (
     ("norm", model.norm == "post", "post-LN"),
     ("positional", model.positional == "sinusoidal", "sinusoidal positions"),
-    ("d_k", model.d_k == model.d_model // model.num_heads, "d_k = d_model / num_heads"),
-    ("d_v", model.d_v == model.d_model // model.num_heads, "d_v = d_model / num_heads"),
+    ("d_k", model.key_size == model.d_model // model.num_heads, "d_k = d_model / num_heads"),
+    ("d_v", model.value_size == model.d_model // model.num_heads, "d_v = d_model / num_heads"),
     (
       "norm_epsilon",
       model.norm_epsilon == LAYER_NORM_EPSILON,

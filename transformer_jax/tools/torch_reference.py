@@ -37,7 +37,7 @@ def build(
 ):
   """A torch train step for `config`: returns `step(batch) -> loss` over numpy batches."""
   torch = _torch()
-  if config.d_k != config.d_v or config.d_k * config.num_heads != config.d_model:
+  if config.key_size != config.value_size or config.key_size * config.num_heads != config.d_model:
     raise ValueError("torch.nn.Transformer needs d_k = d_v = d_model / num_heads")
   if threads:
     torch.set_num_threads(threads)

@@ -38,7 +38,13 @@ def _torch():
 
 def parameter_shapes(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
   """Every parameter's name (our flattened path) and shape, for a post-LN or pre-LN model."""
-  d, h, dk, dv, ff = config.d_model, config.num_heads, config.d_k, config.d_v, config.d_ff
+  d, h, dk, dv, ff = (
+    config.d_model,
+    config.num_heads,
+    config.key_size,
+    config.value_size,
+    config.d_ff,
+  )
   shapes = {"embed/embedding": (config.vocab_size, d)}
   if config.logits_bias:
     shapes["embed/logits_bias"] = (config.vocab_size,)
@@ -102,12 +108,12 @@ def fairseq_init(torch, config: TransformerConfig, name: str, shape, generator):
   if leaf == "scale":
     return torch.ones(shape, dtype=torch.float64)
   xavier = lambda fan_in, fan_out: math.sqrt(6.0 / (fan_in + fan_out))
-  qk, v = 2**-0.5 * xavier(d, h * config.d_k), 2**-0.5 * xavier(d, h * config.d_v)
+  qk, v = 2**-0.5 * xavier(d, h * config.key_size), 2**-0.5 * xavier(d, h * config.value_size)
   bounds = {
     "query": qk,
     "key": qk,
     "value": v,
-    "out": xavier(h * config.d_v, d),
+    "out": xavier(h * config.value_size, d),
     "wi": d**-0.5,
     "bi": d**-0.5,
     "wo": config.d_ff**-0.5,
@@ -227,7 +233,7 @@ class Reference:
       return out
 
     q, k, v = project(x, "query"), project(memory, "key"), project(memory, "value")
-    scores = q @ k.transpose(-1, -2) / math.sqrt(cfg.d_k)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(cfg.key_size)
     # A padding query with no key to attend gets a uniform average: finite, and never read.
     weights = torch.softmax(scores.masked_fill(~allowed, -1e9), dim=-1)
     out = torch.einsum("bhlk,hkd->bld", weights @ v, p[f"{prefix}/out"])

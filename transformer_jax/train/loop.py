@@ -86,23 +86,26 @@ class FitSettings:
   """How `fit` runs (the experiment's `config.num_train_steps` ...); validated on construction
   (FieldError naming `fit.<field>`)."""
 
-  num_train_steps: int = schema.count(100_000, "the run stops at this step")
-  checkpoint_every_steps: int = schema.count(1000, "also saved at the last step and on preemption")
-  keep_checkpoints: int = schema.count(
-    20, "the newest K checkpoints are kept, for averaging", minimum=0, zero="keep all"
+  num_train_steps: int = schema.setting(100_000, "the run stops at this step", ge=1)
+  checkpoint_every_steps: int = schema.setting(
+    1000, "also saved at the last step and on preemption", ge=1
   )
-  log_every_steps: int = schema.count(100, "a log line and TensorBoard scalars every N steps")
-  eval_every_steps: int = schema.count(
-    0, "validation loss and BLEU every N steps and after the last", minimum=0, zero="never"
+  keep_checkpoints: int = schema.setting(
+    20, "the newest K checkpoints are kept, for averaging", ge=0, means={0: "keep all"}
   )
-  max_consecutive_nonfinite_steps: int = schema.count(
-    10, "stop after this many skipped (non-finite) updates in a row"
+  log_every_steps: int = schema.setting(
+    100, "a log line and TensorBoard scalars every N steps", ge=1
   )
-  on_checkpoint_save_error: str = schema.choice(
+  eval_every_steps: int = schema.setting(
+    0, "validation loss and BLEU every N steps and after the last", ge=0, means={0: "never"}
+  )
+  max_consecutive_nonfinite_steps: int = schema.setting(
+    10, "stop after this many skipped (non-finite) updates in a row", ge=1
+  )
+  on_checkpoint_save_error: str = schema.setting(
     "stop",
     "a failed save stops the run, or training goes on and saves at the next checkpoint step",
-    "stop",
-    "continue",
+    choices=("stop", "continue"),
   )
 
   def __post_init__(self):

@@ -38,21 +38,15 @@ class OptimizerSettings:
   """The paper's Adam and learning-rate schedule (`config.learning_rate` ...
   `config.grad_clip_norm`); validated on construction (FieldError naming `optimizer.<field>`)."""
 
-  learning_rate: float = schema.number(
-    1.0,
-    "scale on d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)",
-    "a number > 0",
-    lambda v: v > 0,
+  learning_rate: float = schema.setting(
+    1.0, "scale on d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)", gt=0
   )
-  warmup_steps: int = schema.count(4000, "warmup of the paper's learning-rate schedule")
-  adam_b1: float = schema.number(0.9, "Adam's beta1", "a number in [0, 1)", lambda v: 0 <= v < 1)
-  adam_b2: float = schema.number(0.98, "Adam's beta2", "a number in [0, 1)", lambda v: 0 <= v < 1)
-  adam_eps: float = schema.number(1e-9, "Adam's epsilon", "a number > 0", lambda v: v > 0)
-  grad_clip_norm: float = schema.number(
-    0.0,
-    "global-norm gradient clipping (the paper does not clip)",
-    "a number >= 0 (0 = off)",
-    lambda v: v >= 0,
+  warmup_steps: int = schema.setting(4000, "warmup of the paper's learning-rate schedule", ge=1)
+  adam_b1: float = schema.setting(0.9, "Adam's beta1", ge=0, lt=1)
+  adam_b2: float = schema.setting(0.98, "Adam's beta2", ge=0, lt=1)
+  adam_eps: float = schema.setting(1e-9, "Adam's epsilon", gt=0)
+  grad_clip_norm: float = schema.setting(
+    0.0, "global-norm gradient clipping (the paper does not clip)", ge=0, means={0: "off"}
   )
 
   def __post_init__(self):
@@ -103,7 +97,7 @@ def train_flops(
   per_source_token = n * (self_attention + feed_forward + cross_key_value)
   per_target_token = n * (self_attention + cross_query_out + feed_forward) + cfg.vocab_size * d
   weights = 2.0 * (per_source_token * source_tokens + per_target_token * target_tokens)
-  per_pair = 2.0 * h * (cfg.d_k + cfg.d_v)
+  per_pair = 2.0 * h * (cfg.key_size + cfg.value_size)
   attention = (
     n * per_pair * (source_tokens * source_length + target_tokens * (target_length + source_length))
   )
