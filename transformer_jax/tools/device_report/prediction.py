@@ -7,7 +7,7 @@ Stage c's records carry the other prediction, the compiler's for the local
 device; `prediction:largest` then runs the train step at the largest batch.
 """
 
-from transformer_jax.compile import targets
+from transformer_jax.compile import programs, targets
 from transformer_jax.tools.device_report.speed import experiment_of
 
 
@@ -20,20 +20,20 @@ def run(plan, step, result, context) -> None:
     result.not_applicable(str(error))
     return
   result.put(target=context.target, usable_bytes=target.chip.usable_bytes)
-  programs, compilers = {}, {}
+  compiled, compilers = {}, {}
 
   def predict(name):
     spec, overrides = plan.variants[name]
     compilers[name] = programs.Compiler(experiment_of(spec, overrides), target)
-    programs[name] = compilers[name].train(plan.rows, plan.length)
-    result.put(programs={n: p.record(target) for n, p in programs.items()})
+    compiled[name] = compilers[name].train(plan.rows, plan.length)
+    result.put(programs={n: p.record(target) for n, p in compiled.items()})
 
   # The paper's two models first, then the fit search (several compiles of base, up to the chip's
   # memory), then the other variants.
   for name in plan.predicted[:2]:
     predict(name)
   if plan.fit_search:
-    largest = programs.largest_batch(compilers["base"], programs["base"])
+    largest = programs.largest_batch(compilers["base"], compiled["base"])
     result.put(
       largest_batch={k: v for k, v in largest.items() if k != "program"},
       largest_program=largest.get("program"),
