@@ -126,6 +126,7 @@ case "$mode" in
     ;;
   lint)
     setup
+    "$PY" -m ruff --version > /dev/null 2>&1 || "$PY" -m pip install --quiet -e ".[lint]"
     if [[ "${1:-}" == "--fix" ]]; then
       "$PY" -m ruff check --fix .
       exec "$PY" -m ruff format .

@@ -2,7 +2,7 @@
 
 The mesh has three axes, `('data', 'fsdp', 'tensor')`. Parameters and
 activations carry logical axis names (`batch, length, embed, heads, kv, mlp,
-vocab`, see `transformer_jax.model.layers`); a table of rules maps them to mesh
+vocab`, see `transformer_jax.model.layers` and `.embedding`); a table of rules maps them to mesh
 axes, so data parallelism, FSDP and tensor parallelism are a choice of rules
 and mesh shape, not code. Rules are tried in order and a mesh axis is used at
 most once per array (Flax's priority semantics), which is how `embed` is

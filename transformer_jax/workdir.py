@@ -1,6 +1,5 @@
 """Every path under a work directory, in one object."""
 
-import dataclasses
 import os
 
 from etils import epath
@@ -13,7 +12,6 @@ def absolute(path: str) -> str:
   return path if "://" in path else os.path.abspath(path)
 
 
-@dataclasses.dataclass(frozen=True)
 class Workdir:
   """The files of one experiment run: a local path or a URL such as `gs://bucket/run`.
 
@@ -30,12 +28,19 @@ class Workdir:
   hosts/                each process's heartbeat while it runs (`hosts.liveness.Heartbeat`)
   """
 
-  path: str  # as given: relative to the current directory, absolute, or a URL
+  __slots__ = ("root",)
 
-  @property
-  def root(self) -> str:
-    """The work directory's absolute path, or its URL."""
-    return absolute(self.path)
+  def __init__(self, path: str):
+    self.root = absolute(path)  # Made absolute once, against the directory of the moment.
+
+  def __repr__(self) -> str:
+    return f"Workdir({self.root!r})"
+
+  def __eq__(self, other) -> bool:
+    return isinstance(other, Workdir) and other.root == self.root
+
+  def __hash__(self) -> int:
+    return hash(self.root)
 
   def _path(self, *parts: str) -> str:
     return os.path.join(self.root, *parts)

@@ -23,7 +23,7 @@ class CheckpointMismatchError(UserError):
   """A checkpoint holds arrays of other names or shapes than the run expects."""
 
 
-_READ, _BROKEN, _MISMATCHED = range(3)  # How a read went, for `_agree`.
+_READ, _BROKEN, _MISMATCHED = range(3)  # How a read went, for `agree`.
 
 
 def agree(path, local_error: UserError | None) -> None:

@@ -78,7 +78,7 @@ class EmbeddedConfig(tfds.core.BuilderConfig):
   """Sizes and seed of one variant of the embedded corpus."""
 
   def __init__(self, *, sizes, seed, **kwargs):
-    # Bump the version whenever embedded.py changes what a seed generates.
+    # Bump the version whenever embedded.py or embedded_lexicon.py changes what a seed generates.
     super().__init__(version=tfds.core.Version("1.0.0"), **kwargs)
     self.sizes = sizes
     self.seed = seed

@@ -5,8 +5,8 @@ pid and clock time) every few seconds from a thread of its own (`Heartbeat`),
 so the beats go on while its main thread waits in a collective or compiles.
 When a run stops because a process stopped answering, the processes whose
 beats stopped and who did not say they ended are the lost ones
-(`lost_processes`). Nothing here uses JAX: the supervisor of a process
-(`supervisor.py`) reads these files without touching the devices.
+(`lost_processes`). Nothing here touches the devices: the supervisor of a
+process (`supervisor.py`) reads these files beside a process that may hang in them.
 """
 
 import json

@@ -124,6 +124,15 @@ class TransformerConfig:
     if problem:
       raise _error("attention_impl", f"={self.attention_impl!r}{problem}")
 
+  def known_vocab_size(self) -> int:
+    """`vocab_size`; ValueError while it is None (a model, its size and its FLOPs need it)."""
+    if self.vocab_size is None:
+      raise ValueError(
+        "TransformerConfig.vocab_size is None: give the vocabulary's size "
+        "(dataclasses.replace(config, vocab_size=...); an experiment's placement does)"
+      )
+    return self.vocab_size
+
   @property
   def key_size(self) -> int:
     """The width of each head's queries and keys in use: `d_k`, or d_model / num_heads."""
@@ -220,11 +229,12 @@ def count_params(config: TransformerConfig) -> int:
   norm = 2 * d
   encoder_layer = attention_params + feed_forward + 2 * norm
   decoder_layer = 2 * attention_params + feed_forward + 3 * norm
-  total = config.num_layers * (encoder_layer + decoder_layer) + config.vocab_size * d
+  vocab = config.known_vocab_size()
+  total = config.num_layers * (encoder_layer + decoder_layer) + vocab * d
   if config.positional == "learned":
     total += 2 * config.max_len * d
   if config.norm == "pre":
     total += 2 * norm
   if config.logits_bias:
-    total += config.vocab_size
+    total += vocab
   return total

@@ -205,12 +205,9 @@ class Transformer(nn.Module):
 
   def setup(self):
     cfg = self.config
-    if cfg.vocab_size is None:
-      raise ValueError(
-        "TransformerConfig.vocab_size is None: give the vocabulary's size "
-        "(dataclasses.replace(config, vocab_size=...); an experiment's placement does)"
-      )
-    self.embed = Embed(cfg.vocab_size, cfg.d_model, cfg.logits_bias, dtype=cfg.compute_dtype)
+    self.embed = Embed(
+      cfg.known_vocab_size(), cfg.d_model, cfg.logits_bias, dtype=cfg.compute_dtype
+    )
     self.encoder = Encoder(cfg, self.embed)
     self.decoder = Decoder(cfg, self.embed)
 

@@ -8,7 +8,7 @@ and the figure are drawn from such records alone.
 """
 
 import dataclasses
-import importlib.util
+import importlib
 import logging
 import pathlib
 from collections.abc import Sequence
@@ -151,8 +151,10 @@ def format_table(records: Sequence[dict]) -> str:
 
 def require_matplotlib() -> None:
   """UserError unless matplotlib can be imported (checked before minutes of measuring)."""
-  if importlib.util.find_spec("matplotlib") is None:
-    raise UserError(f"--plot needs matplotlib: {MATPLOTLIB_HINT}")
+  try:
+    importlib.import_module("matplotlib")
+  except ImportError:
+    raise UserError(f"--plot needs matplotlib: {MATPLOTLIB_HINT}") from None
 
 
 def _series(records, key: str, x: str) -> dict[int, tuple[list[int], list[float]]]:

@@ -95,7 +95,9 @@ def train_flops(
   cross_query_out = w["query"] + w["out"]
   cross_key_value = w["key"] + w["value"]
   per_source_token = n * (self_attention + feed_forward + cross_key_value)
-  per_target_token = n * (self_attention + cross_query_out + feed_forward) + cfg.vocab_size * d
+  per_target_token = (
+    n * (self_attention + cross_query_out + feed_forward) + cfg.known_vocab_size() * d
+  )
   weights = 2.0 * (per_source_token * source_tokens + per_target_token * target_tokens)
   per_pair = 2.0 * h * (cfg.key_size + cfg.value_size)
   attention = (
