@@ -13,7 +13,7 @@ from helpers import make_trainer as _trainer
 from helpers import random_state as _random_state
 from transformer_jax.checkpoints import store
 from transformer_jax.checkpoints.average import average_params
-from transformer_jax.decode import search as search_lib
+from transformer_jax.decode import transformer_search as search_lib
 
 
 def _leaves(tree):
@@ -47,7 +47,7 @@ def test_the_average_of_two_checkpoints_is_their_mean_parameter_by_parameter(tmp
   inputs = np.array([[5, 6, 7, 1], [8, 9, 1, 0]], np.int32)
   model = trainer.placement.model
   decoded = [
-    search_lib.greedy_decode(model, {"params": p}, inputs, max_len=8).tokens
+    search_lib.greedy_search(model, {"params": p}, inputs, max_len=8).tokens
     for p in (restored, averaged)
   ]
   np.testing.assert_array_equal(decoded[0], decoded[1])

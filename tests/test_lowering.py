@@ -21,7 +21,7 @@ import pytest
 
 from transformer_jax import data, experiment, sharding
 from transformer_jax.conventions import BATCH_KEYS
-from transformer_jax.decode import search
+from transformer_jax.decode import transformer_search
 from transformer_jax.model.transformer import TransformerConfig
 
 PLATFORMS = ("cuda", "tpu")
@@ -110,7 +110,7 @@ def test_beam_search_lowers_for_cuda_and_tpu_with_tensor_parallel_rules():
   inputs = jax.ShapeDtypeStruct((8, 12), jnp.int32, sharding=placement.batch_sharding)
   exported = _export(
     placement,
-    search.beam_search,
+    transformer_search.beam_search,
     placement.model,
     {"params": placement.abstract_params},
     inputs,

@@ -28,7 +28,7 @@ from transformer_jax import config as config_lib
 from transformer_jax import data
 from transformer_jax.conventions import EOS_ID
 from transformer_jax.data import marian as marian_vocab
-from transformer_jax.decode import search
+from transformer_jax.decode import search, transformer_search
 from transformer_jax.errors import FieldError, UserError
 from transformer_jax.experiment import Checkpoint, evaluate_split, load, translate_file
 from transformer_jax.pretrained import convert, generation, marian
@@ -204,7 +204,9 @@ def test_greedy_outputs_equal_generate(imported, corpus):
   ids = [tokenizer.encode(s) + [EOS_ID] for s in corpus[0][:8]]
   inputs = padded(ids).astype(np.int32)
   extra = 12
-  decoded = search.greedy_decode(model, {"params": params}, inputs, max_len=256, max_extra=extra)
+  decoded = transformer_search.greedy_search(
+    model, {"params": params}, inputs, max_len=256, max_extra=extra
+  )
   got = search.trim(np.asarray(decoded.tokens))
   with torch.no_grad():
     generated = hf.generate(

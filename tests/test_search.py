@@ -3,17 +3,17 @@
 References are independent of the code under test: the teacher-forced forward
 pass, numpy float64 formulas, and exhaustive enumeration of every hypothesis.
 Random tiny Transformers tend to end at once or never, so the searches are
-also checked on `MarkovModel`, a stand-in whose next-token table makes
-EOS likelier with position and gives optima of every length.
+also checked on a model that is not a Transformer (`markov_search_model`):
+next-token tables that make EOS likelier with position and give optima of
+every length, run through the searches' encoder and step functions.
 """
 
 import dataclasses
 import functools
 import itertools
+import pathlib
 import re
-from typing import Any
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -25,7 +25,8 @@ from helpers import eos_biased_model as tiny_model
 from transformer_jax.conventions import EOS_ID as EOS
 from transformer_jax.decode import cache as cache_lib
 from transformer_jax.decode import search as search_lib
-from transformer_jax.model.transformer import Transformer, TransformerConfig
+from transformer_jax.decode import transformer_search
+from transformer_jax.model.transformer import Transformer
 
 pytestmark = pytest.mark.device
 
@@ -35,40 +36,60 @@ WORDS = range(2, VOCAB)
 # --- models and references -------------------------------------------------
 
 
-class MarkovModel(nn.Module):
-  """Stand-in with the Transformer's encode/decode methods: logits `table[position, previous]`.
+def markov_search_model(table, second) -> search_lib.SearchModel:
+  """A model that is not a Transformer: logits `table[position, previous] + second[position,
+  the token before it]`, with the tables `[max_len, vocab, vocab]` in the shared part of the
+  cache and each hypothesis' tokens so far in its rows (`[rows, max_len]`, position axis 1),
+  which beam search must reorder with the beams for the second-order term to be right."""
 
-  The table `[max_len, vocab, vocab]` is the "table" param; the cache holds
-  one value per row, so it is reordered like a real cache.
-  """
+  def encode(inputs, rows, max_len):
+    return cache_lib.SearchCache(
+      shared={"table": table, "second": second},
+      rows={"history": jnp.zeros((rows, max_len), jnp.int32)},
+      position_axis=1,
+    )
 
-  config: Any
+  def step(tokens, position, cache):
+    last = jnp.maximum(position - 1, 0)
+    history = cache.rows["history"].at[:, last].set(jnp.where(position > 0, tokens, 0))
+    before = jnp.where(position > 1, history[:, jnp.maximum(position - 2, 0)], 0)
+    logits = cache.shared["table"][position, tokens] + cache.shared["second"][position, before]
+    return jax.nn.log_softmax(logits), cache.replace(rows={"history": history})
 
-  def encode(self, inputs):
-    return jnp.zeros(inputs.shape + (1,))
-
-  @nn.compact
-  def decode(self, encoded, inputs, targets, targets_position=None, decode=False):
-    self.variable("cache", "rows", jnp.zeros, targets.shape[:1])
-    return self.get_variable("params", "table")[targets_position, targets]
+  return search_lib.SearchModel(encode, step, max_len=table.shape[0])
 
 
-def markov_model(seed, slope):
-  """Random table whose EOS logit grows by `slope` per position: (model, variables, table)."""
-  cfg = TransformerConfig(vocab_size=VOCAB, max_len=16)
-  table = np.random.default_rng(seed).normal(size=(16, VOCAB, VOCAB)).astype(np.float32)
+@functools.partial(jax.jit, static_argnames=("search",) + transformer_search.STATIC_OPTIONS)
+def markov_search(tables, inputs, *, search="beam_search", **options):
+  """`search_lib.<search>` over `markov_search_model(*tables)`, jitted."""
+  return getattr(search_lib, search)(markov_search_model(*tables), inputs, **options)
+
+
+def markov_model(seed, slope, second_order=0.0):
+  """Random tables whose EOS logit grows by `slope` per position, the second-order term scaled
+  by `second_order`: (tables for `markov_search`, the same tables in numpy)."""
+  rng = np.random.default_rng(seed)
+  table = rng.normal(size=(16, VOCAB, VOCAB)).astype(np.float32)
   table[:, :, EOS] += slope * (np.arange(16)[:, None] - 2.5)
-  return MarkovModel(cfg), {"params": {"table": jnp.asarray(table)}}, table
+  second = (second_order * rng.normal(size=(16, VOCAB, VOCAB))).astype(np.float32)
+  return (jnp.asarray(table), jnp.asarray(second)), (table, second)
 
 
-def markov_log_prob(table, tokens):
-  """Summed log-probability of a token list under the table, in float64."""
-  table = table.astype(np.float64)
-  total, previous = 0.0, 0
+def markov_logits(tables, prefix):
+  """float64 logits of the token after `prefix` (a list of ids) under the numpy tables."""
+  table, second = (t.astype(np.float64) for t in tables)
+  position = len(prefix)
+  previous = prefix[-1] if prefix else 0
+  before = prefix[-2] if len(prefix) > 1 else 0
+  return table[position, previous] + second[position, before]
+
+
+def markov_log_prob(tables, tokens):
+  """Summed log-probability of a token list under the tables, in float64."""
+  total = 0.0
   for position, token in enumerate(tokens):
-    logits = table[position, previous]
+    logits = markov_logits(tables, tokens[:position])
     total += logits[token] - np.log(np.exp(logits).sum())
-    previous = token
   return total
 
 
@@ -159,35 +180,40 @@ def test_gather_beams_and_reorder_cache():
   np.testing.assert_array_equal(cache_lib.gather_beams(x, indices), expected)
 
   rows = jnp.arange(6 * 4).reshape(6, 4)
-  cache = {"layer": {"cached_key": rows, "cache_index": jnp.int32(3), "static_key": rows}}
+  # What is shared is told by where it is, whatever its name: rows are reordered, shared not.
+  cache = cache_lib.SearchCache(
+    shared={"cached_key": rows, "index": jnp.int32(3)}, rows={"layer": {"static_key": rows}}
+  )
   out = cache_lib.reorder_cache(cache, indices)
   flat = np.array([2, 2, 0, 4, 3, 4])  # sentence-major rows: sentence * 3 + beam
-  np.testing.assert_array_equal(out["layer"]["cached_key"], np.asarray(rows)[flat])
-  np.testing.assert_array_equal(out["layer"]["static_key"], rows)
-  assert int(out["layer"]["cache_index"]) == 3
+  np.testing.assert_array_equal(out.rows["layer"]["static_key"], np.asarray(rows)[flat])
+  np.testing.assert_array_equal(out.shared["cached_key"], rows)
+  assert int(out.shared["index"]) == 3
 
 
 @pytest.mark.parametrize("scan_layers", [False, True])
 @pytest.mark.parametrize("length", [1, 8, 9, 23, 24])
 def test_reorder_cache_moves_the_written_positions_only(scan_layers, length):
-  """With `length`, the first `length` positions (rounded up to whole chunks) are reordered and
-  the rest stay; a buffer that chunks do not divide is reordered whole."""
+  """With `length` and a position axis, the first `length` positions (rounded up to whole
+  chunks) are reordered and the rest stay; a buffer that chunks do not divide, or a cache
+  without a position axis, is reordered whole."""
   indices = jnp.array([[2, 2, 0], [1, 0, 1]])
   flat = np.array([2, 2, 0, 4, 3, 4])
-  for max_len in (24, 20):
+  reorder = jax.jit(cache_lib.reorder_cache)
+  for max_len, position_axis in ((24, 2), (20, 2), (24, None)):
     keys = np.random.default_rng(length).standard_normal((6, 2, max_len, 3)).astype(np.float32)
-    cache = {
-      "cached_key": keys[None] if scan_layers else keys,
-      "static_key": keys[None] if scan_layers else keys,
-    }
-    out = jax.jit(cache_lib.reorder_cache, static_argnames="batch_axis")(
-      cache, indices, batch_axis=int(scan_layers), length=jnp.int32(length)
+    layered = keys[None] if scan_layers else keys
+    axis = position_axis and position_axis + scan_layers
+    cache = cache_lib.SearchCache(
+      shared=layered, rows=layered, row_axis=int(scan_layers), position_axis=axis
     )
-    got = np.asarray(out["cached_key"][0] if scan_layers else out["cached_key"])
-    moved = max_len if max_len % cache_lib.REORDER_CHUNK else -(-length // 8) * 8
+    out = reorder(cache, indices, length=jnp.int32(length))
+    got = np.asarray(out.rows[0] if scan_layers else out.rows)
+    whole = max_len % cache_lib.REORDER_CHUNK or position_axis is None
+    moved = max_len if whole else -(-length // 8) * 8
     np.testing.assert_array_equal(got[:, :, :moved], keys[flat][:, :, :moved])
     np.testing.assert_array_equal(got[:, :, moved:], keys[:, :, moved:])
-    np.testing.assert_array_equal(out["static_key"], cache["static_key"])
+    np.testing.assert_array_equal(out.shared, layered)
 
 
 def test_top_extensions_ranks_every_beam_token_pair():
@@ -238,27 +264,21 @@ def test_cached_steps_match_teacher_forcing_including_beam_reorders(
   expected_after = teacher_forced_log_probs(model, variables, beam_inputs, after)
 
   # As the beam search does it: the 3 rows of a sentence share its cross-attention cache.
-  encoded = jax.jit(functools.partial(model.apply, method=model.encode))(variables, inputs)
-  cache = jax.jit(cache_lib.init_cache, static_argnums=(0, 4, 5))(
-    model, variables, encoded, inputs, buffer, 2 * k
-  )
-  static = [
-    x
-    for path, x in jax.tree_util.tree_leaves_with_path(cache)
-    if path[-1].key in cache_lib.STATIC_CACHE_NAMES
-  ]
-  assert static and all(x.shape[int(scan_layers)] == 2 for x in static)
-  decode_step = jax.jit(cache_lib.decode_step, static_argnums=0)
+  searcher = transformer_search.searchable(model, variables)
+  cache = jax.jit(searcher.encode, static_argnums=(1, 2))(inputs, 2 * k, buffer)
+  row_axis = int(scan_layers)
+  assert cache.row_axis == row_axis and cache.position_axis == row_axis + 2
+  shared = jax.tree.leaves(cache.shared["cache"])
+  assert {x.shape[row_axis] for x in shared if x.ndim > row_axis} == {2}  # One per sentence.
+  assert {x.shape[row_axis] for x in jax.tree.leaves(cache.rows)} == {2 * k}
+  step_fn = jax.jit(functools.partial(search_lib.next_log_probs, searcher, renormalize=False))
+  reorder = jax.jit(cache_lib.reorder_cache)
   for step in range(steps):
     if step == reorder_at:
-      cache = cache_lib.reorder_cache(
-        cache, jnp.asarray(order), batch_axis=int(scan_layers), length=jnp.int32(reorder_at)
-      )
+      cache = reorder(cache, jnp.asarray(order), length=jnp.int32(reorder_at))
     targets, expected = (before, expected_before) if step < reorder_at else (after, expected_after)
     previous = targets[:, step - 1] if step else np.zeros(2 * k, np.int32)
-    log_probs, cache = decode_step(
-      model, variables, cache, encoded, inputs, jnp.asarray(previous), step
-    )
+    log_probs, cache = step_fn(jnp.asarray(previous), jnp.int32(step), cache)
     np.testing.assert_allclose(log_probs[:, 1:], expected[:, step, 1:], atol=1e-5)
     assert np.all(np.isneginf(log_probs[:, 0]))  # the pad id is never emitted
 
@@ -270,7 +290,7 @@ def test_cached_steps_match_teacher_forcing_including_beam_reorders(
 def test_greedy_takes_the_teacher_forced_argmax_and_stops_when_all_are_done():
   model, variables = tiny_model(eos_bias=2.0, seed=3, vocab=16)
   inputs = jnp.concatenate([SOURCES_16, jnp.zeros((1, 8), jnp.int32)])
-  out = search_lib.greedy_decode(model, variables, inputs, max_len=24, max_extra=12)
+  out = transformer_search.greedy_search(model, variables, inputs, max_len=24, max_extra=12)
   lengths, limits = output_lengths(out.tokens), source_lengths(inputs) + 12
   all_log_probs = teacher_forced_log_probs(model, variables, inputs, out.tokens)
   for b in range(4):
@@ -289,16 +309,20 @@ def test_greedy_takes_the_teacher_forced_argmax_and_stops_when_all_are_done():
 @pytest.mark.slow
 @pytest.mark.parametrize("fixture", ["transformer_eos_early", "transformer", "markov"])
 def test_beam_of_one_is_greedy(fixture):
+  kwargs = dict(max_len=12, max_extra=6)
   if fixture == "markov":
-    model, variables, _ = markov_model(seed=1, slope=1.0)
+    tables, _ = markov_model(seed=1, slope=1.0, second_order=1.0)
     inputs = jnp.array([[2, 3, 4, 0], [3, 0, 0, 0], [4, 2, 2, 2], [0, 0, 0, 0]])
+    greedy = markov_search(tables, inputs, search="greedy_search", **kwargs)
+    beam = markov_search(tables, inputs, beam_size=1, alpha=0.0, **kwargs)
   else:
     bias, seed = (2.0, 3) if fixture == "transformer_eos_early" else (0.0, 5)
     model, variables = tiny_model(eos_bias=bias, seed=seed, vocab=16)
     inputs = SOURCES_16
-  kwargs = dict(max_len=12, max_extra=6)
-  greedy = search_lib.greedy_decode(model, variables, inputs, **kwargs)
-  beam = search_lib.beam_search(model, variables, inputs, beam_size=1, alpha=0.0, **kwargs)
+    greedy = transformer_search.greedy_search(model, variables, inputs, **kwargs)
+    beam = transformer_search.beam_search(
+      model, variables, inputs, beam_size=1, alpha=0.0, **kwargs
+    )
   np.testing.assert_array_equal(beam.tokens, greedy.tokens)
   assert int(beam.steps) == int(greedy.steps)
   # With alpha = 0 the beam score is the plain summed log-probability.
@@ -318,7 +342,7 @@ def test_transformer_large_beam_finds_the_brute_force_best(alpha, normalization,
   """
   model, variables = tiny_model(eos_bias=eos_bias, seed=seed)
   inputs = jnp.array([[3, 0, 0], [2, 4, 0]])
-  out = search_lib.beam_search(
+  out = transformer_search.beam_search(
     model,
     variables,
     inputs,
@@ -354,19 +378,22 @@ def earliest_safe_stop(table, limit, alpha):
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0])
-@pytest.mark.parametrize("seed, slope", [(0, 0.5), (1, 1.0), (3, 1.0), (4, 2.0)])
-def test_markov_large_beam_finds_the_brute_force_best_and_stops_early(alpha, seed, slope):
+@pytest.mark.parametrize(
+  "seed, slope, second_order",
+  [(0, 0.5, 0.0), (1, 1.0, 0.0), (3, 1.0, 0.0), (4, 2.0, 0.0), (1, 1.0, 1.0)],
+)
+def test_markov_large_beam_finds_the_brute_force_best_and_stops_early(
+  alpha, seed, slope, second_order
+):
   """Limits 5 and 6; a beam of 4 * 3**5 = 972 keeps every candidate at every step.
 
   The loop must run exactly until both sentences are safe to stop, which the
   fixtures make happen before the limit in most cases.
   """
-  model, variables, table = markov_model(seed, slope)
+  tables, table = markov_model(seed, slope, second_order)
   inputs = jnp.array([[3, 2, 0], [2, 4, 4]])
   limits = source_lengths(inputs) + 3
-  out = search_lib.beam_search(
-    model, variables, inputs, beam_size=972, alpha=alpha, max_len=8, max_extra=3
-  )
+  out = markov_search(tables, inputs, beam_size=972, alpha=alpha, max_len=8, max_extra=3)
   for b, limit in enumerate(limits):
     best, score = brute_force_best(
       lambda hyps: [markov_log_prob(table, h) for h in hyps], limit, alpha
@@ -380,7 +407,7 @@ def test_markov_fixtures_cover_early_stops_and_optima_of_every_length():
   """Guards the test above against fixtures that no longer exercise anything."""
   lengths, early = set(), 0
   for seed, slope in [(0, 0.5), (1, 1.0), (3, 1.0), (4, 2.0)]:
-    _, _, table = markov_model(seed, slope)
+    _, table = markov_model(seed, slope)
     for alpha in (0.0, 0.6, 2.0):
       best, _ = brute_force_best(
         lambda hyps, t=table: [markov_log_prob(t, h) for h in hyps], 6, alpha
@@ -402,17 +429,22 @@ def markov_reference(
   results = []
   for limit in np.minimum(source_lengths(inputs) + 3, max_len):
     log_probs_of = lambda prefix, limit=limit: ref.step_log_probs(
-      table[len(prefix), prefix[-1] if prefix else 0],
-      last=len(prefix) + 1 == limit,
-      eos=EOS,
-      **options,
+      markov_logits(table, prefix), last=len(prefix) + 1 == limit, eos=EOS, **options
     )
     results.append(ref.beam_search(log_probs_of, limit, beam_size, penalty, early_stopping))
   return results
 
 
 MARKOV_BEAMS = [
-  (seed, slope, k) for seed, slope in [(0, 0.5), (1, 1.0), (4, 2.0), (5, 0.0)] for k in (1, 2, 3)
+  (seed, slope, second_order, k)
+  for seed, slope, second_order in [
+    (0, 0.5, 0.0),
+    (1, 1.0, 0.0),
+    (4, 2.0, 0.0),
+    (5, 0.0, 0.0),
+    (6, 1.0, 1.0),
+  ]
+  for k in (1, 2, 3)
 ]
 BOTH = {"force_eos": True, "renormalize": True}
 
@@ -437,11 +469,10 @@ def test_markov_beam_equals_the_reference_beam_search(
 ):
   """Small beams, where the 2k rule decides which beams live on; a buffer of 5 caps both
   sentences at 5 tokens (an absolute cap), where `force_eos` ends every hypothesis with EOS."""
-  for seed, slope, k in MARKOV_BEAMS:
-    model, variables, table = markov_model(seed, slope)
-    out = search_lib.beam_search(
-      model,
-      variables,
+  for seed, slope, second_order, k in MARKOV_BEAMS:
+    tables, table = markov_model(seed, slope, second_order)
+    out = markov_search(
+      tables,
       MARKOV_SOURCES,
       beam_size=k,
       alpha=alpha,
@@ -465,8 +496,8 @@ def test_markov_reference_fixtures_exercise_the_2k_rule_the_cap_and_the_stopping
   """Guards the test above: alive beams come from beyond the first k ranks, the forced EOS
   changes some best hypotheses at the cap, and the stopping rules give different outputs."""
   beyond = forced_changed = heuristic_changed = first_k_changed = 0
-  for seed, slope, k in MARKOV_BEAMS:
-    _, _, table = markov_model(seed, slope)
+  for seed, slope, second_order, k in MARKOV_BEAMS:
+    _, table = markov_model(seed, slope, second_order)
     plain = markov_reference(table, MARKOV_SOURCES, k, 2.0, "length", 5)
     forced = markov_reference(table, MARKOV_SOURCES, k, 2.0, "length", 5, force_eos=True)
     heuristic = markov_reference(table, MARKOV_SOURCES, k, 2.0, "length", 8, "heuristic")
@@ -493,10 +524,9 @@ def test_markov_large_beam_with_a_cap_and_forced_eos_finds_the_brute_force_best(
 ):
   """A buffer of 5 caps both sentences at 5 tokens, the last one EOS; a beam of 4 * 3**5 keeps
   every candidate, so the search must find the best of every hypothesis enumerated."""
-  model, variables, table = markov_model(seed, slope)
-  out = search_lib.beam_search(
-    model,
-    variables,
+  tables, table = markov_model(seed, slope)
+  out = markov_search(
+    tables,
     MARKOV_SOURCES,
     beam_size=972,
     alpha=alpha,
@@ -511,7 +541,7 @@ def test_markov_large_beam_with_a_cap_and_forced_eos_finds_the_brute_force_best(
   for h in hyps:
     log_probs = [
       ref.step_log_probs(
-        table[i, h[i - 1] if i else 0],
+        markov_logits(table, h[:i]),
         last=i + 1 == 5,
         eos=EOS,
         force_eos=True,
@@ -532,8 +562,8 @@ def test_markov_large_beam_with_a_cap_and_forced_eos_finds_the_brute_force_best(
 def test_greedy_with_forced_eos_ends_every_sentence_at_its_limit_with_eos(renormalize):
   model, variables = tiny_model(eos_bias=-30.0, seed=10)  # EOS is never chosen
   inputs = jnp.array([[2, 3, 4, 0, 0], [3, 0, 0, 0, 0], [0, 0, 0, 0, 0], [4, 2, 2, 2, 3]])
-  plain = search_lib.greedy_decode(model, variables, inputs, max_len=7, max_extra=3)
-  out = search_lib.greedy_decode(
+  plain = transformer_search.greedy_search(model, variables, inputs, max_len=7, max_extra=3)
+  out = transformer_search.greedy_search(
     model, variables, inputs, max_len=7, max_extra=3, force_eos=True, renormalize=renormalize
   )
   lengths = output_lengths(plain.tokens)
@@ -560,7 +590,7 @@ def test_beam_search_ranks_the_candidates_with_a_top_k_not_a_sort_of_all(early_s
   slower at vocabulary 8k."""
   model, variables = tiny_model(vocab=16)
   hlo = (
-    search_lib.beam_search.lower(
+    transformer_search.beam_search.lower(
       model,
       variables,
       SOURCES_16,
@@ -583,7 +613,9 @@ def test_beam_search_ranks_the_candidates_with_a_top_k_not_a_sort_of_all(early_s
 
 def test_beam_of_four_stops_before_the_limit():
   model, variables = tiny_model(eos_bias=2.0, seed=3, vocab=16)
-  out = search_lib.beam_search(model, variables, SOURCES_16, beam_size=4, max_len=24, max_extra=12)
+  out = transformer_search.beam_search(
+    model, variables, SOURCES_16, beam_size=4, max_len=24, max_extra=12
+  )
   lengths = output_lengths(out.tokens)
   assert np.all(np.asarray(out.tokens)[np.arange(4), lengths - 1] == EOS)
   assert int(out.steps) < (source_lengths(SOURCES_16) + 12).max()
@@ -595,9 +627,9 @@ def test_outputs_never_exceed_source_length_plus_max_extra(name):
   inputs = jnp.array([[2, 3, 4, 0, 0], [3, 0, 0, 0, 0], [0, 0, 0, 0, 0], [4, 2, 2, 2, 3]])
   kwargs = dict(max_len=7, max_extra=3)
   if name == "greedy":
-    out = search_lib.greedy_decode(model, variables, inputs, **kwargs)
+    out = transformer_search.greedy_search(model, variables, inputs, **kwargs)
   else:
-    out = search_lib.beam_search(model, variables, inputs, beam_size=4, **kwargs)
+    out = transformer_search.beam_search(model, variables, inputs, beam_size=4, **kwargs)
   expected = np.minimum(source_lengths(inputs) + 3, 7) * (source_lengths(inputs) > 0)
   np.testing.assert_array_equal(output_lengths(out.tokens), expected)  # cut at the limit
   assert not np.any(np.asarray(out.tokens) == EOS)
@@ -608,6 +640,27 @@ def test_rejects_max_len_beyond_the_model_positions_and_empty_beams():
   model, variables = tiny_model()
   inputs = jnp.ones((1, 3), jnp.int32)
   with pytest.raises(ValueError, match=r"max_len=40 must be in \[1, 32\]"):
-    search_lib.greedy_decode(model, variables, inputs, max_len=40)
+    transformer_search.greedy_search(model, variables, inputs, max_len=40)
   with pytest.raises(ValueError, match="beam_size must be at least 1"):
-    search_lib.beam_search(model, variables, inputs, beam_size=0, max_len=8)
+    transformer_search.beam_search(model, variables, inputs, beam_size=0, max_len=8)
+
+
+def test_the_library_docs_search_over_a_bigram_model_runs_and_scores_its_output(capsys):
+  """docs/library.md's "search over your own model" block, run as written: each printed
+  hypothesis scores as the bigram table says, over the paper's length penalty."""
+  doc = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "library.md").read_text()
+  section = doc.split("### The search over your own model\n", 1)[1]
+  code = re.search(r"```python\n(.*?)```", section, re.DOTALL)[1]
+  assert len(code.strip().splitlines()) <= 20
+  scope = {}
+  exec(compile(code, "docs/library.md", "exec"), scope)  # pylint: disable=exec-used
+  printed = capsys.readouterr().out.strip().splitlines()[-1]
+  out = scope["beam"](scope["inputs"])
+  assert printed == str(search_lib.trim(out.tokens))
+  table = np.asarray(scope["bigram"], np.float64)
+  log_probs = table - np.log(np.exp(table).sum(axis=1, keepdims=True))
+  for b, limit in enumerate(source_lengths(scope["inputs"]) + 50):
+    tokens = hypothesis(out.tokens, b)
+    assert 0 < len(tokens) <= min(limit, 16) and 0 not in tokens
+    total = sum(log_probs[previous, t] for previous, t in zip([0] + tokens[:-1], tokens))
+    np.testing.assert_allclose(out.scores[b], total / gnmt_penalty(len(tokens), 0.6), rtol=1e-5)

@@ -13,7 +13,7 @@ from jax.sharding import PartitionSpec as P
 
 from helpers import SOURCES_16, stack_layers
 from helpers import eos_biased_model as tiny_model
-from transformer_jax.decode import search as search_lib
+from transformer_jax.decode import transformer_search as search_lib
 from transformer_jax.model.transformer import Transformer
 
 
@@ -28,7 +28,7 @@ def test_batch_sharded_over_eight_devices_equals_one_device(with_rules):
   one = jax.devices()[0]
   local_vars, local_inputs = jax.device_put((variables, inputs), one)
   expected = [
-    search_lib.greedy_decode(model, local_vars, local_inputs, **kwargs),
+    search_lib.greedy_search(model, local_vars, local_inputs, **kwargs),
     search_lib.beam_search(model, local_vars, local_inputs, **kwargs),
   ]
 
@@ -39,7 +39,7 @@ def test_batch_sharded_over_eight_devices_equals_one_device(with_rules):
   rules = [("batch", "data")] if with_rules else []
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     got = [
-      search_lib.greedy_decode(model, replicated, sharded, **kwargs),
+      search_lib.greedy_search(model, replicated, sharded, **kwargs),
       search_lib.beam_search(model, replicated, sharded, **kwargs),
     ]
   for g, e in zip(got, expected):
@@ -84,12 +84,12 @@ def test_searches_work_with_64_bit_jax():
   model, variables = tiny_model(eos_bias=2.0, seed=3, vocab=16)
   kwargs = dict(max_len=16, max_extra=6)
   want = [
-    search_lib.greedy_decode(model, variables, SOURCES_16, **kwargs),
+    search_lib.greedy_search(model, variables, SOURCES_16, **kwargs),
     search_lib.beam_search(model, variables, SOURCES_16, **kwargs),
   ]
   with jax.enable_x64(True):
     got = [
-      search_lib.greedy_decode(model, variables, SOURCES_16, **kwargs),
+      search_lib.greedy_search(model, variables, SOURCES_16, **kwargs),
       search_lib.beam_search(model, variables, SOURCES_16, **kwargs),
     ]
   for g, w in zip(got, want):

@@ -14,7 +14,7 @@ import pytest
 
 from transformer_jax import sharding
 from transformer_jax.conventions import EOS_ID as EOS
-from transformer_jax.decode import search as search_lib
+from transformer_jax.decode import search, transformer_search
 from transformer_jax.decode.translator import DecodeSettings, Translator
 from transformer_jax.model.transformer import TransformerConfig
 from transformer_jax.placement import Placement
@@ -66,12 +66,14 @@ def test_batched_sharded_translation_equals_each_sentence_alone_in_order(
       continue
     inputs = jnp.asarray([source + [0] * (16 - len(source))], jnp.int32)  # One shape: one compile.
     if beam_size == 1:
-      alone = search_lib.greedy_decode(model, {"params": params}, inputs, max_len=24, max_extra=5)
+      alone = transformer_search.greedy_search(
+        model, {"params": params}, inputs, max_len=24, max_extra=5
+      )
     else:
-      alone = search_lib.beam_search(
+      alone = transformer_search.beam_search(
         model, {"params": params}, inputs, beam_size=beam_size, alpha=0.6, max_len=24, max_extra=5
       )
-    assert output == search_lib.trim(alone.tokens)[0]
+    assert output == search.trim(alone.tokens)[0]
     assert len(output) <= len(source) + 5  # Input length (EOS included) + max_extra.
 
 

@@ -1,10 +1,12 @@
-"""Autoregressive decoding with a key/value cache: greedy decoding and beam search.
+"""Greedy search and beam search over any model given as two functions (`SearchModel`).
 
-Both searches run entirely inside `jax.jit` as one `lax.while_loop`, batched
-over sentences. The encoder runs once per batch; the cross-attention
-keys/values are projected once per sentence when the cache is made and
-shared by its beams (`attention.cached_attention` reads them once for all),
-and each step feeds one token per row through the decoder.
+The model's `encode(inputs, rows, max_len)` makes its cache (`SearchCache`) for
+`rows` hypotheses of the batch's sentences once; its `step(tokens, position,
+cache)` takes one token per hypothesis and gives the next token's
+log-probabilities and the new cache. Both searches are one `lax.while_loop`,
+batched over sentences, to be run inside `jax.jit` (the functions may close
+over traced parameters); decode/transformer_search.py runs them over the
+Transformer, jitted.
 
 Token conventions are `transformer_jax.conventions`': PAD_ID (0) is padding
 and the decoder's start token, `eos_id` (EOS_ID, 1, by default) ends a
@@ -27,25 +29,38 @@ afterwards; `renormalize` takes the log-softmax over the other tokens instead
 Sharding: pass `inputs` sharded along the batch (e.g. `NamedSharding(mesh,
 P('data'))`); beams of a sentence stay next to each other (`[batch * beam]`
 rows, sentence-major), so every gather here is local to a sentence's shard.
-Inside `nn.logical_axis_rules`, the model's `batch` constraints apply to those
-rows; without rules the model's constraints are no-ops.
 """
 
 import functools
-from typing import Any, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 from transformer_jax.conventions import EOS_ID, PAD_ID
-from transformer_jax.decode.cache import (
-  NEG_INF,
-  decode_step,
-  gather_beams,
-  init_cache,
-  reorder_cache,
-)
+from transformer_jax.decode.cache import SearchCache, gather_beams, reorder_cache
+
+NEG_INF = -jnp.inf
+
+
+class SearchModel(NamedTuple):
+  """A model as the searches see it.
+
+  encode: `(inputs [batch, src_len] int32, rows, max_len) -> SearchCache`, the
+    cache for `rows` hypotheses (a multiple of `batch`, the hypotheses of a
+    sentence next to each other) of at most `max_len` tokens.
+  step: `(tokens [rows] int32, position int32 scalar, cache) -> (log_probs
+    [rows, vocab] float32, cache)`: the previous tokens (PAD_ID, the start
+    token, at position 0), fed at `position`; the next token's
+    log-probabilities.
+  max_len: the most output positions the model can take; None: no limit.
+  """
+
+  encode: Callable[[jax.Array, int, int], SearchCache]
+  step: Callable[[jax.Array, jax.Array, SearchCache], tuple[jax.Array, SearchCache]]
+  max_len: int | None = None
 
 
 class Decoded(NamedTuple):
@@ -111,23 +126,27 @@ def top_extensions(alive_log_probs, log_probs, k: int):
   return top_log_probs, top // vocab, (top % vocab).astype(jnp.int32)
 
 
-def _check_args(model, max_len, beam_size=1):
+def _check_args(model: SearchModel, max_len, beam_size=1):
   """Raise ValueError for a buffer the model cannot position or an empty beam."""
-  if not 0 < max_len <= model.config.max_len:
+  if max_len < 1 or (model.max_len is not None and max_len > model.max_len):
     raise ValueError(
-      f"max_len={max_len} must be in [1, {model.config.max_len}] (the model's "
-      "TransformerConfig.max_len, the positions it can encode)"
+      f"max_len={max_len} must be in [1, {model.max_len or 'inf'}] (the model's "
+      "max_len, the positions it can encode)"
     )
   if beam_size < 1:
     raise ValueError(f"beam_size must be at least 1; got {beam_size}")
 
 
-@functools.partial(
-  jax.jit, static_argnames=("model", "max_len", "max_extra", "eos_id", "force_eos", "renormalize")
-)
-def greedy_decode(
-  model,
-  variables,
+def next_log_probs(model: SearchModel, tokens, position, cache, renormalize: bool):
+  """The model's step with the pad id at -inf (never emitted): after its log-softmax, or before
+  a new one with `renormalize`: (log-probs `[rows, vocab]` float32, cache)."""
+  log_probs, cache = model.step(tokens, position, cache)
+  log_probs = log_probs.astype(jnp.float32).at[:, PAD_ID].set(NEG_INF)
+  return (jax.nn.log_softmax(log_probs) if renormalize else log_probs), cache
+
+
+def greedy_search(
+  model: SearchModel,
   inputs,
   *,
   max_len: int,
@@ -138,13 +157,11 @@ def greedy_decode(
 ) -> Decoded:
   """Greedy decoding of source ids `[batch, src_len]` -> `Decoded` (tokens `[batch, max_len]`).
 
-  `variables` is the model's variable dict (`{"params": ...}`). At each step
-  every unfinished sentence takes its most probable token; `force_eos` and
-  `renormalize` as in the module doc.
+  At each step every unfinished sentence takes its most probable token;
+  `force_eos` and `renormalize` as in the module doc.
   """
   _check_args(model, max_len)
   batch = inputs.shape[0]
-  encoded = model.apply(variables, inputs, method=model.encode)
   limits = max_lengths(inputs, max_extra, max_len)
 
   def cond(state):
@@ -154,9 +171,7 @@ def greedy_decode(
   def body(state):
     step, tokens, scores, done, cache = state
     previous = jnp.where(step > 0, tokens[:, jnp.maximum(step - 1, 0)], PAD_ID)
-    log_probs, cache = decode_step(
-      model, variables, cache, encoded, inputs, previous, step, renormalize=renormalize
-    )
+    log_probs, cache = next_log_probs(model, previous, step, cache, renormalize)
     if force_eos:
       log_probs = restrict_to_eos(log_probs, step + 1 >= limits, eos_id)
     token = jnp.where(done, PAD_ID, jnp.argmax(log_probs, axis=-1).astype(jnp.int32))
@@ -171,7 +186,7 @@ def greedy_decode(
     jnp.zeros((batch, max_len), jnp.int32),
     jnp.zeros((batch,), jnp.float32),
     limits == 0,
-    init_cache(model, variables, encoded, inputs, max_len),
+    model.encode(inputs, batch, max_len),
   )
   steps, tokens, scores, _, _ = lax.while_loop(cond, body, state)
   return Decoded(tokens, scores, steps)
@@ -215,14 +230,11 @@ class BeamState(NamedTuple):
   alive_log_probs: jax.Array  # [batch, k] float32: their summed log-probabilities (-inf: none).
   finished_scores: jax.Array  # [batch, n] float32: finished hypotheses' scores, best first.
   finished: jax.Array  # [batch, n, max_len] int32: those hypotheses.
-  cache: Any  # The decoder's cache: `[batch * k, ...]` rows, the cross-attention's `[batch, ...]`.
+  cache: SearchCache  # The model's: `[batch * k, ...]` rows.
 
 
 def _beam_step(
-  model,
-  variables,
-  encoded,
-  inputs,
+  model: SearchModel,
   limits,
   penalty,
   eos_id,
@@ -239,16 +251,7 @@ def _beam_step(
   done = _sentence_done(state, limits, penalty, early_stopping)
   alive_log_probs = jnp.where(done[:, None], NEG_INF, state.alive_log_probs)
   previous = jnp.where(step > 0, state.alive[:, :, jnp.maximum(step - 1, 0)], PAD_ID)
-  log_probs, cache = decode_step(
-    model,
-    variables,
-    state.cache,
-    encoded,
-    inputs,
-    previous.reshape(-1),
-    step,
-    renormalize=renormalize,
-  )
+  log_probs, cache = next_log_probs(model, previous.reshape(-1), step, state.cache, renormalize)
   last = step + 1 >= limits
   if force_eos:
     log_probs = restrict_to_eos(log_probs, jnp.repeat(last, k), eos_id)
@@ -277,9 +280,7 @@ def _beam_step(
   )
   kept_beams = jnp.take_along_axis(beams, kept, axis=1)
   alive = gather_beams(extended, kept)
-  cache = reorder_cache(
-    cache, kept_beams, batch_axis=int(model.config.scan_layers), length=step + 1
-  )
+  cache = reorder_cache(cache, kept_beams, length=step + 1)
   return BeamState(
     step=step + 1,
     alive=alive,
@@ -290,23 +291,8 @@ def _beam_step(
   )
 
 
-@functools.partial(
-  jax.jit,
-  static_argnames=(
-    "model",
-    "beam_size",
-    "max_len",
-    "max_extra",
-    "eos_id",
-    "length_normalization",
-    "force_eos",
-    "renormalize",
-    "early_stopping",
-  ),
-)
 def beam_search(
-  model,
-  variables,
+  model: SearchModel,
   inputs,
   *,
   beam_size: int = 4,
@@ -342,25 +328,13 @@ def beam_search(
   batch, k = inputs.shape[0], beam_size
   kept = 1 if early_stopping == "exact" else k
   limits = max_lengths(inputs, max_extra, max_len)
-  # The beams of a sentence share its encoder output and cross-attention keys/values.
-  encoded = model.apply(variables, inputs, method=model.encode)
 
   def cond(state: BeamState):
     done = _sentence_done(state, limits, penalty, early_stopping)
     return (state.step < max_len) & ~jnp.all(done)
 
   body = functools.partial(
-    _beam_step,
-    model,
-    variables,
-    encoded,
-    inputs,
-    limits,
-    penalty,
-    eos_id,
-    force_eos,
-    renormalize,
-    early_stopping,
+    _beam_step, model, limits, penalty, eos_id, force_eos, renormalize, early_stopping
   )
   # Every beam starts from the start token; only the first is live, so the
   # first step expands one hypothesis per sentence.
@@ -374,7 +348,7 @@ def beam_search(
     .at[:, 0]
     .set(jnp.where(limits > 0, NEG_INF, 0.0)),
     finished=jnp.zeros((batch, kept, max_len), jnp.int32),
-    cache=init_cache(model, variables, encoded, inputs, max_len, rows=batch * k),
+    cache=model.encode(inputs, batch * k, max_len),
   )
   final = lax.while_loop(cond, body, state)
   return Decoded(final.finished[:, 0], final.finished_scores[:, 0], final.step)

@@ -17,7 +17,7 @@ from jax.experimental import multihost_utils
 from transformer_jax import schema
 from transformer_jax.conventions import EOS_ID
 from transformer_jax.data import padded_length
-from transformer_jax.decode import search
+from transformer_jax.decode import search, transformer_search
 from transformer_jax.placement import Placement
 
 log = logging.getLogger(__name__)
@@ -109,8 +109,8 @@ class DecodeSettings:
       renormalize=self.renormalize,
     )
     if self.beam_size == 1:
-      return search.greedy_decode, common
-    return search.beam_search, dict(
+      return transformer_search.greedy_search, common
+    return transformer_search.beam_search, dict(
       common,
       beam_size=self.beam_size,
       alpha=self.alpha,

@@ -30,6 +30,11 @@ def _uniform(bound: float):
   return lambda key, shape, dtype=jnp.float32: jax.random.uniform(key, shape, dtype, -bound, bound)
 
 
+# The decode cache's entries that are the same for every hypothesis of a source sentence: the
+# cross-attention's keys and values, projected once, and the self-attention's write position.
+# The others hold one row per hypothesis, `[rows, heads, max_len, d]`.
+SHARED_CACHE_ENTRIES = ("static_key", "static_value", "cache_index")
+
 # The feed-forward activations: the paper's ReLU, and those of other pretrained models
 # (swish = x * sigmoid(x); gelu is the exact, erf-based one).
 ACTIVATIONS = {

@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer_jax.conventions import UNK_ID
-from transformer_jax.decode import search
+from transformer_jax.decode import transformer_search
 from transformer_jax.tools.timing import summary, timed
 
 SENTENCES, SOURCE_LENGTH, OUTPUT_LENGTH = 16, 32, 48
@@ -30,9 +30,11 @@ def measure_decoding(
   common = dict(max_len=output_length, max_extra=output_length, eos_id=-1)
   searches = {
     "beam4": lambda: (
-      search.beam_search(model, variables, inputs, beam_size=4, alpha=0.6, **common).tokens
+      transformer_search.beam_search(
+        model, variables, inputs, beam_size=4, alpha=0.6, **common
+      ).tokens
     ),
-    "greedy": lambda: search.greedy_decode(model, variables, inputs, **common).tokens,
+    "greedy": lambda: transformer_search.greedy_search(model, variables, inputs, **common).tokens,
   }
   results = {}
   for name, fn in searches.items():

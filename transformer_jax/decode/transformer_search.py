@@ -1,0 +1,100 @@
+"""The Transformer as a model the searches run (`search.SearchModel`), and the searches over it.
+
+`searchable(model, variables)` gives its two functions. The encoder runs
+once per batch and makes the decoder's cache, in which the cross-attention
+keys and values of each sentence are projected once and read by all its
+hypotheses (`attention.cached_attention`); each step feeds one token per
+hypothesis through the decoder. `greedy_search` and `beam_search` take the
+model and its variables, as the translator, eval and the compile mode call
+them, and are jitted: the model and every option but `alpha` are static.
+"""
+
+import flax.traverse_util
+import jax
+import jax.numpy as jnp
+
+from transformer_jax.decode import search
+from transformer_jax.decode.cache import SearchCache
+from transformer_jax.model.layers import SHARED_CACHE_ENTRIES
+
+
+def _search_cache(cache, encoded, inputs, row_axis: int) -> SearchCache:
+  """The decoder's flax cache as a SearchCache: per-sentence entries, the encoder's output and
+  the source ids shared; the key/value buffers `[rows, heads, max_len, d]` (after a layers
+  axis when the stack is scanned) as rows."""
+  flat = flax.traverse_util.flatten_dict(cache)
+  shared = {path: x for path, x in flat.items() if path[-1] in SHARED_CACHE_ENTRIES}
+  rows = {path: x for path, x in flat.items() if path not in shared}
+  return SearchCache(
+    shared={"cache": shared, "encoded": encoded, "inputs": inputs},
+    rows=rows,
+    row_axis=row_axis,
+    position_axis=row_axis + 2,
+  )
+
+
+def searchable(model, variables) -> search.SearchModel:
+  """A Transformer (`model.transformer.Transformer`) with its `variables` (`{"params": ...}`)
+  as the searches' encoder and step functions."""
+  row_axis = int(model.config.scan_layers)
+
+  def decode(cache, encoded, inputs, targets, positions):
+    """The decoder in decode mode: (logits, the flax cache it leaves)."""
+    extra = {} if cache is None else {"cache": cache}
+    logits, mutated = model.apply(
+      {**variables, **extra},
+      encoded,
+      inputs,
+      targets,
+      targets_position=positions,
+      decode=True,
+      method=model.decode,
+      mutable=["cache"],
+    )
+    return logits, mutated["cache"]
+
+  def encode(inputs, rows: int, max_len: int) -> SearchCache:
+    encoded = model.apply(variables, inputs, method=model.encode)
+    targets = jnp.zeros((rows, max_len), jnp.int32)  # Sizes the buffers; decodes nothing.
+    _, cache = decode(None, encoded, inputs, targets, jnp.zeros_like(targets))
+    return _search_cache(cache, encoded, inputs, row_axis)
+
+  def step(tokens, position, cache: SearchCache):
+    encoded, inputs = cache.shared["encoded"], cache.shared["inputs"]
+    flax_cache = flax.traverse_util.unflatten_dict({**cache.shared["cache"], **cache.rows})
+    positions = jnp.full((tokens.shape[0], 1), position, jnp.int32)
+    logits, flax_cache = decode(flax_cache, encoded, inputs, tokens[:, None], positions)
+    log_probs = jax.nn.log_softmax(logits[:, 0].astype(jnp.float32))
+    return log_probs, _search_cache(flax_cache, encoded, inputs, row_axis)
+
+  return search.SearchModel(encode, step, model.config.max_len)
+
+
+# Everything the searches take but the model's variables, the inputs and `alpha` (traced, so a
+# sweep over it does not recompile).
+STATIC_OPTIONS = (
+  "max_len",
+  "max_extra",
+  "eos_id",
+  "force_eos",
+  "renormalize",
+  "beam_size",
+  "length_normalization",
+  "early_stopping",
+)
+
+
+def _over_the_transformer(run_search):
+  def run(model, variables, inputs, **options):
+    return run_search(searchable(model, variables), inputs, **options)
+
+  run.__name__ = run_search.__name__
+  run.__doc__ = (
+    f"`search.{run_search.__name__}` over a Transformer `model` with its `variables` "
+    '(`{"params": ...}`) for source ids `inputs` `[batch, src_len]`, jitted.'
+  )
+  return jax.jit(run, static_argnums=0, static_argnames=STATIC_OPTIONS)
+
+
+greedy_search = _over_the_transformer(search.greedy_search)
+beam_search = _over_the_transformer(search.beam_search)
