@@ -8,14 +8,14 @@ import pytest
 import numpy_reference as ref
 from helpers import init_module as init
 from helpers import randn
-from transformer_jax.model import embedding
+from transformer_jax.model import embedding, functional
 
 pytestmark = pytest.mark.device
 
 
 def test_sinusoidal_table_is_the_papers_formula():
   d_model = 16
-  table = embedding.sinusoidal_table(100, d_model)
+  table = functional.sinusoidal_table(100, d_model)
   for pos in (0, 1, 7, 99):
     for j in range(d_model):
       assert table[pos, j] == pytest.approx(ref.sinusoid(pos, j, d_model), abs=1e-6)

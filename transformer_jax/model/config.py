@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from transformer_jax import schema
 from transformer_jax.errors import FieldError
 from transformer_jax.model import attention
-from transformer_jax.model.layers import ACTIVATIONS, INITS
+from transformer_jax.model.functional import ACTIVATIONS, INITS
 
 POSITIONAL_KINDS = ("sinusoidal", "learned")
 NORM_KINDS = ("post", "pre")

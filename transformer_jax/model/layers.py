@@ -1,7 +1,8 @@
 """Flax Linen layers of the Transformer, each usable on its own in any Flax model (the embedding
-and positional encodings: model/embedding.py).
+and positional encodings: model/embedding.py; the same layers in NNX: model/nnx.py).
 
-Every parameter carries logical axis names (`embed, heads, kv, mlp, vocab,
+The modules hold the parameters; the math is model/functional.py's. Every
+parameter carries logical axis names (`embed, heads, kv, mlp, vocab,
 length`) and the main activations are constrained to (`batch, length, embed`,
 ...), so a table of rules (see `transformer_jax.sharding`) shards them without
 code changes. Parameters are float32; `dtype` is the computation dtype.
@@ -11,41 +12,35 @@ import functools
 from typing import Any
 
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 
-from transformer_jax.model import attention
+from transformer_jax.model import attention, functional
 from transformer_jax.model.dropout import Dropout
+from transformer_jax.model.functional import ACTIVATIONS, INITS
 
 Dtype = Any
 
-# Initial parameters: "xavier", Xavier-uniform weights and zero biases (tensor2tensor's scale);
-# "fairseq", fairseq's: W^Q, W^K, W^V at Xavier gain 2^-1/2, W^O Xavier, and the feed-forward
-# layers and Q, K, V biases as torch's nn.Linear default, U(+-1/sqrt(fan_in)).
-INITS = ("xavier", "fairseq")
-
-
-def _uniform(bound: float):
-  """An initializer drawing U(-bound, bound)."""
-  return lambda key, shape, dtype=jnp.float32: jax.random.uniform(key, shape, dtype, -bound, bound)
-
+__all__ = [
+  "ACTIVATIONS",
+  "INITS",
+  "SHARED_CACHE_ENTRIES",
+  "DecoderLayer",
+  "EncoderLayer",
+  "FeedForward",
+  "LayerNorm",
+  "MultiHeadAttention",
+  "logical_param",
+]
 
 # The decode cache's entries that are the same for every hypothesis of a source sentence: the
 # cross-attention's keys and values, projected once, and the self-attention's write position.
 # The others hold one row per hypothesis, `[rows, heads, max_len, d]`.
 SHARED_CACHE_ENTRIES = ("static_key", "static_value", "cache_index")
 
-# The feed-forward activations: the paper's ReLU, and those of other pretrained models
-# (swish = x * sigmoid(x); gelu is the exact, erf-based one).
-ACTIVATIONS = {
-  "relu": nn.relu,
-  "swish": nn.swish,
-  "gelu": functools.partial(nn.gelu, approximate=False),
-}
 
-
-def logical_param(module, name, init, shape, axes, dtype):
-  """A float32 parameter annotated with logical axis names."""
+def logical_param(module, name, init, shape, dtype):
+  """The parameter `name` of `module`, annotated with its logical axis names (`functional.AXES`)."""
+  axes = functional.AXES[name]
   return module.param(name, nn.with_logical_partitioning(init, axes), shape, dtype)
 
 
@@ -80,91 +75,49 @@ class MultiHeadAttention(nn.Module):
 
   @nn.compact
   def __call__(self, inputs_q, inputs_kv, mask=None, *, decode: bool = False):
-    d_in = inputs_q.shape[-1]
+    d_in, d_kv = inputs_q.shape[-1], inputs_kv.shape[-1]
     d_out = self.out_features or d_in
     h = self.num_heads
-    kv_init = nn.initializers.variance_scaling(
-      0.5 if self.init_scheme == "fairseq" else 1.0,
-      "fan_avg",
-      "uniform",
-      in_axis=0,
-      out_axis=(1, 2),
-    )
-    w_q = logical_param(
-      self, "query", kv_init, (d_in, h, self.d_k), ("embed", "heads", "kv"), self.param_dtype
-    )
-    w_k = logical_param(
-      self,
-      "key",
-      kv_init,
-      (inputs_kv.shape[-1], h, self.d_k),
-      ("embed", "heads", "kv"),
-      self.param_dtype,
-    )
-    w_v = logical_param(
-      self,
-      "value",
-      kv_init,
-      (inputs_kv.shape[-1], h, self.d_v),
-      ("embed", "heads", "kv"),
-      self.param_dtype,
-    )
-    w_o = logical_param(
-      self,
-      "out",
-      nn.initializers.xavier_uniform(in_axis=(0, 1), out_axis=2),
-      (h, self.d_v, d_out),
-      ("heads", "kv", "embed"),
-      self.param_dtype,
-    )
-    b_q, b_k, b_v, b_o = self._biases(d_in, inputs_kv.shape[-1], d_out)
+    inits = functional.attention_inits(self.init_scheme, d_in, d_kv)
+    shapes = {
+      "query": (d_in, h, self.d_k),
+      "key": (d_kv, h, self.d_k),
+      "value": (d_kv, h, self.d_v),
+      "out": (h, self.d_v, d_out),
+    }
+    if self.use_bias:
+      shapes |= {
+        "query_bias": (h, self.d_k),
+        "key_bias": (h, self.d_k),
+        "value_bias": (h, self.d_v),
+        "out_bias": (d_out,),
+      }
+    p = {
+      name: logical_param(self, name, inits[name], shape, self.param_dtype)
+      for name, shape in shapes.items()
+    }
+    bias = lambda name: p.get(f"{name}_bias")
+    project = functools.partial(functional.project, dtype=self.dtype)
 
-    def project(x, w, b, layout="blhk"):
-      y = jnp.einsum(f"bld,dhk->{layout}", x.astype(self.dtype), w.astype(self.dtype))
-      if b is not None:
-        y = y + (b if layout == "blhk" else b[:, None, :]).astype(self.dtype)
-      return nn.with_logical_constraint(
-        y,
-        ("batch", "length", "heads", "kv")
-        if layout == "blhk"
-        else ("batch", "heads", "length", "kv"),
-      )
-
-    query = project(inputs_q, w_q, b_q)
+    query = project(inputs_q, p["query"], bias("query"))
     if decode:
       # The cache is head-major, [batch, heads, length, d], as the attention wants it.
+      keys_values = lambda: (
+        project(inputs_kv, p["key"], bias("key"), head_major=True),
+        project(inputs_kv, p["value"], bias("value"), head_major=True),
+      )
       if self.static_kv:
-        key, value = self._static_kv_cache(
-          lambda: (project(inputs_kv, w_k, b_k, "bhlk"), project(inputs_kv, w_v, b_v, "bhlk"))
-        )
+        key, value = self._static_kv_cache(keys_values)
       else:
-        key, value, mask = self._self_attention_cache(
-          project(inputs_kv, w_k, b_k, "bhlk"), project(inputs_kv, w_v, b_v, "bhlk"), mask
-        )
+        key, value, mask = self._self_attention_cache(*keys_values(), mask)
       out = attention.cached_attention(query, key, value, mask)
     else:
-      key, value = project(inputs_kv, w_k, b_k), project(inputs_kv, w_v, b_v)
+      key = project(inputs_kv, p["key"], bias("key"))
+      value = project(inputs_kv, p["value"], bias("value"))
       out = attention.dot_product_attention(
         query, key, value, mask, implementation=self.attention_impl
       )
-    out = jnp.einsum("blhk,hkd->bld", out, w_o.astype(self.dtype))
-    if b_o is not None:
-      out = out + b_o.astype(self.dtype)
-    return nn.with_logical_constraint(out, ("batch", "length", "embed"))
-
-  def _biases(self, d_in, d_kv, d_out):
-    """The biases of Q, K, V and the output projection, or four Nones without `use_bias`."""
-    if not self.use_bias:
-      return None, None, None, None
-    zeros, h = nn.initializers.zeros, self.num_heads
-    fairseq = self.init_scheme == "fairseq"
-    q_init, kv_init = (_uniform(d_in**-0.5), _uniform(d_kv**-0.5)) if fairseq else (zeros, zeros)
-    return (
-      logical_param(self, "query_bias", q_init, (h, self.d_k), ("heads", "kv"), self.param_dtype),
-      logical_param(self, "key_bias", kv_init, (h, self.d_k), ("heads", "kv"), self.param_dtype),
-      logical_param(self, "value_bias", kv_init, (h, self.d_v), ("heads", "kv"), self.param_dtype),
-      logical_param(self, "out_bias", zeros, (d_out,), ("embed",), self.param_dtype),
-    )
+    return functional.merge_heads(out, p["out"], bias("out"), self.dtype)
 
   def _static_kv_cache(self, compute):
     """Keys/values projected once from a fixed source, then read from the cache."""
@@ -183,19 +136,12 @@ class MultiHeadAttention(nn.Module):
     cache_index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
     if not initialized:
       return key, value, mask  # Sizing call: the full-length shape makes the cache.
-    if key.shape[2] != 1:
-      raise ValueError(
-        f"incremental decoding takes one target position per call; got {key.shape[2]}"
-      )
-    max_len = cached_key.value.shape[2]
-    index = cache_index.value
-    zero = jnp.zeros_like(index)  # Start indices of one dtype, also with jax_enable_x64.
-    key = jax.lax.dynamic_update_slice(cached_key.value, key, (zero, zero, index, zero))
-    value = jax.lax.dynamic_update_slice(cached_value.value, value, (zero, zero, index, zero))
+    key, value, mask = functional.write_step(
+      cached_key.value, cached_value.value, cache_index.value, key, value, mask
+    )
     cached_key.value, cached_value.value = key, value
-    cache_index.value = index + 1
-    seen = (jnp.arange(max_len) <= index)[None, None, None, :]
-    return key, value, attention.combine_masks(mask, seen)
+    cache_index.value = cache_index.value + 1
+    return key, value, mask
 
 
 class FeedForward(nn.Module):
@@ -214,44 +160,28 @@ class FeedForward(nn.Module):
   @nn.compact
   def __call__(self, x):
     d_model = x.shape[-1]
-    if self.init_scheme == "fairseq":
-      inits = (_uniform(d_model**-0.5),) * 2 + (_uniform(self.d_ff**-0.5),) * 2
-    else:
-      inits = (nn.initializers.xavier_uniform(), nn.initializers.zeros) * 2
-    w1 = logical_param(
-      self, "wi", inits[0], (d_model, self.d_ff), ("embed", "mlp"), self.param_dtype
-    )
-    b1 = logical_param(self, "bi", inits[1], (self.d_ff,), ("mlp",), self.param_dtype)
-    w2 = logical_param(
-      self, "wo", inits[2], (self.d_ff, d_model), ("mlp", "embed"), self.param_dtype
-    )
-    b2 = logical_param(self, "bo", inits[3], (d_model,), ("embed",), self.param_dtype)
-    x = x.astype(self.dtype)
-    hidden = ACTIVATIONS[self.activation](x @ w1.astype(self.dtype) + b1.astype(self.dtype))
-    hidden = nn.with_logical_constraint(hidden, ("batch", "length", "mlp"))
-    return hidden @ w2.astype(self.dtype) + b2.astype(self.dtype)
+    inits = functional.feed_forward_inits(self.init_scheme, d_model, self.d_ff)
+    shapes = {"wi": (d_model, self.d_ff), "bi": (self.d_ff,), "wo": (self.d_ff, d_model)}
+    p = {
+      name: logical_param(self, name, inits[name], shape, self.param_dtype)
+      for name, shape in (shapes | {"bo": (d_model,)}).items()
+    }
+    return functional.feed_forward(x, **p, activation=self.activation, dtype=self.dtype)
 
 
-def residual(x, sublayer, *, norm, dropout, pre_norm: bool, deterministic: bool):
-  """One residual sub-layer with dropout on its output before the add.
+class LayerNorm(nn.Module):
+  """LayerNorm over the last axis with a `[d]` scale and bias (`functional.layer_norm`)."""
 
-  Post-LN (the paper): `LayerNorm(x + Dropout(sublayer(x)))`.
-  Pre-LN: `x + Dropout(sublayer(LayerNorm(x)))`.
-  """
-  if pre_norm:
-    return x + dropout(sublayer(norm(x)), deterministic=deterministic)
-  return norm(x + dropout(sublayer(x), deterministic=deterministic))
+  epsilon: float = 1e-6
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
 
-
-def layer_norm(dtype, name=None, epsilon=1e-6):
-  """LayerNorm with logically partitioned scale and bias."""
-  return nn.LayerNorm(
-    epsilon=epsilon,
-    dtype=dtype,
-    name=name,
-    scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
-    bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
-  )
+  @nn.compact
+  def __call__(self, x):
+    d = x.shape[-1]
+    scale = logical_param(self, "scale", nn.initializers.ones, (d,), self.param_dtype)
+    bias = logical_param(self, "bias", nn.initializers.zeros, (d,), self.param_dtype)
+    return functional.layer_norm(x, scale, bias, epsilon=self.epsilon, dtype=self.dtype)
 
 
 class _LayerFields(nn.Module):
@@ -272,7 +202,7 @@ class _LayerFields(nn.Module):
 
   # Named apart from the submodules they make: `nnx.bridge.ToNNX` finds variables by attribute.
   def _norm(self, name):
-    return layer_norm(self.dtype, name, self.norm_epsilon)
+    return LayerNorm(self.norm_epsilon, self.dtype, name=name)
 
   def _feed_forward(self):
     return FeedForward(
@@ -297,12 +227,12 @@ class _LayerFields(nn.Module):
     )
 
   def _residual_block(self, deterministic: bool):
-    """`block(x, sublayer, norm=...)`: `residual` with this layer's dropout and norm placement."""
+    """`block(x, sublayer, norm=...)`: `functional.residual` with this layer's dropout (one
+    module, a new key at each call) and norm placement."""
     return functools.partial(
-      residual,
-      dropout=Dropout(self.dropout_rate),
+      functional.residual,
+      dropout=functools.partial(Dropout(self.dropout_rate), deterministic=deterministic),
       pre_norm=self.pre_norm,
-      deterministic=deterministic,
     )
 
 

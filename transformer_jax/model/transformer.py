@@ -16,7 +16,7 @@ from transformer_jax.model.config import (
 )
 from transformer_jax.model.dropout import Dropout
 from transformer_jax.model.embedding import Embed, PositionalEncoding
-from transformer_jax.model.layers import DecoderLayer, EncoderLayer, layer_norm
+from transformer_jax.model.layers import DecoderLayer, EncoderLayer, LayerNorm
 
 # The settings stay importable from here, where config files have imported them from.
 __all__ = [
@@ -122,7 +122,7 @@ def _embed_positions(cfg: TransformerConfig, embed: Embed, ids, positions, deter
 def _final_norm(cfg: TransformerConfig, x):
   """Pre-LN stacks end in a LayerNorm (the sublayers normalise only their inputs)."""
   return (
-    layer_norm(cfg.compute_dtype, "final_norm", cfg.norm_epsilon)(x) if cfg.norm == "pre" else x
+    LayerNorm(cfg.norm_epsilon, cfg.compute_dtype, name="final_norm")(x) if cfg.norm == "pre" else x
   )
 
 

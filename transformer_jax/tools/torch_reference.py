@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from transformer_jax.conventions import PAD_ID
-from transformer_jax.model.embedding import sinusoidal_table
+from transformer_jax.model.functional import sinusoidal_table
 from transformer_jax.model.transformer import TransformerConfig
 
 

@@ -1,0 +1,214 @@
+"""The layers' math as pure functions of their parameters, and how each parameter starts.
+
+The Linen modules (layers.py, embedding.py) and the NNX modules (nnx.py) hold
+the parameters and call these functions, so the two front doors compute the
+same thing; parameters are named, shaped and initialised as `AXES` and the
+initialisers here say, and the scaled dot-product attention itself is
+model/attention.py's.
+"""
+
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+# Every parameter's logical axis names, by its name in its module; the sharding rules
+# (transformer_jax.sharding) map them to mesh axes.
+AXES = {
+  "query": ("embed", "heads", "kv"),
+  "key": ("embed", "heads", "kv"),
+  "value": ("embed", "heads", "kv"),
+  "out": ("heads", "kv", "embed"),
+  "query_bias": ("heads", "kv"),
+  "key_bias": ("heads", "kv"),
+  "value_bias": ("heads", "kv"),
+  "out_bias": ("embed",),
+  "wi": ("embed", "mlp"),
+  "bi": ("mlp",),
+  "wo": ("mlp", "embed"),
+  "bo": ("embed",),
+  "scale": ("embed",),
+  "bias": ("embed",),
+  "embedding": ("vocab", "embed"),
+  "logits_bias": ("vocab",),
+  "table": ("length", "embed"),
+}
+
+# Initial parameters: "xavier", Xavier-uniform weights and zero biases (tensor2tensor's scale);
+# "fairseq", fairseq's: W^Q, W^K, W^V at Xavier gain 2^-1/2, W^O Xavier, and the feed-forward
+# layers and Q, K, V biases as torch's nn.Linear default, U(+-1/sqrt(fan_in)).
+INITS = ("xavier", "fairseq")
+
+# The feed-forward activations: the paper's ReLU, and those of other pretrained models
+# (swish = x * sigmoid(x); gelu is the exact, erf-based one).
+ACTIVATIONS = {
+  "relu": nn.relu,
+  "swish": nn.swish,
+  "gelu": functools.partial(nn.gelu, approximate=False),
+}
+
+
+def uniform(bound: float):
+  """An initializer drawing U(-bound, bound)."""
+  return lambda key, shape, dtype=jnp.float32: jax.random.uniform(key, shape, dtype, -bound, bound)
+
+
+def attention_inits(scheme: str, d_in: int, d_kv: int) -> dict:
+  """The initializers of `MultiHeadAttention`'s parameters, by name, for inputs of width `d_in`
+  (queries) and `d_kv` (keys and values)."""
+  qkv = nn.initializers.variance_scaling(
+    0.5 if scheme == "fairseq" else 1.0, "fan_avg", "uniform", in_axis=0, out_axis=(1, 2)
+  )
+  zeros = nn.initializers.zeros
+  fairseq = scheme == "fairseq"
+  return {
+    "query": qkv,
+    "key": qkv,
+    "value": qkv,
+    "out": nn.initializers.xavier_uniform(in_axis=(0, 1), out_axis=2),
+    "query_bias": uniform(d_in**-0.5) if fairseq else zeros,
+    "key_bias": uniform(d_kv**-0.5) if fairseq else zeros,
+    "value_bias": uniform(d_kv**-0.5) if fairseq else zeros,
+    "out_bias": zeros,
+  }
+
+
+def feed_forward_inits(scheme: str, d_model: int, d_ff: int) -> dict:
+  """The initializers of `FeedForward`'s parameters, by name."""
+  if scheme == "fairseq":
+    return {
+      "wi": uniform(d_model**-0.5),
+      "bi": uniform(d_model**-0.5),
+      "wo": uniform(d_ff**-0.5),
+      "bo": uniform(d_ff**-0.5),
+    }
+  xavier, zeros = nn.initializers.xavier_uniform(), nn.initializers.zeros
+  return {"wi": xavier, "bi": zeros, "wo": xavier, "bo": zeros}
+
+
+def embedding_init(d_model: int):
+  """N(0, d_model^-1/2), the token embedding's (and a learned position table's) initializer."""
+  return nn.initializers.normal(stddev=d_model**-0.5)
+
+
+def project(x, w, b, dtype, *, head_major: bool = False):
+  """`x W (+ b)`: `[b, l, d]` x `[d, heads, k]` -> `[b, l, heads, k]`, or `[b, heads, l, k]`
+  (the decode cache's layout) with `head_major`."""
+  layout = "bhlk" if head_major else "blhk"
+  y = jnp.einsum(f"bld,dhk->{layout}", x.astype(dtype), w.astype(dtype))
+  if b is not None:
+    y = y + (b[:, None, :] if head_major else b).astype(dtype)
+  axes = ("batch", "heads", "length", "kv") if head_major else ("batch", "length", "heads", "kv")
+  return nn.with_logical_constraint(y, axes)
+
+
+def merge_heads(out, w, b, dtype):
+  """`Concat(heads) W^O (+ b)`: `[b, l, heads, d_v]` -> `[b, l, d_model]`."""
+  out = jnp.einsum("blhk,hkd->bld", out, w.astype(dtype))
+  if b is not None:
+    out = out + b.astype(dtype)
+  return nn.with_logical_constraint(out, ("batch", "length", "embed"))
+
+
+def write_step(cached_key, cached_value, index, key, value, mask):
+  """One decoding step's key/value `[b, heads, 1, d]` written at `index` into the head-major
+  buffers `[b, heads, max_len, d]`: (keys, values, the mask `mask` narrowed to the positions
+  written so far)."""
+  if key.shape[2] != 1:
+    raise ValueError(f"incremental decoding takes one target position per call; got {key.shape[2]}")
+  zero = jnp.zeros_like(index)  # Start indices of one dtype, also with jax_enable_x64.
+  key = lax.dynamic_update_slice(cached_key, key, (zero, zero, index, zero))
+  value = lax.dynamic_update_slice(cached_value, value, (zero, zero, index, zero))
+  seen = (jnp.arange(cached_key.shape[2]) <= index)[None, None, None, :]
+  return key, value, _combine(mask, seen)
+
+
+def _combine(mask, seen):
+  return seen if mask is None else mask & seen
+
+
+def feed_forward(x, wi, bi, wo, bo, activation: str, dtype):
+  """`activation(x W1 + b1) W2 + b2`: `[..., d_model]` to itself."""
+  x = x.astype(dtype)
+  hidden = ACTIVATIONS[activation](x @ wi.astype(dtype) + bi.astype(dtype))
+  hidden = nn.with_logical_constraint(hidden, ("batch", "length", "mlp"))
+  return hidden @ wo.astype(dtype) + bo.astype(dtype)
+
+
+def layer_norm(x, scale, bias, *, epsilon: float, dtype):
+  """LayerNorm over the last axis, its statistics in float32 or wider, as `flax.linen.LayerNorm`
+  computes it (variance as E[x^2] - E[x]^2, clipped at 0): `[..., d]` -> same, in `dtype`."""
+  # In flax's order of operations, which XLA's CPU compiler fuses best.
+  stats = x.astype(jnp.promote_types(dtype, jnp.float32))
+  squares = lax.square(stats)
+  mean, mean_square = stats.mean(-1), squares.mean(-1)
+  var = jnp.maximum(0.0, mean_square - lax.square(mean))
+  mean, var = jnp.expand_dims(mean, -1), jnp.expand_dims(var, -1)
+  y = x - mean
+  features = (1,) * (x.ndim - 1) + scale.shape
+  mul = lax.rsqrt(var + epsilon) * scale.reshape(features)
+  y = y * mul + bias.reshape(features)
+  return jnp.asarray(y, dtype)
+
+
+def residual(x, sublayer, *, norm, dropout, pre_norm: bool):
+  """One residual sub-layer with dropout on its output before the add.
+
+  Post-LN (the paper): `LayerNorm(x + Dropout(sublayer(x)))`.
+  Pre-LN: `x + Dropout(sublayer(LayerNorm(x)))`.
+  """
+  if pre_norm:
+    return x + dropout(sublayer(norm(x)))
+  return norm(x + dropout(sublayer(x)))
+
+
+def embed(embedding, ids, dtype):
+  """Token ids `[b, l]` -> their rows of `embedding` `[vocab, d]`, times sqrt(d): `[b, l, d]`."""
+  x = jnp.take(embedding, ids, axis=0).astype(dtype)
+  return x * jnp.asarray(np.sqrt(embedding.shape[1]), dtype)
+
+
+def logits(embedding, bias, x, dtype):
+  """`[b, l, d]` -> logits `[b, l, vocab]` through the shared embedding (+ `bias`), in float32
+  or wider."""
+  out = jnp.einsum(
+    "bld,vd->blv",
+    x.astype(dtype),
+    embedding.astype(dtype),
+    preferred_element_type=jnp.promote_types(dtype, jnp.float32),
+  )
+  return out if bias is None else out + bias.astype(out.dtype)
+
+
+def sinusoidal_table(max_len: int, d_model: int, dtype=np.float32) -> np.ndarray:
+  """The paper's encoding `[max_len, d_model]`, computed in float64, returned as `dtype`.
+
+  PE(pos, 2i) = sin(pos / 10000^(2i/d_model)); PE(pos, 2i+1) = cos(same).
+  """
+  pos = np.arange(max_len, dtype=np.float64)[:, None]
+  two_i = np.arange(0, d_model, 2, dtype=np.float64)[None, :]
+  angle = pos / np.power(10000.0, two_i / d_model)
+  table = np.zeros((max_len, d_model), dtype=np.float64)
+  table[:, 0::2] = np.sin(angle)
+  table[:, 1::2] = np.cos(angle)
+  return table.astype(dtype)
+
+
+POSITIONALS = ("sinusoidal", "learned")
+
+
+def add_positions(x, table, positions, max_len: int):
+  """`x` `[b, l, d]` plus the rows `positions` `[b, l]` (default 0..l-1) of `table` `[max_len, d]`;
+  `table` None: the paper's sinusoid."""
+  length, d_model = x.shape[-2:]
+  if positions is None:
+    if length > max_len:
+      raise ValueError(f"sequence length {length} exceeds max_len={max_len}")
+    positions = jnp.arange(length)[None, :]
+  if table is None:
+    # float32 (float64 in a float64 model), then cast to the computation dtype.
+    table = jnp.asarray(sinusoidal_table(max_len, d_model, jnp.promote_types(x.dtype, jnp.float32)))
+  return x + jnp.take(table, positions, axis=0).astype(x.dtype)
