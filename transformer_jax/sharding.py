@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 import flax.linen as nn
 import jax
 import numpy as np
+from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from transformer_jax import schema
@@ -167,6 +168,15 @@ def tree_shardings(abstract_tree, mesh: Mesh, rules: Rules):
   The result has the structure of the unboxed tree.
   """
   specs = nn.get_partition_spec(abstract_tree)
+  return nn.logical_to_mesh_sharding(specs, mesh, rules)
+
+
+def nnx_shardings(state, mesh: Mesh, rules: Rules):
+  """NamedShardings for an NNX state (`nnx.state(model)`) whose variables carry logical axis
+  names as `out_sharding` metadata, as model/nnx_layers.py's do; the same structure as `state`.
+  Names without a rule are not sharded."""
+  with nn.logical_axis_rules(()):  # Logical names, not what rules in force would make of them.
+    specs = nnx.get_partition_spec(state)
   return nn.logical_to_mesh_sharding(specs, mesh, rules)
 
 

@@ -1,6 +1,7 @@
 """The Transformer as a model the searches run (`search.SearchModel`), and the searches over it.
 
-`searchable(model, variables)` gives its two functions. The encoder runs
+`searchable(model, variables)` gives its two functions, for the Linen model
+with its variables or the NNX one (model/nnx_transformer.py) alone. The encoder runs
 once per batch and makes the decoder's cache, in which the cross-attention
 keys and values of each sentence are projected once and read by all its
 hypotheses (`attention.cached_attention`); each step feeds one token per
@@ -12,10 +13,12 @@ them, and are jitted: the model and every option but `alpha` are static.
 import flax.traverse_util
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
 from transformer_jax.decode import search
 from transformer_jax.decode.cache import SearchCache
 from transformer_jax.model.layers import SHARED_CACHE_ENTRIES
+from transformer_jax.model.nnx_layers import RowCache, SentenceCache
 
 
 def _search_cache(cache, encoded, inputs, row_axis: int) -> SearchCache:
@@ -33,9 +36,12 @@ def _search_cache(cache, encoded, inputs, row_axis: int) -> SearchCache:
   )
 
 
-def searchable(model, variables) -> search.SearchModel:
-  """A Transformer (`model.transformer.Transformer`) with its `variables` (`{"params": ...}`)
-  as the searches' encoder and step functions."""
+def searchable(model, variables=None) -> search.SearchModel:
+  """A Transformer as the searches' encoder and step functions: the Linen
+  `model.transformer.Transformer` with its `variables` (`{"params": ...}`), or the NNX
+  `model.nnx_transformer.Transformer` (no variables; run the search inside `nnx.jit`)."""
+  if isinstance(model, nnx.Module):
+    return _nnx_searchable(model)
   row_axis = int(model.config.scan_layers)
 
   def decode(cache, encoded, inputs, targets, positions):
@@ -66,6 +72,39 @@ def searchable(model, variables) -> search.SearchModel:
     logits, flax_cache = decode(flax_cache, encoded, inputs, tokens[:, None], positions)
     log_probs = jax.nn.log_softmax(logits[:, 0].astype(jnp.float32))
     return log_probs, _search_cache(flax_cache, encoded, inputs, row_axis)
+
+  return search.SearchModel(encode, step, model.config.max_len)
+
+
+def _nnx_searchable(model) -> search.SearchModel:
+  """The NNX Transformer's functions: its decode state is split by variable type, `RowCache`
+  (one row per hypothesis) and `SentenceCache` (shared)."""
+  graphdef, state = nnx.split(model)
+  # The structure of the model with its cache, fixed when the encoder (traced first) makes it.
+  with_cache = {}
+
+  def as_search_cache(decoding, inputs) -> SearchCache:
+    with_cache["graphdef"], rows, shared, with_cache["rest"] = nnx.split(
+      decoding, RowCache, SentenceCache, ...
+    )
+    return SearchCache(
+      shared={"cache": shared, "inputs": inputs}, rows=rows, row_axis=0, position_axis=2
+    )
+
+  def encode(inputs, rows: int, max_len: int) -> SearchCache:
+    decoding = nnx.merge(graphdef, state)
+    decoding.init_cache(decoding.encode(inputs), rows, max_len)
+    return as_search_cache(decoding, inputs)
+
+  def step(tokens, position, cache: SearchCache):
+    decoding = nnx.merge(
+      with_cache["graphdef"], cache.rows, cache.shared["cache"], with_cache["rest"]
+    )
+    inputs = cache.shared["inputs"]
+    positions = jnp.full((tokens.shape[0], 1), position, jnp.int32)
+    logits = decoding.decode(None, inputs, tokens[:, None], targets_position=positions, decode=True)
+    log_probs = jax.nn.log_softmax(logits[:, 0].astype(jnp.float32))
+    return log_probs, as_search_cache(decoding, inputs)
 
   return search.SearchModel(encode, step, model.config.max_len)
 

@@ -1,10 +1,13 @@
-"""The model: pure attention functions, Flax layers, dropout, the Transformer and its loss.
+"""The model: pure functions, Flax Linen and NNX layers, dropout, the Transformer and its loss.
 
 attention.py    dot_product_attention, cached_attention, mask builders (no parameters)
+functional.py   the layers' math as pure functions of their parameters; their axes and inits
 dropout.py      hashed_bits, dropout, Dropout
 layers.py       MultiHeadAttention, FeedForward, LayerNorm, EncoderLayer, DecoderLayer
 embedding.py    Embed (shared, with the tied output projection), PositionalEncoding
 config.py       TransformerConfig, the paper's presets, count_params
 transformer.py  Encoder, Decoder, Transformer
+nnx_layers.py   the same layers as Flax NNX modules, over functional.py
+nnx_transformer.py  the NNX Transformer; its parameters to and from the Linen model's
 loss.py         label-smoothed cross entropy and a batch's loss sums
 """

@@ -1,5 +1,5 @@
 """Flax Linen layers of the Transformer, each usable on its own in any Flax model (the embedding
-and positional encodings: model/embedding.py; the same layers in NNX: model/nnx.py).
+and positional encodings: model/embedding.py; the same layers in NNX: model/nnx_layers.py).
 
 The modules hold the parameters; the math is model/functional.py's. Every
 parameter carries logical axis names (`embed, heads, kv, mlp, vocab,

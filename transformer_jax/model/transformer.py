@@ -44,6 +44,27 @@ def shift_right(targets, segmentation=None):
   return jnp.where(segmentation == previous, shifted, PAD_ID)
 
 
+def decoder_masks(
+  inputs, targets, inputs_segmentation, targets_segmentation, positions, *, decode: bool
+):
+  """The decoder's (self-attention, cross-attention) masks: causal and padding (or packed
+  segments); with `decode` (one step, the cache masks unseen positions) no self-attention mask,
+  and `positions` are required."""
+  if decode:
+    if positions is None:
+      raise ValueError("decode=True needs the position of the step being decoded, [b, 1]")
+    key_real = (inputs != PAD_ID) if inputs_segmentation is None else (inputs_segmentation != 0)
+    return None, key_real[:, None, None, :]
+  causal = attention.causal_mask(targets.shape[1])
+  if targets_segmentation is None:
+    self_mask = attention.combine_masks(causal, attention.padding_mask(targets, targets))
+    return self_mask, attention.padding_mask(targets, inputs)
+  self_mask = attention.combine_masks(
+    causal, attention.segment_mask(targets_segmentation, targets_segmentation)
+  )
+  return self_mask, attention.segment_mask(targets_segmentation, inputs_segmentation)
+
+
 def _layer_kwargs(config: TransformerConfig) -> dict[str, Any]:
   return dict(
     num_heads=config.num_heads,
@@ -102,7 +123,8 @@ def _stack_layers(cfg: TransformerConfig, layer_cls, x, args: tuple, static: tup
   return x
 
 
-def _check_tokens(name, tokens, max_len):
+def check_tokens(name, tokens, max_len):
+  """Raise ValueError unless `tokens` is `[batch, length]` integer ids with length <= max_len."""
   if tokens.ndim != 2:
     raise ValueError(f"{name} must be [batch, length] token ids; got shape {tokens.shape}")
   if not jnp.issubdtype(tokens.dtype, jnp.integer):
@@ -168,24 +190,10 @@ class Decoder(nn.Module):
     decode=False,
   ):
     cfg = self.config
-    if decode:
-      if positions is None:
-        raise ValueError("decode=True needs the position of the step being decoded, [b, 1]")
-      decoder_inputs = targets
-      self_mask = None  # The self-attention cache masks unseen positions.
-      key_real = (inputs != PAD_ID) if inputs_segmentation is None else (inputs_segmentation != 0)
-      cross_mask = key_real[:, None, None, :]
-    else:
-      decoder_inputs = shift_right(targets, targets_segmentation)
-      causal = attention.causal_mask(targets.shape[1])
-      if targets_segmentation is None:
-        self_mask = attention.combine_masks(causal, attention.padding_mask(targets, targets))
-        cross_mask = attention.padding_mask(targets, inputs)
-      else:
-        self_mask = attention.combine_masks(
-          causal, attention.segment_mask(targets_segmentation, targets_segmentation)
-        )
-        cross_mask = attention.segment_mask(targets_segmentation, inputs_segmentation)
+    self_mask, cross_mask = decoder_masks(
+      inputs, targets, inputs_segmentation, targets_segmentation, positions, decode=decode
+    )
+    decoder_inputs = targets if decode else shift_right(targets, targets_segmentation)
     y = _embed_positions(cfg, self.embed, decoder_inputs, positions, deterministic)
     y = _stack_layers(
       cfg, DecoderLayer, y, (encoded, self_mask, cross_mask), (deterministic, decode)
@@ -213,7 +221,7 @@ class Transformer(nn.Module):
 
   def encode(self, inputs, inputs_segmentation=None, inputs_position=None, *, train=False):
     """Source ids `[b, s]` -> encoder output `[b, s, d_model]`."""
-    _check_tokens("inputs", inputs, self.config.max_len)
+    check_tokens("inputs", inputs, self.config.max_len)
     return self.encoder(inputs, inputs_segmentation, inputs_position, deterministic=not train)
 
   def decode(
@@ -229,7 +237,7 @@ class Transformer(nn.Module):
     decode=False,
   ):
     """Encoder output and targets `[b, t]` -> logits `[b, t, vocab]` (targets shifted inside)."""
-    _check_tokens("targets", targets, self.config.max_len)
+    check_tokens("targets", targets, self.config.max_len)
     return self.decoder(
       encoded,
       inputs,

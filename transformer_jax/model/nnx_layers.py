@@ -1,0 +1,358 @@
+"""The Transformer's layers as Flax NNX modules, over the same math as the Linen ones.
+
+Each module holds its parameters under the Linen module's names (model/nnx_params.py
+maps a whole model's both ways) and calls model/functional.py, so the two front doors
+compute the same thing. Every parameter carries its logical axis names
+(`functional.AXES`) as `out_sharding` metadata, without eager sharding:
+`nnx.get_partition_spec(nnx.state(model))` inside `nn.logical_axis_rules(rules)` gives
+the mesh partition specs. Dropout keys come from the `dropout` stream of the `rngs`
+given at construction, or from `rngs=` at the call; `deterministic` switches it off
+(`model.eval()` sets it everywhere).
+"""
+
+import functools
+from typing import Any
+
+import flax.linen as nn
+import jax.numpy as jnp
+from flax import nnx
+
+from transformer_jax.model import attention, dropout, functional
+
+Dtype = Any
+
+
+def _param(name: str, init, rngs: nnx.Rngs, shape, param_dtype) -> nnx.Param:
+  return nnx.Param(
+    init(rngs.params(), shape, param_dtype),
+    out_sharding=functional.AXES[name],
+    eager_sharding=False,
+  )
+
+
+class RowCache(nnx.Cache):
+  """Decode state with one row per hypothesis (self-attention keys and values)."""
+
+
+class SentenceCache(nnx.Cache):
+  """Decode state shared by the hypotheses of a sentence (cross-attention keys and values)."""
+
+
+class Dropout(nnx.Module):
+  """`dropout.dropout` (hashed keep decisions) as an NNX module; `rate` 0 or `deterministic`:
+  the identity."""
+
+  def __init__(self, rate: float, *, deterministic: bool = False, rngs: nnx.Rngs | None = None):
+    self.rate = rate
+    self.deterministic = deterministic
+    self.rngs = rngs.dropout.fork() if rngs is not None else nnx.data(None)
+
+  def __call__(self, x, *, deterministic: bool | None = None, rngs=None):
+    """`rngs`: a key, an `nnx.Rngs` or a stream, instead of the one given at construction."""
+    if self.rate == 0 or (self.deterministic if deterministic is None else deterministic):
+      return x
+    source = self.rngs if rngs is None else rngs
+    if source is None:
+      raise ValueError("Dropout with rate > 0 and deterministic=False needs rngs")
+    if isinstance(source, nnx.Rngs):
+      key = source.dropout()
+    elif isinstance(source, nnx.RngStream):
+      key = source()
+    else:
+      key = source
+    return dropout.dropout(x, self.rate, key)
+
+
+class LayerNorm(nnx.Module):
+  """LayerNorm over the last axis with a `[d]` scale and bias (`functional.layer_norm`)."""
+
+  def __init__(
+    self, d: int, *, epsilon: float = 1e-6, dtype: Dtype = jnp.float32, param_dtype=jnp.float32
+  ):
+    self.epsilon, self.dtype = epsilon, dtype
+    self.scale = nnx.Param(
+      jnp.ones((d,), param_dtype), out_sharding=functional.AXES["scale"], eager_sharding=False
+    )
+    self.bias = nnx.Param(
+      jnp.zeros((d,), param_dtype), out_sharding=functional.AXES["bias"], eager_sharding=False
+    )
+
+  def __call__(self, x):
+    return functional.layer_norm(
+      x, self.scale[...], self.bias[...], epsilon=self.epsilon, dtype=self.dtype
+    )
+
+
+class MultiHeadAttention(nnx.Module):
+  """Multi-head attention (the Linen `layers.MultiHeadAttention`): queries of width `d_model`
+  attend over keys/values of width `d_kv` (default `d_model`); output `out_features` wide
+  (default `d_model`).
+
+  Decoding: `init_cache(rows, max_len)` makes a self-attention buffer of `rows` hypotheses;
+  `set_static_kv(inputs_kv)` projects cross-attention keys/values once; `decode=True` calls
+  then read them (and write the step's own key/value into the buffer).
+  """
+
+  def __init__(
+    self,
+    d_model: int,
+    num_heads: int = 8,
+    d_k: int = 64,
+    d_v: int = 64,
+    *,
+    d_kv: int | None = None,
+    out_features: int | None = None,
+    use_bias: bool = False,
+    dtype: Dtype = jnp.float32,
+    param_dtype: Dtype = jnp.float32,
+    attention_impl: attention.Implementation = "auto",
+    init_scheme: str = "xavier",
+    rngs: nnx.Rngs,
+  ):
+    d_kv = d_kv or d_model
+    d_out = out_features or d_model
+    self.dtype, self.attention_impl = dtype, attention_impl
+    inits = functional.attention_inits(init_scheme, d_model, d_kv)
+    shapes = {
+      "query": (d_model, num_heads, d_k),
+      "key": (d_kv, num_heads, d_k),
+      "value": (d_kv, num_heads, d_v),
+      "out": (num_heads, d_v, d_out),
+    }
+    biases = {
+      "query_bias": (num_heads, d_k),
+      "key_bias": (num_heads, d_k),
+      "value_bias": (num_heads, d_v),
+      "out_bias": (d_out,),
+    }
+    for name, shape in (shapes | biases).items():
+      wanted = name in shapes or use_bias
+      value = _param(name, inits[name], rngs, shape, param_dtype) if wanted else nnx.data(None)
+      setattr(self, name, value)
+    self.cached_key = self.cached_value = self.cache_index = nnx.data(None)
+    self.static_key = self.static_value = nnx.data(None)
+
+  def _weights(self, name):
+    p = getattr(self, name)
+    return None if p is None else p[...]
+
+  def _project(self, x, name, head_major=False):
+    return functional.project(
+      x, self._weights(name), self._weights(f"{name}_bias"), self.dtype, head_major=head_major
+    )
+
+  def init_cache(self, rows: int, max_len: int):
+    """Empty self-attention buffers `[rows, heads, max_len, d]` and a write position of 0."""
+    heads, d_k = self.query.shape[1:]
+    d_v = self.value.shape[2]
+    self.cached_key = RowCache(jnp.zeros((rows, heads, max_len, d_k), self.dtype))
+    self.cached_value = RowCache(jnp.zeros((rows, heads, max_len, d_v), self.dtype))
+    self.cache_index = SentenceCache(jnp.array(0, jnp.int32))
+
+  def set_static_kv(self, inputs_kv):
+    """Project the fixed keys/values (an encoder output `[b, s, d_kv]`) once, head-major."""
+    self.static_key = SentenceCache(self._project(inputs_kv, "key", head_major=True))
+    self.static_value = SentenceCache(self._project(inputs_kv, "value", head_major=True))
+
+  def __call__(self, inputs_q, inputs_kv, mask=None, *, decode: bool = False):
+    query = self._project(inputs_q, "query")
+    if not decode:
+      key, value = self._project(inputs_kv, "key"), self._project(inputs_kv, "value")
+      out = attention.dot_product_attention(
+        query, key, value, mask, implementation=self.attention_impl
+      )
+    elif self.static_key is not None:
+      out = attention.cached_attention(query, self.static_key[...], self.static_value[...], mask)
+    else:
+      if self.cached_key is None:
+        raise ValueError("decode=True needs init_cache (self-attention) or set_static_kv first")
+      key, value, mask = functional.write_step(
+        self.cached_key[...],
+        self.cached_value[...],
+        self.cache_index[...],
+        self._project(inputs_kv, "key", head_major=True),
+        self._project(inputs_kv, "value", head_major=True),
+        mask,
+      )
+      self.cached_key[...], self.cached_value[...] = key, value
+      self.cache_index[...] = self.cache_index[...] + 1
+      out = attention.cached_attention(query, key, value, mask)
+    return functional.merge_heads(out, self.out[...], self._weights("out_bias"), self.dtype)
+
+
+class FeedForward(nnx.Module):
+  """Position-wise feed-forward network `activation(x W1 + b1) W2 + b2`, `[..., d_model]`."""
+
+  def __init__(
+    self,
+    d_model: int,
+    d_ff: int = 2048,
+    *,
+    activation: str = "relu",
+    dtype: Dtype = jnp.float32,
+    param_dtype: Dtype = jnp.float32,
+    init_scheme: str = "xavier",
+    rngs: nnx.Rngs,
+  ):
+    self.activation, self.dtype = activation, dtype
+    inits = functional.feed_forward_inits(init_scheme, d_model, d_ff)
+    shapes = {"wi": (d_model, d_ff), "bi": (d_ff,), "wo": (d_ff, d_model), "bo": (d_model,)}
+    for name, shape in shapes.items():
+      setattr(self, name, _param(name, inits[name], rngs, shape, param_dtype))
+
+  def __call__(self, x):
+    weights = {name: getattr(self, name)[...] for name in ("wi", "bi", "wo", "bo")}
+    return functional.feed_forward(x, **weights, activation=self.activation, dtype=self.dtype)
+
+
+class Embed(nnx.Module):
+  """The shared token embedding: `__call__` ids -> `[b, l, d_model]` times sqrt(d_model);
+  `attend` `[b, l, d_model]` -> logits `[b, l, vocab]` through the same matrix (+ a bias)."""
+
+  def __init__(
+    self,
+    vocab_size: int,
+    d_model: int,
+    *,
+    logits_bias: bool = False,
+    dtype: Dtype = jnp.float32,
+    param_dtype: Dtype = jnp.float32,
+    rngs: nnx.Rngs,
+  ):
+    self.dtype = dtype
+    init = functional.embedding_init(d_model)
+    self.embedding = _param("embedding", init, rngs, (vocab_size, d_model), param_dtype)
+    zeros = nnx.initializers.zeros
+    self.logits_bias = (
+      _param("logits_bias", zeros, rngs, (vocab_size,), param_dtype)
+      if logits_bias
+      else nnx.data(None)
+    )
+
+  def __call__(self, ids):
+    return functional.embed(self.embedding[...], ids, self.dtype)
+
+  def attend(self, x):
+    bias = None if self.logits_bias is None else self.logits_bias[...]
+    return functional.logits(self.embedding[...], bias, x, self.dtype)
+
+
+class PositionalEncoding(nnx.Module):
+  """Adds the paper's sinusoid (`kind="sinusoidal"`) or a learned `[max_len, d_model]` table."""
+
+  def __init__(
+    self,
+    max_len: int,
+    d_model: int,
+    kind: str = "sinusoidal",
+    *,
+    param_dtype: Dtype = jnp.float32,
+    rngs: nnx.Rngs | None = None,
+  ):
+    if kind not in functional.POSITIONALS:
+      raise ValueError(f"positional kind {kind!r}; allowed: sinusoidal, learned")
+    self.max_len = max_len
+    self.table = (
+      _param("table", functional.embedding_init(d_model), rngs, (max_len, d_model), param_dtype)
+      if kind == "learned"
+      else nnx.data(None)
+    )
+
+  def __call__(self, x, positions=None):
+    table = None if self.table is None else self.table[...]
+    return functional.add_positions(x, table, positions, self.max_len)
+
+
+class _Layer(nnx.Module):
+  """The settings and sub-layers shared by EncoderLayer and DecoderLayer (the paper's base model
+  by default; the Linen layers' fields)."""
+
+  def __init__(
+    self,
+    d_model: int,
+    num_heads: int = 8,
+    d_k: int = 64,
+    d_v: int = 64,
+    d_ff: int = 2048,
+    dropout_rate: float = 0.1,
+    pre_norm: bool = False,
+    *,
+    dtype: Dtype = jnp.float32,
+    attention_impl: attention.Implementation = "auto",
+    attention_bias: bool = False,
+    activation: str = "relu",
+    norm_epsilon: float = 1e-6,
+    init_scheme: str = "xavier",
+    attentions: tuple = ("self_attention",),
+    rngs: nnx.Rngs,
+  ):
+    self.pre_norm = pre_norm
+    for name in attentions:
+      setattr(
+        self,
+        name,
+        MultiHeadAttention(
+          d_model,
+          num_heads,
+          d_k,
+          d_v,
+          use_bias=attention_bias,
+          dtype=dtype,
+          attention_impl=attention_impl,
+          init_scheme=init_scheme,
+          rngs=rngs,
+        ),
+      )
+      setattr(self, f"{name}_norm", LayerNorm(d_model, epsilon=norm_epsilon, dtype=dtype))
+    self.feed_forward = FeedForward(
+      d_model, d_ff, activation=activation, dtype=dtype, init_scheme=init_scheme, rngs=rngs
+    )
+    self.feed_forward_norm = LayerNorm(d_model, epsilon=norm_epsilon, dtype=dtype)
+    self.dropout = Dropout(dropout_rate, rngs=rngs)
+
+  def _block(self, deterministic):
+    return functools.partial(
+      functional.residual,
+      dropout=functools.partial(self.dropout, deterministic=deterministic),
+      pre_norm=self.pre_norm,
+    )
+
+
+class EncoderLayer(_Layer):
+  """Self-attention then feed-forward, each in a residual block: `[b, l, d_model]` -> same."""
+
+  def __call__(self, x, mask=None, deterministic: bool | None = None):
+    block = self._block(deterministic)
+    x = block(x, lambda y: self.self_attention(y, y, mask), norm=self.self_attention_norm)
+    x = block(x, self.feed_forward, norm=self.feed_forward_norm)
+    return nn.with_logical_constraint(x, ("batch", "length", "embed"))
+
+
+class DecoderLayer(_Layer):
+  """Masked self-attention, attention over the encoder output, then feed-forward."""
+
+  def __init__(self, d_model: int, *args, **kwargs):
+    super().__init__(d_model, *args, attentions=("self_attention", "cross_attention"), **kwargs)
+
+  def __call__(
+    self,
+    x,
+    encoded,
+    self_mask=None,
+    cross_mask=None,
+    deterministic: bool | None = None,
+    decode: bool = False,
+  ):
+    block = self._block(deterministic)
+    x = block(
+      x,
+      lambda y: self.self_attention(y, y, self_mask, decode=decode),
+      norm=self.self_attention_norm,
+    )
+    x = block(
+      x,
+      lambda y: self.cross_attention(y, encoded, cross_mask, decode=decode),
+      norm=self.cross_attention_norm,
+    )
+    x = block(x, self.feed_forward, norm=self.feed_forward_norm)
+    return nn.with_logical_constraint(x, ("batch", "length", "embed"))

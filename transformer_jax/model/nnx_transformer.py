@@ -1,0 +1,216 @@
+"""The Transformer as a Flax NNX module (`Transformer(config, rngs=...)`), and its parameters to and
+from the Linen model's.
+
+The same model as model/transformer.py's, built from model/nnx_layers.py: the
+parameters have the Linen model's names and shapes (`linen_params` and
+`load_linen_params` convert, the scanned Linen layout included), so a checkpoint
+trained by this project loads here and back. Its layers are a Python loop
+(`scan_layers` and `remat` are the Linen model's, for training).
+"""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from transformer_jax.model import attention
+from transformer_jax.model.config import TransformerConfig
+from transformer_jax.model.nnx_layers import (
+  DecoderLayer,
+  Dropout,
+  Embed,
+  EncoderLayer,
+  LayerNorm,
+  PositionalEncoding,
+)
+from transformer_jax.model.transformer import check_tokens, decoder_masks, shift_right
+
+
+def _layer_kwargs(cfg: TransformerConfig) -> dict:
+  return dict(
+    num_heads=cfg.num_heads,
+    d_k=cfg.key_size,
+    d_v=cfg.value_size,
+    d_ff=cfg.d_ff,
+    dropout_rate=cfg.dropout_rate,
+    pre_norm=cfg.norm == "pre",
+    dtype=cfg.compute_dtype,
+    attention_impl=cfg.attention_impl,
+    attention_bias=cfg.attention_bias,
+    activation=cfg.activation,
+    norm_epsilon=cfg.norm_epsilon,
+    init_scheme=cfg.init,
+  )
+
+
+class _Stack(nnx.Module):
+  """Positions, dropout, `num_layers` layers (attributes `layer_0`...), and pre-LN's final norm;
+  the token embedding is the model's, passed in."""
+
+  def __init__(self, cfg: TransformerConfig, layer_cls, rngs: nnx.Rngs):
+    self.num_layers, self.pre_norm = cfg.num_layers, cfg.norm == "pre"
+    self.positions = PositionalEncoding(cfg.max_len, cfg.d_model, cfg.positional, rngs=rngs)
+    self.dropout = Dropout(cfg.dropout_rate, rngs=rngs)
+    for i in range(cfg.num_layers):
+      setattr(self, f"layer_{i}", layer_cls(cfg.d_model, **_layer_kwargs(cfg), rngs=rngs))
+    if self.pre_norm:
+      self.final_norm = LayerNorm(cfg.d_model, epsilon=cfg.norm_epsilon, dtype=cfg.compute_dtype)
+
+  def layers(self):
+    return [getattr(self, f"layer_{i}") for i in range(self.num_layers)]
+
+  def _inputs(self, embed, ids, positions, deterministic):
+    return self.dropout(self.positions(embed(ids), positions), deterministic=deterministic)
+
+  def _output(self, x):
+    return self.final_norm(x) if self.pre_norm else x
+
+
+class Encoder(_Stack):
+  def __call__(self, embed, inputs, segmentation=None, positions=None, *, deterministic=None):
+    x = self._inputs(embed, inputs, positions, deterministic)
+    if segmentation is None:
+      mask = attention.padding_mask(inputs, inputs)
+    else:
+      mask = attention.segment_mask(segmentation, segmentation)
+    for layer in self.layers():
+      x = layer(x, mask, deterministic)
+    return self._output(x)
+
+
+class Decoder(_Stack):
+  def __call__(
+    self,
+    embed,
+    encoded,
+    inputs,
+    targets,
+    *,
+    inputs_segmentation=None,
+    targets_segmentation=None,
+    positions=None,
+    deterministic=None,
+    decode=False,
+  ):
+    if decode:
+      decoder_inputs = targets
+    else:
+      decoder_inputs = shift_right(targets, targets_segmentation)
+    self_mask, cross_mask = decoder_masks(
+      inputs, targets, inputs_segmentation, targets_segmentation, positions, decode=decode
+    )
+    y = self._inputs(embed, decoder_inputs, positions, deterministic)
+    for layer in self.layers():
+      y = layer(y, encoded, self_mask, cross_mask, deterministic, decode)
+    logits = embed.attend(self._output(y))
+    return nn.with_logical_constraint(logits, ("batch", "length", "vocab"))
+
+
+class Transformer(nnx.Module):
+  """Encoder-decoder Transformer with one embedding shared by both stacks and the output, as the
+  Linen `model.transformer.Transformer` (the same methods; `train` switches dropout on)."""
+
+  def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+    cfg = self.config = config
+    self.embed = Embed(
+      cfg.known_vocab_size(),
+      cfg.d_model,
+      logits_bias=cfg.logits_bias,
+      dtype=cfg.compute_dtype,
+      rngs=rngs,
+    )
+    self.encoder = Encoder(cfg, EncoderLayer, rngs)
+    self.decoder = Decoder(cfg, DecoderLayer, rngs)
+
+  def encode(self, inputs, inputs_segmentation=None, inputs_position=None, *, train=False):
+    """Source ids `[b, s]` -> encoder output `[b, s, d_model]`."""
+    check_tokens("inputs", inputs, self.config.max_len)
+    return self.encoder(
+      self.embed, inputs, inputs_segmentation, inputs_position, deterministic=not train
+    )
+
+  def decode(
+    self,
+    encoded,
+    inputs,
+    targets,
+    targets_segmentation=None,
+    targets_position=None,
+    inputs_segmentation=None,
+    *,
+    train=False,
+    decode=False,
+  ):
+    """Encoder output and targets `[b, t]` -> logits `[b, t, vocab]` (targets shifted inside;
+    with `decode`, one step of previous tokens at `targets_position`, after `init_cache`)."""
+    check_tokens("targets", targets, self.config.max_len)
+    return self.decoder(
+      self.embed,
+      encoded,
+      inputs,
+      targets,
+      inputs_segmentation=inputs_segmentation,
+      targets_segmentation=targets_segmentation,
+      positions=targets_position,
+      deterministic=not train,
+      decode=decode,
+    )
+
+  def __call__(
+    self,
+    inputs,
+    targets,
+    inputs_segmentation=None,
+    targets_segmentation=None,
+    inputs_position=None,
+    targets_position=None,
+    *,
+    train=False,
+  ):
+    """Teacher-forced forward pass: logits `[b, t, vocab]` for predicting `targets`."""
+    encoded = self.encode(inputs, inputs_segmentation, inputs_position, train=train)
+    return self.decode(
+      encoded,
+      inputs,
+      targets,
+      targets_segmentation,
+      targets_position,
+      inputs_segmentation,
+      train=train,
+    )
+
+  def init_cache(self, encoded, rows: int, max_len: int):
+    """Decoding state for `rows` hypotheses (a multiple of the sentences of `encoded`, each
+    sentence's next to each other) of `max_len` positions: empty self-attention buffers, and
+    the cross-attention keys/values of each sentence projected once."""
+    for layer in self.decoder.layers():
+      layer.self_attention.init_cache(rows, max_len)
+      layer.cross_attention.set_static_kv(encoded)
+
+
+def linen_params(model: nnx.Module, scanned: bool = False) -> dict:
+  """An NNX module's parameters (any module of model/nnx_layers.py, or the Transformer) as the
+  Linen module's `params` dict; `scanned`: a Transformer's layers stacked under `layers/layer`,
+  the layout of `scan_layers=True`."""
+  params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+  if not scanned:
+    return params
+  for stack in ("encoder", "decoder"):
+    layers = [params[stack].pop(f"layer_{i}") for i in range(model.config.num_layers)]
+    params[stack]["layers"] = {"layer": jax.tree.map(lambda *xs: jnp.stack(xs), *layers)}
+  return params
+
+
+def load_linen_params(model: nnx.Module, params: dict) -> None:
+  """Set an NNX module's parameters to the Linen module's `params` (boxed or not; a Transformer's
+  in the looped or the scanned layout)."""
+  params = nn.unbox(params)  # What Linen's `init` gives is boxed with its axis names.
+  if isinstance(model, Transformer):
+    params = {name: dict(sub) if isinstance(sub, dict) else sub for name, sub in params.items()}
+    for stack in ("encoder", "decoder"):
+      scanned = params[stack].pop("layers", None)
+      for i in range(model.config.num_layers if scanned else 0):
+        params[stack][f"layer_{i}"] = jax.tree.map(lambda x, i=i: x[i], scanned["layer"])
+  state = nnx.state(model, nnx.Param)
+  nnx.replace_by_pure_dict(state, params)
+  nnx.update(model, state)
