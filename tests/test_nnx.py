@@ -10,6 +10,8 @@ call the same sites in the same order, which is what this checks.
 
 import contextlib
 import dataclasses
+import pathlib
+import re
 
 import flax
 import flax.linen as nn
@@ -360,3 +362,37 @@ def test_an_nnx_model_of_the_encoder_layers_trains_sharded_by_the_fsdp_rules():
   assert wi.sharding.shard_shape(wi.shape) == (8, 64)
   embedding = model.embed.embedding[...]  # [vocab 8, embed 32]
   assert embedding.sharding.shard_shape(embedding.shape) == (8, 8)
+
+
+# --- the docs' examples --------------------------------------------------------------------------
+
+
+def code_block(path, after: str) -> str:
+  """The first python code block of `path` after the line `after`."""
+  text = (pathlib.Path(__file__).resolve().parents[1] / path).read_text()
+  return re.search(r"```python\n(.*?)```", text.split(after, 1)[1], re.DOTALL)[1]
+
+
+def test_the_readme_example_builds_a_model_that_tags_every_position():
+  code = code_block("README.md", "built from layers you can lift into your own Flax models:")
+  assert len(code.strip().splitlines()) <= 12
+  scope = {}
+  exec(compile(code, "README.md", "exec"), scope)  # pylint: disable=exec-used
+  model = scope["Tagger"](nnx.Rngs(0))
+  model.eval()
+  tokens = jnp.array([[5, 6, 7, 0], [8, 9, 0, 0]])
+  logits = model(tokens)
+  assert logits.shape == (2, 4, 1000)
+  np.testing.assert_array_equal(model(tokens), logits)  # eval(): dropout off.
+  # Each position's logits come through the shared embedding: the last layer's output times E^T.
+  assert nnx.state(model, nnx.Param)["embed"]["embedding"].shape == (1000, 64)
+
+
+def test_the_library_docs_nnx_example_trains_a_sharded_step():
+  code = code_block("docs/library.md", "### The layers from NNX\n")
+  assert len(code.strip().splitlines()) <= 20
+  scope = {}
+  exec(compile(code, "docs/library.md", "exec"), scope)  # pylint: disable=exec-used
+  assert np.isfinite(float(scope["loss"]))
+  wi = scope["model"].encoder.feed_forward.wi[...]  # [embed 64, mlp 256]: embed over 8 devices.
+  assert len(jax.devices()) == 8 and wi.sharding.shard_shape(wi.shape) == (8, 256)

@@ -171,10 +171,13 @@ def tree_shardings(abstract_tree, mesh: Mesh, rules: Rules):
   return nn.logical_to_mesh_sharding(specs, mesh, rules)
 
 
-def nnx_shardings(state, mesh: Mesh, rules: Rules):
-  """NamedShardings for an NNX state (`nnx.state(model)`) whose variables carry logical axis
-  names as `out_sharding` metadata, as model/nnx_layers.py's do; the same structure as `state`.
-  Names without a rule are not sharded."""
+def nnx_shardings(model_or_state, mesh: Mesh, rules: Rules):
+  """NamedShardings for an NNX module's state (or the state itself) whose variables carry logical
+  axis names as `out_sharding` metadata, as model/nnx_layers.py's do; the structure of
+  `nnx.state(model)`. Names without a rule are not sharded."""
+  state = model_or_state
+  if isinstance(state, nnx.Module):
+    state = nnx.state(state)
   with nn.logical_axis_rules(()):  # Logical names, not what rules in force would make of them.
     specs = nnx.get_partition_spec(state)
   return nn.logical_to_mesh_sharding(specs, mesh, rules)

@@ -1,6 +1,6 @@
 """The layers' math as pure functions of their parameters, and how each parameter starts.
 
-The Linen modules (layers.py, embedding.py) and the NNX modules (nnx.py) hold
+The Linen modules (layers.py, embedding.py) and the NNX modules (nnx_layers.py) hold
 the parameters and call these functions, so the two front doors compute the
 same thing; parameters are named, shaped and initialised as `AXES` and the
 initialisers here say, and the scaled dot-product attention itself is
