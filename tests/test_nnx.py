@@ -288,15 +288,24 @@ def test_each_cached_step_equals_the_full_forward_and_the_searches_match_linen()
   params["embed"]["embedding"] = params["embed"]["embedding"].at[1].multiply(3.0)
   nt.load_linen_params(twin, params)
   targets = jnp.array([[4, 9, 3, 12, 5], [7, 7, 2, 8, 6]])
-  full = jax.nn.log_softmax(twin(inputs, targets))
-  model = transformer_search.searchable(twin)
-  cache = model.encode(inputs, 2, 8)
-  assert {x.shape[0] for x in jax.tree.leaves(cache.rows)} == {2}
-  previous = jnp.zeros(2, jnp.int32)
-  for step in range(5):
-    log_probs, cache = model.step(previous, jnp.int32(step), cache)
-    np.testing.assert_allclose(log_probs, full[:, step], atol=1e-5)
-    previous = targets[:, step]
+  with jax.enable_x64(True):  # Each cached step against the full forward pass, in float64.
+    config64 = dataclasses.replace(config, dtype="float64")
+    twin64, linen64 = nt.Transformer(config64, rngs=nnx.Rngs(0)), Transformer(config64)
+    params64 = jax.tree.map(lambda x: x.astype(jnp.float64), params)
+    nt.load_linen_params(twin64, params64)
+    full = jax.nn.log_softmax(twin64(inputs, targets))
+    models = (
+      transformer_search.searchable(twin64),
+      transformer_search.searchable(linen64, {"params": params64}),
+    )
+    for model in models:
+      cache = model.encode(inputs, 2, 8)
+      assert {x.shape[0] for x in jax.tree.leaves(cache.rows)} == {2}
+      previous = jnp.zeros(2, jnp.int32)
+      for step in range(5):
+        log_probs, cache = model.step(previous, jnp.int32(step), cache)
+        np.testing.assert_allclose(log_probs, full[:, step], rtol=TOLERANCE, atol=TOLERANCE)
+        previous = targets[:, step]
 
   options = dict(max_len=12, max_extra=5)
   for name, extra in (("greedy_search", {}), ("beam_search", {"beam_size": 3, "alpha": 0.6})):

@@ -36,6 +36,16 @@ def _search_cache(cache, encoded, inputs, row_axis: int) -> SearchCache:
   )
 
 
+def _at(position, tokens):
+  """The decoder's positions `[rows, 1]` for one step's `tokens` `[rows]`."""
+  return jnp.full((tokens.shape[0], 1), position, jnp.int32)
+
+
+def _log_probs(logits):
+  """One step's logits `[rows, 1, vocab]` -> log-probabilities `[rows, vocab]`, float32 or wider."""
+  return jax.nn.log_softmax(logits[:, 0].astype(jnp.promote_types(logits.dtype, jnp.float32)))
+
+
 def searchable(model, variables=None) -> search.SearchModel:
   """A Transformer as the searches' encoder and step functions: the Linen
   `model.transformer.Transformer` with its `variables` (`{"params": ...}`), or the NNX
@@ -68,10 +78,8 @@ def searchable(model, variables=None) -> search.SearchModel:
   def step(tokens, position, cache: SearchCache):
     encoded, inputs = cache.shared["encoded"], cache.shared["inputs"]
     flax_cache = flax.traverse_util.unflatten_dict({**cache.shared["cache"], **cache.rows})
-    positions = jnp.full((tokens.shape[0], 1), position, jnp.int32)
-    logits, flax_cache = decode(flax_cache, encoded, inputs, tokens[:, None], positions)
-    log_probs = jax.nn.log_softmax(logits[:, 0].astype(jnp.float32))
-    return log_probs, _search_cache(flax_cache, encoded, inputs, row_axis)
+    logits, flax_cache = decode(flax_cache, encoded, inputs, tokens[:, None], _at(position, tokens))
+    return _log_probs(logits), _search_cache(flax_cache, encoded, inputs, row_axis)
 
   return search.SearchModel(encode, step, model.config.max_len)
 
@@ -101,10 +109,9 @@ def _nnx_searchable(model) -> search.SearchModel:
       with_cache["graphdef"], cache.rows, cache.shared["cache"], with_cache["rest"]
     )
     inputs = cache.shared["inputs"]
-    positions = jnp.full((tokens.shape[0], 1), position, jnp.int32)
+    positions = _at(position, tokens)
     logits = decoding.decode(None, inputs, tokens[:, None], targets_position=positions, decode=True)
-    log_probs = jax.nn.log_softmax(logits[:, 0].astype(jnp.float32))
-    return log_probs, as_search_cache(decoding, inputs)
+    return _log_probs(logits), as_search_cache(decoding, inputs)
 
   return search.SearchModel(encode, step, model.config.max_len)
 
