@@ -189,6 +189,7 @@ def _train(experiment: Experiment, workdir: Workdir, manager, preemption) -> Tra
     start_step=int(state.step),
     learning_rate_fn=schedule,
     peak_flops=peak * jax.device_count(),
+    peak_measured=not experiment.peak_flops_per_device,
   )
   log.info(
     "set-up (vocabulary, data, parameters or checkpoint, peak FLOP/s) took %.1f s",

@@ -57,9 +57,13 @@ class TrainLogger:
     start_step: int,
     learning_rate_fn,
     peak_flops: float,
+    peak_measured: bool = False,
   ):
+    """`peak_flops`: of all devices together; `peak_measured`: it is `measure_matmul_flops`'s
+    start-up measurement, not a given peak."""
     self.total_steps = total_steps
     self.learning_rate_fn, self.peak_flops = learning_rate_fn, peak_flops
+    self.peak_measured, self.warned_about_peak = peak_measured, False
     self.last_train, self.last_eval, self.tokens = {}, {}, 0.0
     self.skipped = 0  # Non-finite updates skipped in this run.
     main = jax.process_index() == 0
@@ -124,6 +128,7 @@ class TrainLogger:
           "mfu": float(sums["flops"]) / (seconds * self.peak_flops),
         }
       )
+      self._check_peak(scalars["mfu"])
       eta = datetime.timedelta(seconds=round((self.total_steps - step) * seconds / steps))
       line += (
         f" | {scalars['tokens_per_s']:,.0f} tok/s | {scalars['s_per_step']:.3f} s/step | "
@@ -135,6 +140,21 @@ class TrainLogger:
     if self.bar is not None:
       self.bar.set_postfix(loss=f"{scalars['loss']:.3f}", refresh=False)
     return scalars
+
+  def _check_peak(self, mfu: float):
+    """Warn once when the model outruns the peak measured at start-up (which a busy machine
+    measures low), so that MFU above 100% is not taken for a figure."""
+    if mfu <= 1.0 or not self.peak_measured or self.warned_about_peak:
+      return
+    self.warned_about_peak = True
+    log.warning(
+      "MFU %.0f%%: the model ran faster than the square matmul measured at start-up "
+      "(%.3g FLOP/s over all devices), so that measurement was low (a busy machine?) and this "
+      "run's MFU figures are relative to it; give the device's peak as "
+      "--config.peak_flops_per_device",
+      100 * mfu,
+      self.peak_flops,
+    )
 
   def evaluation(self, step: int, split: str, sums: Mapping[str, float]) -> dict:
     """Report dev-set loss sums (and `bleu`, if there) at `step`; returns loss, nll, perplexity
