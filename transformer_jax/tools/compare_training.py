@@ -12,7 +12,7 @@ from ml_collections import config_flags
 
 from transformer_jax import config as config_lib
 from transformer_jax.errors import UserError
-from transformer_jax.tools.torch_training import INITS, unsupported_settings
+from transformer_jax.tools.torch_training import INITS
 from transformer_jax.tools.training_curves import compare, plot
 from transformer_jax.workdir import Workdir
 
@@ -41,9 +41,6 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   try:
     experiment = config_lib.parse(_CONFIG.value)
-    unsupported = unsupported_settings(experiment.model, experiment.optimizer)
-    if unsupported:
-      raise UserError(f"the PyTorch reference does not implement {', '.join(unsupported)}")
     result = compare(
       experiment,
       Workdir(_WORKDIR.value),

@@ -20,6 +20,7 @@ import math
 import numpy as np
 
 from transformer_jax.conventions import PAD_ID
+from transformer_jax.errors import UserError
 from transformer_jax.model.functional import sinusoidal_table
 from transformer_jax.model.transformer import TransformerConfig
 from transformer_jax.train.objective import OptimizerSettings
@@ -127,13 +128,11 @@ def fairseq_init(torch, config: TransformerConfig, name: str, shape, generator):
   return (torch.rand(shape, generator=generator, dtype=torch.float64) * 2 - 1) * bounds[leaf]
 
 
-def check_init(init: str) -> None:
-  """ValueError unless `init` is one of INITS."""
-  if init not in INITS:
-    raise ValueError(f"init={init!r}; allowed: {', '.join(INITS)}")
+class ReferenceError(UserError, ValueError):
+  """Settings the PyTorch reference cannot train: one line naming them."""
 
 
-def unsupported_settings(config: TransformerConfig, optimizer: OptimizerSettings) -> list[str]:
+def _unsupported(config: TransformerConfig, optimizer: OptimizerSettings) -> list[str]:
   """The settings of `config` and `optimizer` the reference does not implement, as `field=value`."""
   defaults = {
     "activation": "relu",
@@ -163,6 +162,16 @@ class Reference:
   `init="fairseq"` from `fairseq_init` drawn with `seed`. Dropout is torch's.
   """
 
+  @staticmethod
+  def check(config: TransformerConfig, optimizer: OptimizerSettings, init: str) -> None:
+    """ReferenceError (a UserError) unless the reference can train `config` with `optimizer` from
+    `init` (one of INITS): what a caller checks before any expensive set-up."""
+    if init not in INITS:
+      raise ReferenceError(f"init={init!r}; allowed: {', '.join(INITS)}")
+    unsupported = _unsupported(config, optimizer)
+    if unsupported:
+      raise ReferenceError(f"the PyTorch reference does not implement {', '.join(unsupported)}")
+
   def __init__(
     self,
     config: TransformerConfig,
@@ -173,12 +182,9 @@ class Reference:
     params=None,
     seed: int = 0,
   ):
-    check_init(init)
+    self.check(config, optimizer, init)
     if init == "copied" and params is None:
       raise ValueError("init='copied' needs the params to copy")
-    unsupported = unsupported_settings(config, optimizer)
-    if unsupported:
-      raise ValueError(f"the PyTorch reference does not implement {', '.join(unsupported)}")
     torch = self.torch = _torch()
     self.config, self.label_smoothing = config, label_smoothing
     self.generator = torch.Generator().manual_seed(seed)

@@ -20,7 +20,7 @@ import numpy as np
 
 from transformer_jax import data, fileio
 from transformer_jax.experiment import Experiment, make_trainer
-from transformer_jax.tools.torch_training import Reference, check_init
+from transformer_jax.tools.torch_training import Reference
 from transformer_jax.workdir import Workdir
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ def compare(
   the reference's dropout and initial parameters are drawn from the
   experiment's seed. `seconds["ours"]` includes compiling the train step.
   """
-  check_init(reference_init)
+  Reference.check(experiment.model, experiment.optimizer, reference_init)
   if updates < 1 or log_every < 1:
     raise ValueError(f"updates={updates}, log_every={log_every}: both must be >= 1")
   tokenizer = data.get_tokenizer(experiment.data, workdir.vocab)
