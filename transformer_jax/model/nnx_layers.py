@@ -278,6 +278,7 @@ class _Layer(nnx.Module):
     pre_norm: bool = False,
     *,
     dtype: Dtype = jnp.float32,
+    param_dtype: Dtype = jnp.float32,
     attention_impl: attention.Implementation = "auto",
     attention_bias: bool = False,
     activation: str = "relu",
@@ -287,6 +288,7 @@ class _Layer(nnx.Module):
     rngs: nnx.Rngs,
   ):
     self.pre_norm = pre_norm
+    dtypes = dict(dtype=dtype, param_dtype=param_dtype)
     for name in attentions:
       setattr(
         self,
@@ -297,17 +299,17 @@ class _Layer(nnx.Module):
           d_k,
           d_v,
           use_bias=attention_bias,
-          dtype=dtype,
+          **dtypes,
           attention_impl=attention_impl,
           init_scheme=init_scheme,
           rngs=rngs,
         ),
       )
-      setattr(self, f"{name}_norm", LayerNorm(d_model, epsilon=norm_epsilon, dtype=dtype))
+      setattr(self, f"{name}_norm", LayerNorm(d_model, epsilon=norm_epsilon, **dtypes))
     self.feed_forward = FeedForward(
-      d_model, d_ff, activation=activation, dtype=dtype, init_scheme=init_scheme, rngs=rngs
+      d_model, d_ff, activation=activation, **dtypes, init_scheme=init_scheme, rngs=rngs
     )
-    self.feed_forward_norm = LayerNorm(d_model, epsilon=norm_epsilon, dtype=dtype)
+    self.feed_forward_norm = LayerNorm(d_model, epsilon=norm_epsilon, **dtypes)
     self.dropout = Dropout(dropout_rate, rngs=rngs)
 
   def _block(self, deterministic):
