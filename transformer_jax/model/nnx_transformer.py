@@ -23,24 +23,12 @@ from transformer_jax.model.nnx_layers import (
   LayerNorm,
   PositionalEncoding,
 )
-from transformer_jax.model.transformer import check_tokens, decoder_masks, shift_right
-
-
-def _layer_kwargs(cfg: TransformerConfig) -> dict:
-  return dict(
-    num_heads=cfg.num_heads,
-    d_k=cfg.key_size,
-    d_v=cfg.value_size,
-    d_ff=cfg.d_ff,
-    dropout_rate=cfg.dropout_rate,
-    pre_norm=cfg.norm == "pre",
-    dtype=cfg.compute_dtype,
-    attention_impl=cfg.attention_impl,
-    attention_bias=cfg.attention_bias,
-    activation=cfg.activation,
-    norm_epsilon=cfg.norm_epsilon,
-    init_scheme=cfg.init,
-  )
+from transformer_jax.model.transformer import (
+  check_tokens,
+  decoder_masks,
+  layer_settings,
+  shift_right,
+)
 
 
 class _Stack(nnx.Module):
@@ -52,7 +40,7 @@ class _Stack(nnx.Module):
     self.positions = PositionalEncoding(cfg.max_len, cfg.d_model, cfg.positional, rngs=rngs)
     self.dropout = Dropout(cfg.dropout_rate, rngs=rngs)
     for i in range(cfg.num_layers):
-      setattr(self, f"layer_{i}", layer_cls(cfg.d_model, **_layer_kwargs(cfg), rngs=rngs))
+      setattr(self, f"layer_{i}", layer_cls(cfg.d_model, **layer_settings(cfg), rngs=rngs))
     if self.pre_norm:
       self.final_norm = LayerNorm(cfg.d_model, epsilon=cfg.norm_epsilon, dtype=cfg.compute_dtype)
 

@@ -65,7 +65,8 @@ def decoder_masks(
   return self_mask, attention.segment_mask(targets_segmentation, inputs_segmentation)
 
 
-def _layer_kwargs(config: TransformerConfig) -> dict[str, Any]:
+def layer_settings(config: TransformerConfig) -> dict[str, Any]:
+  """The keyword arguments of an encoder or decoder layer (Linen or NNX) of `config`."""
   return dict(
     num_heads=config.num_heads,
     d_k=config.key_size,
@@ -106,7 +107,7 @@ def _stack_layers(cfg: TransformerConfig, layer_cls, x, args: tuple, static: tup
       policy=REMAT_POLICIES[cfg.remat],
       static_argnums=tuple(range(first, first + len(static))),
     )
-  kwargs = _layer_kwargs(cfg)
+  kwargs = layer_settings(cfg)
   if not cfg.scan_layers:
     for i in range(cfg.num_layers):
       x = layer_cls(**kwargs, name=f"layer_{i}")(x, *args, *static)
