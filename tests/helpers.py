@@ -470,3 +470,9 @@ def init_module(module, *args, **kwargs):
 def randn(seed, *shape):
   """float32 standard normal numbers of `shape`, from numpy's generator seeded `seed`."""
   return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def code_block(path: str, after: str) -> str:
+  """The first python code block of the repository's file `path` after the text `after`."""
+  text = (pathlib.Path(__file__).resolve().parents[1] / path).read_text()
+  return re.search(r"```python\n(.*?)```", text.split(after, 1)[1], re.DOTALL)[1]

@@ -1,22 +1,17 @@
 """The experiment from Python: docs/library.md's example runs as written, on the tiny corpus; the
 checkpoint a trained model is loaded from."""
 
-import pathlib
-import re
-
 import pytest
 
+from helpers import code_block
 from transformer_jax import experiment
 from transformer_jax.errors import UserError
 from transformer_jax.workdir import Workdir
 
-LIBRARY_DOC = pathlib.Path(__file__).resolve().parents[1] / "docs" / "library.md"
-
 
 def _example() -> str:
   """The code block of the "From Python" section of docs/library.md."""
-  section = LIBRARY_DOC.read_text().split("### From Python\n", 1)[1]
-  return re.search(r"```python\n(.*?)```", section, re.DOTALL)[1]
+  return code_block("docs/library.md", "### From Python\n")
 
 
 @pytest.mark.slow
@@ -36,7 +31,7 @@ def test_the_library_docs_example_trains_translates_and_leaves_its_checkpoints(
     assert code.count(old) == 1, old
     code = code.replace(old, new)
   assert len(code.strip().splitlines()) < 20
-  exec(compile(code, str(LIBRARY_DOC), "exec"), {})  # pylint: disable=exec-used
+  exec(compile(code, "docs/library.md", "exec"), {})  # pylint: disable=exec-used
   lines = capfd.readouterr().out.splitlines()[-3:]  # After what TFDS prints on first use.
   assert all(" -> " in line for line in lines), lines
   assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["10", "20"]

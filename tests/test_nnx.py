@@ -10,10 +10,7 @@ call the same sites in the same order, which is what this checks.
 
 import contextlib
 import dataclasses
-import pathlib
-import re
 
-import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -22,6 +19,7 @@ import optax
 import pytest
 from flax import nnx
 
+from helpers import code_block
 from transformer_jax import sharding
 from transformer_jax.decode import search, transformer_search
 from transformer_jax.model import attention, dropout, layers, nnx_layers
@@ -179,7 +177,7 @@ def test_encoder_and_decoder_layers_match_linen_and_the_bridge_with_dropout_on(
     assert_same(*linen_and_nnx(linen, twin, args, reset=reset))
 
     # The bridge shards annotated variables eagerly; without a mesh, switch that off.
-    with flax.config.temp_flip_flag("always_shard_variable", False):
+    with nnx.use_eager_sharding(False):
       bridged = nnx.bridge.ToNNX(layers.EncoderLayer(**settings), rngs=nnx.Rngs(0))
       nnx.bridge.lazy_init(bridged, *args)
     state = nnx.state(bridged, nnx.Param)
@@ -376,15 +374,9 @@ def test_an_nnx_model_of_the_encoder_layers_trains_sharded_by_the_fsdp_rules():
 # --- the docs' examples --------------------------------------------------------------------------
 
 
-def code_block(path, after: str) -> str:
-  """The first python code block of `path` after the line `after`."""
-  text = (pathlib.Path(__file__).resolve().parents[1] / path).read_text()
-  return re.search(r"```python\n(.*?)```", text.split(after, 1)[1], re.DOTALL)[1]
-
-
 def test_the_readme_example_builds_a_model_that_tags_every_position():
   code = code_block("README.md", "built from layers you can lift into your own Flax models:")
-  assert len(code.strip().splitlines()) <= 12
+  assert len(code.strip().splitlines()) <= 10
   scope = {}
   exec(compile(code, "README.md", "exec"), scope)  # pylint: disable=exec-used
   model = scope["Tagger"](nnx.Rngs(0))
@@ -393,8 +385,9 @@ def test_the_readme_example_builds_a_model_that_tags_every_position():
   logits = model(tokens)
   assert logits.shape == (2, 4, 1000)
   np.testing.assert_array_equal(model(tokens), logits)  # eval(): dropout off.
-  # Each position's logits come through the shared embedding: the last layer's output times E^T.
-  assert nnx.state(model, nnx.Param)["embed"]["embedding"].shape == (1000, 64)
+  # Each position's logits come through the shared embedding: the encoder's output times E^T.
+  hidden = model.encoder(model.embed(tokens), attention.padding_mask(tokens, tokens))
+  np.testing.assert_allclose(logits, hidden @ model.embed.embedding[...].T, rtol=1e-5, atol=1e-5)
 
 
 def test_the_library_docs_nnx_example_trains_a_sharded_step():
@@ -405,3 +398,28 @@ def test_the_library_docs_nnx_example_trains_a_sharded_step():
   assert np.isfinite(float(scope["loss"]))
   wi = scope["model"].encoder.feed_forward.wi[...]  # [embed 64, mlp 256]: embed over 8 devices.
   assert len(jax.devices()) == 8 and wi.sharding.shard_shape(wi.shape) == (8, 256)
+
+
+def test_nnx_dropout_draws_a_new_mask_at_every_site_and_call_and_across_jitted_steps():
+  layer = nnx_layers.EncoderLayer(8, 2, 4, 4, 16, dropout_rate=0.5, rngs=nnx.Rngs(0))
+  x = jnp.ones((1, 64, 8))
+  dropped = lambda y: np.asarray(y == 0)
+  masks = []
+  original = dropout.dropout
+  try:  # Record each site's mask: the three residual sub-layers' outputs.
+    dropout.dropout = lambda y, rate, key: (
+      masks.append(dropped(original(y, rate, key))) or (original(y, rate, key))
+    )
+    layer(x, None, False)
+    layer(x, None, False)
+  finally:
+    dropout.dropout = original
+  assert len(masks) == 4 and all(m.mean() > 0.3 for m in masks)
+  assert len({m.tobytes() for m in masks}) == 4  # Two sites, two calls: four masks.
+  step = nnx.jit(lambda layer, x: layer(x))  # Dropout as the module is set: on after making it.
+  first, second = step(layer, x), step(layer, x)
+  assert not np.array_equal(first, second)  # The stream advanced across the jitted calls.
+  layer.eval()
+  np.testing.assert_array_equal(step(layer, x), step(layer, x))
+  training = nnx.view(layer, deterministic=False)  # NNX's view switches it back on.
+  assert not np.array_equal(training(x), training(x))

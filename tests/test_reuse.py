@@ -1,6 +1,5 @@
 """The layers lifted into models written elsewhere: plain Linen, and NNX through flax.nnx.bridge."""
 
-import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -95,7 +94,7 @@ def train_nnx_model(tokens, labels):
 def test_layers_train_inside_an_nnx_model_through_the_bridge():
   tokens, labels = toy_task(seed=1)
   # NNX shards annotated variables eagerly; without a mesh, switch that off.
-  with flax.config.temp_flip_flag("always_shard_variable", False):
+  with nnx.use_eager_sharding(False):
     _, losses = train_nnx_model(tokens, labels)
   assert losses[-1] < 0.5 * losses[0]
 

@@ -11,7 +11,6 @@ every length, run through the searches' encoder and step functions.
 import dataclasses
 import functools
 import itertools
-import pathlib
 import re
 
 import jax
@@ -20,7 +19,7 @@ import numpy as np
 import pytest
 
 import numpy_reference as ref
-from helpers import SOURCES_16, VOCAB, stack_layers
+from helpers import SOURCES_16, VOCAB, code_block, stack_layers
 from helpers import eos_biased_model as tiny_model
 from transformer_jax.conventions import EOS_ID as EOS
 from transformer_jax.decode import cache as cache_lib
@@ -648,9 +647,7 @@ def test_rejects_max_len_beyond_the_model_positions_and_empty_beams():
 def test_the_library_docs_search_over_a_bigram_model_runs_and_scores_its_output(capsys):
   """docs/library.md's "search over your own model" block, run as written: each printed
   hypothesis scores as the bigram table says, over the paper's length penalty."""
-  doc = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "library.md").read_text()
-  section = doc.split("### The search over your own model\n", 1)[1]
-  code = re.search(r"```python\n(.*?)```", section, re.DOTALL)[1]
+  code = code_block("docs/library.md", "### The search over your own model\n")
   assert len(code.strip().splitlines()) <= 20
   scope = {}
   exec(compile(code, "docs/library.md", "exec"), scope)  # pylint: disable=exec-used

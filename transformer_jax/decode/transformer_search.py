@@ -92,16 +92,17 @@ def _nnx_searchable(model) -> search.SearchModel:
   with_cache = {}
 
   def as_search_cache(decoding, inputs) -> SearchCache:
-    with_cache["graphdef"], rows, shared, with_cache["rest"] = nnx.split(
-      decoding, RowCache, SentenceCache, ...
-    )
+    _, rows, shared, _ = nnx.split(decoding, RowCache, SentenceCache, ...)
     return SearchCache(
       shared={"cache": shared, "inputs": inputs}, rows=rows, row_axis=0, position_axis=2
     )
 
   def encode(inputs, rows: int, max_len: int) -> SearchCache:
     decoding = nnx.merge(graphdef, state)
-    decoding.init_cache(decoding.encode(inputs), rows, max_len)
+    decoding.init_cache(decoding.encode(inputs, train=False), rows, max_len)
+    with_cache["graphdef"], _, _, with_cache["rest"] = nnx.split(
+      decoding, RowCache, SentenceCache, ...
+    )
     return as_search_cache(decoding, inputs)
 
   def step(tokens, position, cache: SearchCache):
@@ -110,7 +111,9 @@ def _nnx_searchable(model) -> search.SearchModel:
     )
     inputs = cache.shared["inputs"]
     positions = _at(position, tokens)
-    logits = decoding.decode(None, inputs, tokens[:, None], targets_position=positions, decode=True)
+    logits = decoding.decode(
+      None, inputs, tokens[:, None], targets_position=positions, train=False, decode=True
+    )
     return _log_probs(logits), as_search_cache(decoding, inputs)
 
   return search.SearchModel(encode, step, model.config.max_len)
@@ -132,6 +135,11 @@ STATIC_OPTIONS = (
 
 def _over_the_transformer(run_search):
   def run(model, variables, inputs, **options):
+    if isinstance(model, nnx.Module):  # Static, it would be compiled in with its parameters.
+      raise TypeError(
+        "an NNX model runs the searches inside nnx.jit: "
+        f"nnx.jit(lambda m, x: search.{run_search.__name__}(searchable(m), x, ...))(model, inputs)"
+      )
     return run_search(searchable(model, variables), inputs, **options)
 
   run.__name__ = run_search.__name__

@@ -15,6 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from transformer_jax.model import attention
+
 # Every parameter's logical axis names, by its name in its module; the sharding rules
 # (transformer_jax.sharding) map them to mesh axes.
 AXES = {
@@ -123,11 +125,7 @@ def write_step(cached_key, cached_value, index, key, value, mask):
   key = lax.dynamic_update_slice(cached_key, key, (zero, zero, index, zero))
   value = lax.dynamic_update_slice(cached_value, value, (zero, zero, index, zero))
   seen = (jnp.arange(cached_key.shape[2]) <= index)[None, None, None, :]
-  return key, value, _combine(mask, seen)
-
-
-def _combine(mask, seen):
-  return seen if mask is None else mask & seen
+  return key, value, attention.combine_masks(mask, seen)
 
 
 def feed_forward(x, wi, bi, wo, bo, activation: str, dtype):

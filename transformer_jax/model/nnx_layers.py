@@ -1,13 +1,14 @@
 """The Transformer's layers as Flax NNX modules, over the same math as the Linen ones.
 
-Each module holds its parameters under the Linen module's names (model/nnx_params.py
-maps a whole model's both ways) and calls model/functional.py, so the two front doors
-compute the same thing. Every parameter carries its logical axis names
-(`functional.AXES`) as `out_sharding` metadata, without eager sharding:
-`nnx.get_partition_spec(nnx.state(model))` inside `nn.logical_axis_rules(rules)` gives
-the mesh partition specs. Dropout keys come from the `dropout` stream of the `rngs`
-given at construction, or from `rngs=` at the call; `deterministic` switches it off
-(`model.eval()` sets it everywhere).
+Each module holds its parameters under the Linen module's names
+(model/nnx_transformer.py maps them both ways) and calls model/functional.py, so the
+two front doors compute the same thing. Every parameter carries its logical axis
+names (`functional.AXES`) as `out_sharding` metadata, without eager sharding:
+`transformer_jax.sharding.nnx_shardings(model, mesh, rules)` gives its shardings.
+Dropout keys come from the `dropout` stream of the `rngs` given at construction
+(`Dropout` also takes a key at the call); a `deterministic` argument switches it off
+for a call, `model.eval()` / `model.train()` (or `nnx.view(model, deterministic=...)`)
+for every call after.
 """
 
 import functools
@@ -45,7 +46,12 @@ class Dropout(nnx.Module):
   def __init__(self, rate: float, *, deterministic: bool = False, rngs: nnx.Rngs | None = None):
     self.rate = rate
     self.deterministic = deterministic
-    self.rngs = rngs.dropout.fork() if rngs is not None else nnx.data(None)
+    self.rngs = rngs.dropout.fork() if rngs is not None and rate > 0 else nnx.data(None)
+
+  def set_view(self, deterministic: bool | None = None):
+    """What `nnx.view(model, deterministic=...)` calls."""
+    if deterministic is not None:
+      self.deterministic = deterministic
 
   def __call__(self, x, *, deterministic: bool | None = None, rngs=None):
     """`rngs`: a key, an `nnx.Rngs` or a stream, instead of the one given at construction."""

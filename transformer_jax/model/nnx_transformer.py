@@ -8,12 +8,12 @@ trained by this project loads here and back. Its layers are a Python loop
 (`scan_layers` and `remat` are the Linen model's, for training).
 """
 
+import flax.core
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from transformer_jax.model import attention
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.nnx_layers import (
   DecoderLayer,
@@ -26,6 +26,7 @@ from transformer_jax.model.nnx_layers import (
 from transformer_jax.model.transformer import (
   check_tokens,
   decoder_masks,
+  encoder_mask,
   layer_settings,
   shift_right,
 )
@@ -57,10 +58,7 @@ class _Stack(nnx.Module):
 class Encoder(_Stack):
   def __call__(self, embed, inputs, segmentation=None, positions=None, *, deterministic=None):
     x = self._inputs(embed, inputs, positions, deterministic)
-    if segmentation is None:
-      mask = attention.padding_mask(inputs, inputs)
-    else:
-      mask = attention.segment_mask(segmentation, segmentation)
+    mask = encoder_mask(inputs, segmentation)
     for layer in self.layers():
       x = layer(x, mask, deterministic)
     return self._output(x)
@@ -94,9 +92,15 @@ class Decoder(_Stack):
     return nn.with_logical_constraint(logits, ("batch", "length", "vocab"))
 
 
+def _deterministic(train: bool | None) -> bool | None:
+  return None if train is None else not train
+
+
 class Transformer(nnx.Module):
   """Encoder-decoder Transformer with one embedding shared by both stacks and the output, as the
-  Linen `model.transformer.Transformer` (the same methods; `train` switches dropout on)."""
+  Linen `model.transformer.Transformer` (the same methods). `train` switches dropout on (True) or
+  off (False) for a call; None leaves it to the modules, as `model.train()` / `model.eval()`
+  set them (on after construction)."""
 
   def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
     cfg = self.config = config
@@ -110,11 +114,11 @@ class Transformer(nnx.Module):
     self.encoder = Encoder(cfg, EncoderLayer, rngs)
     self.decoder = Decoder(cfg, DecoderLayer, rngs)
 
-  def encode(self, inputs, inputs_segmentation=None, inputs_position=None, *, train=False):
+  def encode(self, inputs, inputs_segmentation=None, inputs_position=None, *, train=None):
     """Source ids `[b, s]` -> encoder output `[b, s, d_model]`."""
     check_tokens("inputs", inputs, self.config.max_len)
     return self.encoder(
-      self.embed, inputs, inputs_segmentation, inputs_position, deterministic=not train
+      self.embed, inputs, inputs_segmentation, inputs_position, deterministic=_deterministic(train)
     )
 
   def decode(
@@ -126,7 +130,7 @@ class Transformer(nnx.Module):
     targets_position=None,
     inputs_segmentation=None,
     *,
-    train=False,
+    train=None,
     decode=False,
   ):
     """Encoder output and targets `[b, t]` -> logits `[b, t, vocab]` (targets shifted inside;
@@ -140,7 +144,7 @@ class Transformer(nnx.Module):
       inputs_segmentation=inputs_segmentation,
       targets_segmentation=targets_segmentation,
       positions=targets_position,
-      deterministic=not train,
+      deterministic=_deterministic(train),
       decode=decode,
     )
 
@@ -153,7 +157,7 @@ class Transformer(nnx.Module):
     inputs_position=None,
     targets_position=None,
     *,
-    train=False,
+    train=None,
   ):
     """Teacher-forced forward pass: logits `[b, t, vocab]` for predicting `targets`."""
     encoded = self.encode(inputs, inputs_segmentation, inputs_position, train=train)
@@ -176,11 +180,13 @@ class Transformer(nnx.Module):
       layer.cross_attention.set_static_kv(encoded)
 
 
-def linen_params(model: nnx.Module, scanned: bool = False) -> dict:
+def linen_params(model: nnx.Module, scanned: bool | None = None) -> dict:
   """An NNX module's parameters (any module of model/nnx_layers.py, or the Transformer) as the
   Linen module's `params` dict; `scanned`: a Transformer's layers stacked under `layers/layer`,
-  the layout of `scan_layers=True`."""
+  the layout of `scan_layers=True` (None: as its config says)."""
   params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+  if scanned is None:
+    scanned = isinstance(model, Transformer) and model.config.scan_layers
   if not scanned:
     return params
   for stack in ("encoder", "decoder"):
@@ -192,7 +198,7 @@ def linen_params(model: nnx.Module, scanned: bool = False) -> dict:
 def load_linen_params(model: nnx.Module, params: dict) -> None:
   """Set an NNX module's parameters to the Linen module's `params` (boxed or not; a Transformer's
   in the looped or the scanned layout)."""
-  params = nn.unbox(params)  # What Linen's `init` gives is boxed with its axis names.
+  params = flax.core.unfreeze(nn.unbox(params))  # Linen's `init` boxes them with axis names.
   if isinstance(model, Transformer):
     params = {name: dict(sub) if isinstance(sub, dict) else sub for name, sub in params.items()}
     for stack in ("encoder", "decoder"):

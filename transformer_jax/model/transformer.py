@@ -44,6 +44,13 @@ def shift_right(targets, segmentation=None):
   return jnp.where(segmentation == previous, shifted, PAD_ID)
 
 
+def encoder_mask(inputs, segmentation=None):
+  """The encoder's self-attention mask: padding, or packed segments."""
+  if segmentation is None:
+    return attention.padding_mask(inputs, inputs)
+  return attention.segment_mask(segmentation, segmentation)
+
+
 def decoder_masks(
   inputs, targets, inputs_segmentation, targets_segmentation, positions, *, decode: bool
 ):
@@ -159,10 +166,7 @@ class Encoder(nn.Module):
   def __call__(self, inputs, segmentation=None, positions=None, *, deterministic=True):
     cfg = self.config
     x = _embed_positions(cfg, self.embed, inputs, positions, deterministic)
-    if segmentation is None:
-      mask = attention.padding_mask(inputs, inputs)
-    else:
-      mask = attention.segment_mask(segmentation, segmentation)
+    mask = encoder_mask(inputs, segmentation)
     x = _stack_layers(cfg, EncoderLayer, x, (mask,), (deterministic,))
     return _final_norm(cfg, x)
 

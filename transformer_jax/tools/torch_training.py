@@ -128,7 +128,7 @@ def fairseq_init(torch, config: TransformerConfig, name: str, shape, generator):
   return (torch.rand(shape, generator=generator, dtype=torch.float64) * 2 - 1) * bounds[leaf]
 
 
-class ReferenceError(UserError, ValueError):
+class TorchReferenceError(UserError, ValueError):
   """Settings the PyTorch reference cannot train: one line naming them."""
 
 
@@ -164,13 +164,15 @@ class Reference:
 
   @staticmethod
   def check(config: TransformerConfig, optimizer: OptimizerSettings, init: str) -> None:
-    """ReferenceError (a UserError) unless the reference can train `config` with `optimizer` from
-    `init` (one of INITS): what a caller checks before any expensive set-up."""
+    """TorchReferenceError (a UserError) unless the reference can train `config` with
+    `optimizer` from `init` (one of INITS): what a caller checks before any expensive set-up."""
     if init not in INITS:
-      raise ReferenceError(f"init={init!r}; allowed: {', '.join(INITS)}")
+      raise TorchReferenceError(f"init={init!r}; allowed: {', '.join(INITS)}")
     unsupported = _unsupported(config, optimizer)
     if unsupported:
-      raise ReferenceError(f"the PyTorch reference does not implement {', '.join(unsupported)}")
+      raise TorchReferenceError(
+        f"the PyTorch reference does not implement {', '.join(unsupported)}"
+      )
 
   def __init__(
     self,

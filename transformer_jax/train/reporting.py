@@ -147,6 +147,8 @@ class TrainLogger:
     if mfu <= 1.0 or not self.peak_measured or self.warned_about_peak:
       return
     self.warned_about_peak = True
+    if self.bar is not None:
+      self.bar.clear()
     log.warning(
       "MFU %.0f%%: the model ran faster than the square matmul measured at start-up "
       "(%.3g FLOP/s over all devices), so that measurement was low (a busy machine?) and this "
