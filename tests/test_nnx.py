@@ -423,3 +423,9 @@ def test_nnx_dropout_draws_a_new_mask_at_every_site_and_call_and_across_jitted_s
   np.testing.assert_array_equal(step(layer, x), step(layer, x))
   training = nnx.view(layer, deterministic=False)  # NNX's view switches it back on.
   assert not np.array_equal(training(x), training(x))
+
+
+def test_the_jitted_searches_of_the_linen_model_refuse_an_nnx_model():
+  twin = nt.Transformer(tiny_config(dtype="float32"), rngs=nnx.Rngs(0))
+  with pytest.raises(TypeError, match=r"runs the searches inside nnx.jit: nnx.jit\(lambda"):
+    transformer_search.beam_search(twin, None, PACKED["inputs"], beam_size=2, max_len=8)
