@@ -1,5 +1,7 @@
 """The whole model: configuration, the paper's parameter counts, masking behaviour, dtypes."""
 
+import json
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -145,6 +147,9 @@ def test_every_table3_row_has_a_preset_with_its_values():
   assert TransformerConfig.preset("A4").num_heads * TransformerConfig.preset("A4").key_size == 512
   assert TransformerConfig.preset("E").positional == "learned"
   assert TransformerConfig.preset("base", vocab_size=100, dtype="bfloat16").vocab_size == 100
+  record = TransformerConfig.preset("base").record()  # What benchmark JSON files keep.
+  assert (record["d_k"], record["key_size"], record["value_size"]) == (None, 64, 64)
+  assert json.loads(json.dumps(record))["num_heads"] == 8
 
 
 @pytest.mark.parametrize(

@@ -143,6 +143,11 @@ class TransformerConfig:
     """The width of each head's values in use: `d_v`, or d_model / num_heads."""
     return self.d_model // self.num_heads if self.d_v is None else self.d_v
 
+  def record(self) -> dict:
+    """The settings as a JSON-ready dict, with the head widths in use (`key_size`, `value_size`)
+    beside `d_k` and `d_v`, which may be None: what benchmark records keep."""
+    return {**dataclasses.asdict(self), "key_size": self.key_size, "value_size": self.value_size}
+
   @property
   def compute_dtype(self):
     """The jnp dtype used for computation."""

@@ -62,7 +62,7 @@ def run_experiment(
   matmul_rate = measure_matmul_flops(model.config.compute_dtype)
   state = trainer.init()
   results = {
-    "config": dataclasses.asdict(model.config),
+    "config": model.config.record(),
     "device": str(jax.local_devices()[0].device_kind),
     "devices": jax.device_count(),
     "matmul_flops_per_s": matmul_rate,

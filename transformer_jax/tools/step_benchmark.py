@@ -124,7 +124,7 @@ def run(
 
   tokens, flops = real_tokens(batch), batch_flops(cfg, batch)
   results = {
-    "config": dataclasses.asdict(cfg),
+    "config": cfg.record(),
     "workload": dataclasses.asdict(workload),
     "device": str(jax.local_devices()[0].device_kind),
     "devices": jax.device_count(),

@@ -123,7 +123,7 @@ def run_sweep(
       }
     )
   return {
-    "config": dataclasses.asdict(cfg),
+    "config": cfg.record(),
     "device": str(jax.local_devices()[0].device_kind),
     "devices": jax.device_count(),
     "steps": steps,
