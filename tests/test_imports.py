@@ -22,7 +22,7 @@ RANKS = {
   "conventions": 0,
   "errors": 0,
   "schema": 1,
-  "workdir": 1,
+  "workdir": 2,
   "fileio": 1,
   "model": 2,
   "data": 3,

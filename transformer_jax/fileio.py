@@ -15,6 +15,11 @@ from etils import epath
 from transformer_jax.errors import UserError
 
 
+def is_url(path) -> bool:
+  """Whether `path` names an object in a store (gs://bucket/x, s3://...), not a local file."""
+  return "://" in str(path)
+
+
 def temporary_name(path: str) -> str:
   """A name beside `path` that no other process, on any host, writes."""
   head, tail = os.path.split(str(path))

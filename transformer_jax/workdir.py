@@ -4,12 +4,13 @@ import os
 
 from etils import epath
 
+from transformer_jax import fileio
 from transformer_jax.errors import UserError
 
 
 def absolute(path: str) -> str:
   """`path` absolute unless it is a URL such as `gs://bucket/dir` (Orbax needs them absolute)."""
-  return path if "://" in path else os.path.abspath(path)
+  return path if fileio.is_url(path) else os.path.abspath(path)
 
 
 class Workdir:
@@ -112,5 +113,5 @@ class Workdir:
       raise UserError(
         f"--workdir={self.root}: cannot make the directory: {error.strerror or error}"
       ) from None
-    if "://" not in self.root and not os.access(self.root, os.W_OK):
+    if not fileio.is_url(self.root) and not os.access(self.root, os.W_OK):
       raise UserError(f"--workdir={self.root} is not writable")

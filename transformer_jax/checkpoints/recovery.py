@@ -25,6 +25,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
 
+from transformer_jax import fileio
 from transformer_jax.checkpoints import integrity, reading, store
 from transformer_jax.errors import UserError, first_line
 
@@ -174,7 +175,7 @@ def _check_writable(directory) -> None:
   create; this check reports a vanished, replaced or read-only directory at once.
   """
   path = str(directory)
-  if "://" in path:
+  if fileio.is_url(path):
     return
   if not os.path.isdir(path):
     raise NotADirectoryError(

@@ -26,6 +26,7 @@ import jax
 import orbax.checkpoint as ocp
 from etils import epath
 
+from transformer_jax import fileio
 from transformer_jax.checkpoints import integrity
 from transformer_jax.checkpoints.reading import (
   CheckpointMismatchError,
@@ -96,7 +97,7 @@ def committed_steps(directory: str) -> list[int]:
     names = [p.name for p in path.iterdir()]
   except OSError:
     return []
-  url = "://" in str(path)
+  url = fileio.is_url(path)
   return sorted(
     int(name)
     for name in names

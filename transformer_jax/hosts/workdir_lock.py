@@ -99,7 +99,7 @@ class WorkdirLock:
   def _remove_if_unchanged(self, holder: dict | None) -> None:
     """Remove the lock if it still holds `holder`'s record: moved aside under a name of this
     process's (one rename succeeds), then checked; another run's fresh lock goes back."""
-    if "://" in self.path:  # No atomic rename in object stores.
+    if fileio.is_url(self.path):  # No atomic rename in object stores.
       epath.Path(self.path).unlink(missing_ok=True)
       return
     aside = fileio.temporary_name(self.path)
@@ -125,7 +125,9 @@ class WorkdirLock:
         os.rename(aside, self.path)
 
   def _create(self, record: dict) -> bool:
-    if "://" in self.path:  # Object stores have no exclusive create: the check is best effort.
+    if fileio.is_url(
+      self.path
+    ):  # Object stores have no exclusive create: the check is best effort.
       if epath.Path(self.path).exists():
         return False
       write_record(self.path, record)

@@ -111,7 +111,7 @@ def event(
 
 def _appends(directory: str) -> bool:
   """Whether files in `directory` can be appended to: local paths yes, URLs (gs://) no."""
-  return "://" not in directory
+  return not fileio.is_url(directory)
 
 
 class EventWriter:
