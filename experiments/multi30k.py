@@ -6,7 +6,8 @@ Variants (`--config=experiments/multi30k.py:<variant>`):
          dropout 0.3, post-LN, all embeddings shared; Adam (0.9, 0.98), inverse-square-root
          schedule peaking at 0.005 after 2,000 warmup updates, label smoothing 0.1; 8,000
          updates of 2 x 4,096 tokens; the average of the last 10 checkpoints; beam 5; BLEU on the
-         lowercased tokenized text as it is. A target, not a result of this project.
+         lowercased tokenized text as it is. This recipe, run here to its end on a 2-core CPU,
+         scored 41.18 (docs/real_language.md).
 
 fairseq's layers, as its recipe has them: biases on the attention projections, LayerNorm epsilon
 1e-5, and fairseq's initial parameters (model.init='fairseq'). They matter: with this project's
