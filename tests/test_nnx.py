@@ -19,7 +19,8 @@ import optax
 import pytest
 from flax import nnx
 
-from helpers import code_block
+import helpers
+from helpers import code_block, init_module
 from transformer_jax import sharding
 from transformer_jax.decode import search, transformer_search
 from transformer_jax.model import attention, dropout, layers, nnx_layers
@@ -52,7 +53,7 @@ def assert_trees_close(got, want):
 
 
 def randn(seed, *shape):
-  return jnp.asarray(np.random.default_rng(seed).standard_normal(shape))
+  return jnp.asarray(helpers.randn(seed, *shape), jnp.float64)
 
 
 def linen_and_nnx(linen_module, nnx_module, args, *, call=None, reset=lambda: None):
@@ -60,13 +61,11 @@ def linen_and_nnx(linen_module, nnx_module, args, *, call=None, reset=lambda: No
   parameters and the first argument), the NNX module loaded with the Linen one's parameters;
   `reset` before each of the four runs."""
   method = {"method": call} if call else {}
-  params = nn.unbox(linen_module.init(jax.random.key(0), *args, **method)["params"])
+  _, params = init_module(linen_module, *args, **method)
   nt.load_linen_params(nnx_module, params)
-  weights = []
 
   def projected(out):
-    weights.append(weights[0] if weights else randn(9, *out.shape))
-    return jnp.sum(out * weights[0])
+    return jnp.sum(out * randn(9, *out.shape))
 
   def linen_out(p, first):
     reset()
@@ -127,7 +126,7 @@ def test_embedding_its_logits_and_the_positions_match_linen():
     ids = jnp.array([[3, 1, 4, 1, 5], [9, 2, 6, 0, 0]])
     linen = linen_embedding.Embed(11, 8, logits_bias=True, **F64)
     twin = nnx_layers.Embed(11, 8, logits_bias=True, **F64, rngs=nnx.Rngs(0))
-    params = nn.unbox(linen.init(jax.random.key(0), ids)["params"])
+    _, params = init_module(linen, ids)
     nt.load_linen_params(twin, params)
     out = linen.apply({"params": params}, ids)
     np.testing.assert_array_equal(twin(ids), out)
@@ -214,7 +213,7 @@ def tiny_config(**overrides):
 
 def linen_and_twin(config, batch):
   linen = Transformer(config)
-  params = nn.unbox(linen.init(jax.random.key(0), *batch)["params"])
+  _, params = init_module(linen, *batch)
   twin = nt.Transformer(config, rngs=nnx.Rngs(0))
   nt.load_linen_params(twin, params)
   return linen, params, twin

@@ -23,12 +23,13 @@ from transformer_jax.model import attention, dropout, functional
 Dtype = Any
 
 
+def _annotated(name: str, value) -> nnx.Param:
+  """The parameter `name` holding `value`, annotated with its logical axes, not sharded eagerly."""
+  return nnx.Param(value, out_sharding=functional.AXES[name], eager_sharding=False)
+
+
 def _param(name: str, init, rngs: nnx.Rngs, shape, param_dtype) -> nnx.Param:
-  return nnx.Param(
-    init(rngs.params(), shape, param_dtype),
-    out_sharding=functional.AXES[name],
-    eager_sharding=False,
-  )
+  return _annotated(name, init(rngs.params(), shape, param_dtype))
 
 
 class RowCache(nnx.Cache):
@@ -76,12 +77,8 @@ class LayerNorm(nnx.Module):
     self, d: int, *, epsilon: float = 1e-6, dtype: Dtype = jnp.float32, param_dtype=jnp.float32
   ):
     self.epsilon, self.dtype = epsilon, dtype
-    self.scale = nnx.Param(
-      jnp.ones((d,), param_dtype), out_sharding=functional.AXES["scale"], eager_sharding=False
-    )
-    self.bias = nnx.Param(
-      jnp.zeros((d,), param_dtype), out_sharding=functional.AXES["bias"], eager_sharding=False
-    )
+    self.scale = _annotated("scale", jnp.ones((d,), param_dtype))
+    self.bias = _annotated("bias", jnp.zeros((d,), param_dtype))
 
   def __call__(self, x):
     return functional.layer_norm(

@@ -200,7 +200,6 @@ def load_linen_params(model: nnx.Module, params: dict) -> None:
   in the looped or the scanned layout)."""
   params = flax.core.unfreeze(nn.unbox(params))  # Linen's `init` boxes them with axis names.
   if isinstance(model, Transformer):
-    params = {name: dict(sub) if isinstance(sub, dict) else sub for name, sub in params.items()}
     for stack in ("encoder", "decoder"):
       scanned = params[stack].pop("layers", None)
       for i in range(model.config.num_layers if scanned else 0):
