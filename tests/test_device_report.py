@@ -10,7 +10,7 @@ import time
 import pytest
 
 import helpers
-from transformer_jax.tools.device_report import largest, speed, stage
+from transformer_jax.tools.device_report import correctness, largest, speed, stage
 from transformer_jax.tools.device_report import plan as plan_lib
 from transformer_jax.tools.device_report.runner import Runner
 
@@ -170,6 +170,37 @@ def test_a_step_past_the_deadline_is_skipped(tmp_path):
   )
   record = runner.run()["decoding"]["steps"]["decoding"]
   assert record["status"] == "skipped" and "no time left under the deadline" in record["reason"]
+
+
+def test_single_steps_can_be_chosen_beside_whole_stages(tmp_path):
+  runner = Runner(
+    plan_lib.TINY,
+    str(tmp_path),
+    deadline=time.monotonic() + 2,
+    platform="cpu",
+    stages=("speed:base_xla", "decoding"),
+  )
+  records = runner.run()
+  assert {stage: set(r["steps"]) for stage, r in records.items()} == {
+    "environment": {"environment"},
+    "speed": {"base_xla"},
+    "decoding": {"decoding"},
+  }
+
+
+@pytest.mark.parametrize(
+  "status, exit_status, failures, verdict",
+  [
+    ("finished", 0, [], "ok"),
+    ("finished", 1, [{"test": "t"}], "problems found"),
+    ("finished", 2, [], "problems found"),  # pytest itself failed: nothing collected, say.
+    ("stopped after 116 s", None, [], "incomplete"),
+    ("stopped after 116 s", None, [{"test": "t"}], "problems found"),
+  ],
+)
+def test_the_device_tests_verdict(status, exit_status, failures, verdict):
+  tests = {"status": status, "exit_status": exit_status, "failures": failures}
+  assert correctness._tests_status(tests) == verdict
 
 
 @pytest.mark.slow

@@ -191,5 +191,11 @@ def run(plan, step, result, context) -> None:
     plan.test_timeout_seconds,
     platform,
   )
-  passed = tests["status"] == "finished" and tests["exit_status"] == 0
-  result.put(device_tests=tests, status="ok" if passed else "problems found")
+  result.put(device_tests=tests, status=_tests_status(tests))
+
+
+def _tests_status(tests: dict) -> str:
+  """ok when every test ran and passed; incomplete when stopped for time before a failure."""
+  if tests["failures"] or tests["status"] == "finished" and tests["exit_status"] != 0:
+    return "problems found"
+  return "ok" if tests["status"] == "finished" else "incomplete"

@@ -136,8 +136,9 @@ class Runner:
     self.out.mkdir(parents=True, exist_ok=True)
     self.work = pathlib.Path(tempfile.mkdtemp(prefix="transformer_jax_report_"))
     write_json(self.work / PLAN_NAME, plan.to_json())
-    # The environment always runs: the other steps need its platform and device.
-    self.stages = [s for s in STAGES if s in stages or s == "environment"]
+    # Stages or single steps ("speed:base_xla"). The environment always runs: the other steps
+    # need its platform and device.
+    self.selected = {"environment", *stages}
     self.bundle_record, self.target = bundle_record, target
     self.records: dict[str, dict] = {}
     self.env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -146,6 +147,9 @@ class Runner:
     )
     self.stop_reason = ""
     self._live: set[_Child] = set()
+
+  def _selected(self, step: Step) -> bool:
+    return step.stage in self.selected or step.name in self.selected
 
   def _child_env(self, step: Step) -> dict:
     env = dict(self.env)
@@ -235,12 +239,12 @@ class Runner:
 
   def _run_steps(self) -> None:
     background = {}
-    for step in (s for s in self.plan.steps if s.stage in self.stages):
+    for step in (s for s in self.plan.steps if self._selected(s)):
       if step.stage != "environment" and not self.records.keys() - {"environment"}:
         background = {
           s.name: self._start(s, step_file(self.work, s.name, ".log"))
           for s in self.plan.steps
-          if s.runs_on == "cpu" and s.stage in self.stages
+          if s.runs_on == "cpu" and self._selected(s)
         }
       if step.name in background:
         record = self._finish(step, background.pop(step.name))
