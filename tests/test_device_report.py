@@ -70,6 +70,10 @@ def test_the_cpu_dry_run_runs_every_stage_and_reports_them(tmp_path):
     assert record["mfu_vs_spec"] is None and record["peak_bytes"] is None  # Not on a CPU.
     assert record["predicted_local"]["total_bytes"] > 0
     assert all(math.isfinite(loss) for loss in record["loss_first_last"])
+    ops = record["op_times"]  # On a CPU, the host's events that name an XLA op.
+    assert ops["traced_steps"] == tiny.profile_steps and ops["sources"][0].startswith("/host:CPU")
+    assert ops["busy_seconds_per_step"] > 0 and ops["ops"] and ops["distinct_ops"] > 0
+    assert sum(op["share_of_busy"] for op in ops["ops"]) <= 1 + 1e-9
   assert speeds["base_xla"]["model"]["attention"] == "xla"
   assert speeds["base_remat"]["model"]["remat"] == "full"
   assert speeds["big"]["model"]["d_model"] == speeds["base"]["model"]["d_model"] == 32
@@ -105,6 +109,7 @@ def test_the_cpu_dry_run_runs_every_stage_and_reports_them(tmp_path):
   ):
     assert row in report, row
   assert "test BLEU" in report and "Tests marked `device`:" in report
+  assert "### Where `base`'s step goes" in report
   assert "===== end_to_end" in (out / "log.txt").read_text()
 
 

@@ -141,6 +141,33 @@ def _train_rows(records: dict) -> list[str]:
   return lines
 
 
+def _op_times(records: dict, top: int = 10) -> list[str]:
+  """Each traced train step's busy time beside its measured time, and its costliest ops."""
+  lines = []
+  for name, record in (_get(records, "speed", "steps") or {}).items():
+    ops = record.get("op_times")
+    if not ops:
+      continue
+    step = _get(record, "step_seconds", "median")
+    lines += [
+      "",
+      f"### Where `{_VARIANT_NAMES.get(name, name)}`'s step goes",
+      "",
+      f"{ops['traced_steps']} steps traced: {ops['busy_seconds_per_step'] * 1e3:.1f} ms busy per "
+      f"step on the device, the step {_number(step, '.1f', 1e3)} ms; {ops['distinct_ops']} "
+      f"distinct ops (from {', '.join(ops['sources']) or 'nothing'}).",
+      "",
+      "| op | what | ms per step | calls per step | share of busy |",
+      "|---|---|---|---|---|",
+    ]
+    lines += [
+      f"| `{op['op'][:60]}` | {op.get('what', '')[:80]} | {op['seconds_per_step'] * 1e3:.2f} | "
+      f"{op['calls_per_step']:.0f} | {op['share_of_busy']:.1%} |"
+      for op in ops["ops"][:top]
+    ]
+  return ["", "## Where the train step's time goes", *lines] if lines else []
+
+
 def _correctness(records: dict) -> list[str]:
   steps = _get(records, "correctness", "steps") or {}
   lines = ["", "## Correct on the device", ""]
@@ -241,6 +268,7 @@ def render(records: dict, plan) -> str:
     + _stage_table(records)
     + _goals(records)
     + _train_rows(records)
+    + _op_times(records)
     + _correctness(records)
     + _decoding_and_end_to_end(records)
   )

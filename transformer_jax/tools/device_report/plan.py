@@ -34,6 +34,7 @@ class Plan:
   length: int  # tokens per row
   timed_steps: int
   warmup_steps: int
+  profile_steps: int  # traced after the timed ones, their time summed by XLA op
   largest_timed_steps: int  # at the largest batch, whose steps are several times longer
   matmul_size: int
   attention_shape: tuple[int, int, int, int]  # batch, length, heads, head size
@@ -110,6 +111,7 @@ FULL = Plan(
   length=256,
   timed_steps=20,
   warmup_steps=3,
+  profile_steps=3,
   largest_timed_steps=5,
   matmul_size=8192,
   attention_shape=(4, 512, 8, 64),
@@ -159,6 +161,7 @@ TINY = Plan(
   length=32,
   timed_steps=3,
   warmup_steps=1,
+  profile_steps=2,
   largest_timed_steps=2,
   matmul_size=256,
   attention_shape=(2, 16, 2, 8),

@@ -7,7 +7,8 @@ device. Throughput counts the batch's non-padding target tokens; MFU is the
 model's FLOPs (`train.objective.train_flops`) against a bf16 matmul measured
 in the same process and against the chip's datasheet peak. Peak memory is the
 device's own count (`memory_stats()`), one process per variant so that it is
-that variant's, read before the matmul is measured.
+that variant's, read before the matmul is measured. A few more steps are traced
+with the profiler, and their time summed by XLA op.
 """
 
 import statistics
@@ -21,6 +22,7 @@ from transformer_jax import config as config_lib
 from transformer_jax.compile import analysis, targets
 from transformer_jax.conventions import EOS_ID, UNK_ID
 from transformer_jax.experiment import Experiment, make_trainer
+from transformer_jax.tools.device_report import op_times
 from transformer_jax.tools.timing import batch_flops, peak_memory_bytes, summary, timed
 
 
@@ -97,10 +99,17 @@ def chip_of(device_kind: str) -> targets.Chip | None:
 
 
 def train_speed(
-  experiment: Experiment, rows: int, length: int, *, timed_steps: int, warmup_steps: int
+  experiment: Experiment,
+  rows: int,
+  length: int,
+  *,
+  timed_steps: int,
+  warmup_steps: int,
+  profile_steps: int = 0,
 ) -> dict:
   """Compile, run and time the train step of `experiment` on a packed `rows` x `length` batch;
-  the device's peak memory is read right after."""
+  the device's peak memory is read right after; then `profile_steps` more are traced, and their
+  time summed by XLA op (`op_times`)."""
   trainer, _ = make_trainer(experiment, vocab_size=experiment.data.vocab_size)
   placement = trainer.placement
   cfg = placement.model.config
@@ -124,6 +133,12 @@ def train_speed(
   times = [timed(step) for _ in range(timed_steps)]
   peak, kind = peak_memory_bytes()
   peak = peak if kind == "device peak" else None  # Not the process's RSS, where no device counts.
+  ops = None
+  if profile_steps:
+    trace = op_times.trace(step, profile_steps)
+    ops = op_times.summarize(
+      trace.planes, profile_steps, described=op_times.describe(compiled.as_text())
+    )
   per_token = [float(m["loss"]) / max(float(m["tokens"]), 1.0) for m in (metrics[0], metrics[-1])]
   target_tokens = int(np.sum(local["targets_segmentation"] > 0))
   median = statistics.median(times)
@@ -151,6 +166,7 @@ def train_speed(
     "loss_first_last": per_token,
     "nonfinite_steps": int(sum(float(m["nonfinite"]) for m in metrics)),
     "peak_bytes": peak,
+    "op_times": ops,
     "predicted_local": {
       "total_bytes": predicted.total_bytes,
       "temp_bytes": predicted.temp_bytes,
@@ -160,9 +176,12 @@ def train_speed(
   }
 
 
-def measure(plan, name: str, rows: int, length: int, timed_steps: int, result) -> None:
-  """The train step of variant `name` at `rows` x `length`, then the matmul rate (after the peak
-  memory was read) and the MFU against it and against the chip's datasheet peak."""
+def measure(
+  plan, name: str, rows: int, length: int, timed_steps: int, result, profile_steps: int = 0
+) -> None:
+  """The train step of variant `name` at `rows` x `length` (and `profile_steps` traced), then the
+  matmul rate (after the peak memory was read) and the MFU against it and against the chip's
+  datasheet peak."""
   spec, overrides = plan.variants[name]
   kind = jax.local_devices()[0].device_kind
   result.put(variant=name, experiment=spec, overrides=overrides, device_kind=kind)
@@ -172,6 +191,7 @@ def measure(plan, name: str, rows: int, length: int, timed_steps: int, result) -
     length,
     timed_steps=timed_steps,
     warmup_steps=plan.warmup_steps,
+    profile_steps=profile_steps,
   )
   result.put(**figures)
   rate = matmul_rate(plan.matmul_size)
@@ -188,4 +208,4 @@ def measure(plan, name: str, rows: int, length: int, timed_steps: int, result) -
 
 def run(plan, step, result, context) -> None:
   del context
-  measure(plan, step.part, plan.rows, plan.length, plan.timed_steps, result)
+  measure(plan, step.part, plan.rows, plan.length, plan.timed_steps, result, plan.profile_steps)
