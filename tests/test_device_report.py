@@ -10,7 +10,14 @@ import time
 import pytest
 
 import helpers
-from transformer_jax.tools.device_report import correctness, largest, speed, stage
+from transformer_jax.tools.device_report import (
+  correctness,
+  largest,
+  markdown,
+  op_times,
+  speed,
+  stage,
+)
 from transformer_jax.tools.device_report import plan as plan_lib
 from transformer_jax.tools.device_report.runner import Runner
 
@@ -206,6 +213,18 @@ def test_single_steps_can_be_chosen_beside_whole_stages(tmp_path):
 def test_the_device_tests_verdict(status, exit_status, failures, verdict):
   tests = {"status": status, "exit_status": exit_status, "failures": failures}
   assert correctness._tests_status(tests) == verdict
+
+
+def test_a_failing_trace_costs_only_its_own_record(monkeypatch):
+  def no_profiler(step, steps):
+    raise RuntimeError("no CUPTI")
+
+  monkeypatch.setattr(op_times, "trace", no_profiler)
+  record = speed._op_times(lambda: None, 3, compiled=None)
+  assert record == {"error": "RuntimeError: no CUPTI"}
+  steps = {"base": {"op_times": record, "step_seconds": {"median": 0.05}}}
+  page = "\n".join(markdown._op_times({"speed": {"steps": steps}}))
+  assert "`base`: the trace failed: RuntimeError: no CUPTI" in page
 
 
 @pytest.mark.slow

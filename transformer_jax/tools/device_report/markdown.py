@@ -149,6 +149,9 @@ def _op_times(records: dict, top: int = 10) -> list[str]:
     if not ops:
       continue
     step = _get(record, "step_seconds", "median")
+    if "error" in ops:
+      lines += ["", f"`{name}`: the trace failed: {ops['error']}"]
+      continue
     lines += [
       "",
       f"### Where `{_VARIANT_NAMES.get(name, name)}`'s step goes",

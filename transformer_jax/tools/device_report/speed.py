@@ -133,12 +133,7 @@ def train_speed(
   times = [timed(step) for _ in range(timed_steps)]
   peak, kind = peak_memory_bytes()
   peak = peak if kind == "device peak" else None  # Not the process's RSS, where no device counts.
-  ops = None
-  if profile_steps:
-    trace = op_times.trace(step, profile_steps)
-    ops = op_times.summarize(
-      trace.planes, profile_steps, described=op_times.describe(compiled.as_text())
-    )
+  ops = _op_times(step, profile_steps, compiled) if profile_steps else None
   per_token = [float(m["loss"]) / max(float(m["tokens"]), 1.0) for m in (metrics[0], metrics[-1])]
   target_tokens = int(np.sum(local["targets_segmentation"] > 0))
   median = statistics.median(times)
@@ -174,6 +169,17 @@ def train_speed(
       "cudnn_attention_calls": predicted.cudnn_attention_calls,
     },
   }
+
+
+def _op_times(step, steps: int, compiled) -> dict:
+  """`steps` of `step` traced and summed by op; a profiler that fails here (no CUPTI, say) costs
+  only this record: {"error": ...}."""
+  try:
+    trace = op_times.trace(step, steps)
+    planes = list(trace.planes)
+  except Exception as error:  # Whatever it is, the timed figures stay.
+    return {"error": f"{type(error).__name__}: {error}"[:500]}
+  return op_times.summarize(planes, steps, described=op_times.describe(compiled.as_text()))
 
 
 def measure(
