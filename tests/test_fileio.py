@@ -92,3 +92,37 @@ def test_write_json_makes_the_directory_and_indents(tmp_path):
   fileio.write_json(str(path), {"bleu": 96.5, "split": "test"})
   assert json.loads(path.read_text()) == {"bleu": 96.5, "split": "test"}
   assert path.read_text().endswith("\n") and '\n  "bleu": 96.5' in path.read_text()
+
+
+def test_read_json_reads_back_what_write_json_wrote_in_utf8(tmp_path):
+  path = tmp_path / "record.json"
+  record = {"hypothesis": "ein Hund läuft über die Wiese", "steps": [1, 2]}
+  fileio.write_json(path, record)
+  assert "läuft" in path.read_text(encoding="utf-8")  # Not escaped.
+  assert fileio.read_json(path) == fileio.read_json(str(path)) == record
+
+
+def test_read_json_of_a_missing_file_is_missing_if_given_else_one_clear_error(tmp_path):
+  path = tmp_path / "absent.json"
+  assert fileio.read_json(path, missing=None) is None
+  assert fileio.read_json(path, missing={}) == {}
+  with pytest.raises(UserError, match=r"cannot read .*absent.json: no such file"):
+    fileio.read_json(path)
+
+
+@pytest.mark.parametrize(
+  "content, message",
+  [(b'{"step": 4', r"broken.json is not valid JSON: "), (b"\xff\xfe{}", r"cannot read .*broken")],
+)
+def test_read_json_of_a_broken_file_names_it(tmp_path, content, message):
+  path = tmp_path / "broken.json"
+  path.write_bytes(content)
+  with pytest.raises(UserError, match=message):
+    fileio.read_json(path, missing=None)
+
+
+def test_write_json_is_process_zeros_unless_every_process_writes(tmp_path, monkeypatch):
+  monkeypatch.setattr(fileio.jax, "process_index", lambda: 1)
+  fileio.write_json(tmp_path / "a.json", {"x": 1})
+  fileio.write_json(tmp_path / "b.json", {"x": 2}, every_process=True)
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["b.json"]

@@ -23,5 +23,5 @@ def test_best_json_is_read_back_and_a_broken_one_is_one_clear_error(tmp_path):
   fileio.write_json(workdir.best_json, record)
   assert validation.read_best(workdir) == record
   (tmp_path / "best.json").write_text('{"step": 40, "bl')  # Cut short.
-  with pytest.raises(UserError, match=r"best.json cannot be read .* remove it"):
+  with pytest.raises(UserError, match=r"best.json is not valid JSON: .*; remove it"):
     validation.read_best(workdir)

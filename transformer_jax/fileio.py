@@ -92,11 +92,34 @@ def write_lines(path: str | None, lines) -> None:
     raise UserError(f"cannot write the output {path}: {error.strerror}") from None
 
 
-def write_json(path: str, record) -> None:
-  """Write `record` as indented JSON to `path` (a local path or a URL such as gs://); process 0."""
-  if jax.process_index() != 0:
+_REQUIRED = object()
+
+
+def read_json(path, missing=_REQUIRED):
+  """The JSON value of the file at `path` (a local path or a URL such as gs://); `missing` when
+  there is no file there, if given. Raises UserError naming the path for a file that is absent
+  (without `missing`), unreadable or not JSON."""
+  try:
+    text = epath.Path(path).read_text(encoding="utf-8")
+  except FileNotFoundError:
+    if missing is _REQUIRED:
+      raise UserError(f"cannot read {path}: no such file") from None
+    return missing
+  except (OSError, UnicodeDecodeError) as error:
+    raise UserError(f"cannot read {path}: {getattr(error, 'strerror', None) or error}") from None
+  try:
+    return json.loads(text)
+  except ValueError as error:
+    raise UserError(f"{path} is not valid JSON: {error}") from None
+
+
+def write_json(path, record, *, every_process: bool = False) -> None:
+  """Write `record` as indented UTF-8 JSON to `path` (a local path or a URL) whole
+  (`write_atomically`); by process 0 alone unless `every_process`. Raises UserError naming the
+  path when it cannot be written."""
+  if not every_process and jax.process_index() != 0:
     return
   try:
-    write_atomically(path, json.dumps(record, indent=2) + "\n")
+    write_atomically(str(path), json.dumps(record, indent=2, ensure_ascii=False) + "\n")
   except OSError as error:
     raise UserError(f"cannot write {path}: {error.strerror or error}") from None

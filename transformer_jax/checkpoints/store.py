@@ -17,9 +17,6 @@ compares the arrays with what a run expects.
 """
 
 import functools
-import glob
-import json
-import os
 
 import grain
 import jax
@@ -33,7 +30,7 @@ from transformer_jax.checkpoints.reading import (
   CorruptCheckpointError,
   verified_read,
 )
-from transformer_jax.errors import first_line
+from transformer_jax.errors import UserError, first_line
 from transformer_jax.workdir import absolute
 
 STATE = "state"
@@ -134,9 +131,12 @@ def _position_file(process, count) -> str:
 
 def _read_data_position(path, saved: dict):
   """This process's saved data position in step directory `path`, checked against `saved`."""
-  position = json.loads(
-    (path / DATA / _position_file(jax.process_index(), jax.process_count())).read_text()
-  )
+  try:
+    position = fileio.read_json(
+      path / DATA / _position_file(jax.process_index(), jax.process_count())
+    )
+  except UserError as error:  # Missing or damaged: the checkpoint is, whatever the reason.
+    raise CorruptCheckpointError(f"checkpoint {path}: {error}") from None
   if DATA not in saved:
     raise CorruptCheckpointError(f"checkpoint {path} was saved without a data position")
   if integrity.data_fingerprint(position) != saved[DATA][jax.process_index()]:
@@ -274,15 +274,11 @@ def read_state_on_host(manager: ocp.CheckpointManager, step: int):
 
 def saved_data_positions(manager: ocp.CheckpointManager, step: int) -> list:
   """The data-iterator position of each process saved in `step`, in process order ([] if none)."""
-  pattern = os.path.join(manager.directory, str(step), DATA, _position_file("*", "*"))
+  directory = epath.Path(manager.directory) / str(step) / DATA
   files = sorted(
-    glob.glob(pattern), key=lambda f: int(os.path.basename(f).split("_")[1].split("-")[0])
+    directory.glob(_position_file("*", "*")), key=lambda f: int(f.name.split("_")[1].split("-")[0])
   )
-  positions = []
-  for name in files:
-    with open(name) as f:
-      positions.append(json.load(f))
-  return positions
+  return [fileio.read_json(f) for f in files]
 
 
 def _read_json(manager: ocp.CheckpointManager, step: int, item: str):

@@ -9,7 +9,6 @@ beats stopped and who did not say they ended are the lost ones
 process (`supervisor.py`) reads these files beside a process that may hang in them.
 """
 
-import json
 import logging
 import os
 import socket
@@ -19,7 +18,7 @@ import time
 from etils import epath
 
 from transformer_jax import fileio
-from transformer_jax.errors import first_line
+from transformer_jax.errors import UserError, first_line
 from transformer_jax.workdir import Workdir
 
 log = logging.getLogger(__name__)
@@ -33,14 +32,15 @@ def beat_interval(timeout_seconds: float) -> float:
 def read_record(path: str) -> dict | None:
   """The JSON record at `path`; None when it is missing or unreadable (being replaced)."""
   try:
-    return json.loads(epath.Path(path).read_text())
-  except (OSError, ValueError):
+    return fileio.read_json(path, missing=None)
+  except UserError:
     return None
 
 
 def write_record(path: str, record: dict) -> None:
-  """Write `record` to `path` whole: readers see the old record or the new one."""
-  fileio.write_atomically(path, json.dumps(record))
+  """Write `record` to `path` whole, whichever process this is: readers see the old record or
+  the new one."""
+  fileio.write_json(path, record, every_process=True)
 
 
 def describe(record: dict) -> str:

@@ -152,8 +152,8 @@ def export_marian(
   )
   os.makedirs(output, exist_ok=True)
   save_file(state, os.path.join(output, marian.SAFETENSORS), metadata={"format": "pt"})
-  marian.write_json(os.path.join(output, "config.json"), hf_config)
-  marian.write_json(
+  fileio.write_json(os.path.join(output, "config.json"), hf_config)
+  fileio.write_json(
     os.path.join(output, generation.FILE),
     generation.generation_config(
       experiment.decode,
@@ -165,7 +165,7 @@ def export_marian(
   for name, content in files.items():
     with open(os.path.join(output, name), "wb") as f:
       f.write(content)
-  marian.write_json(
+  fileio.write_json(
     os.path.join(output, "tokenizer_config.json"),
     {
       "tokenizer_class": "MarianTokenizer",

@@ -8,12 +8,12 @@ holds `config.json`, `model.safetensors` (or the older `pytorch_model.bin`),
 transformers (`safetensors` reads the file into numpy).
 """
 
-import json
 import os
 
 import numpy as np
 from safetensors.numpy import load_file
 
+from transformer_jax import fileio
 from transformer_jax.data import marian as marian_vocab
 from transformer_jax.errors import FieldError, UserError
 
@@ -33,19 +33,10 @@ def _error(field: str, detail: str) -> MarianError:
 
 def read_json(path: str, default=None):
   """The JSON at `path`; `default` when absent (None: MarianError)."""
-  if not os.path.exists(path) and default is not None:
-    return default
   try:
-    with open(path, encoding="utf-8") as f:
-      return json.load(f)
-  except (OSError, ValueError) as error:
-    raise MarianError(f"cannot read {path}: {getattr(error, 'strerror', None) or error}") from None
-
-
-def write_json(path: str, value) -> None:
-  with open(path, "w", encoding="utf-8") as f:
-    json.dump(value, f, indent=2, ensure_ascii=False)
-    f.write("\n")
+    return fileio.read_json(path) if default is None else fileio.read_json(path, missing=default)
+  except UserError as error:
+    raise MarianError(str(error)) from None
 
 
 def model_fields(config: dict, vocab: dict) -> dict:

@@ -6,10 +6,7 @@ kept in `<workdir>/best` (one params-only checkpoint: `--checkpoint=best`)
 and described in `<workdir>/best.json`, which a resumed run reads back.
 """
 
-import json
 import logging
-
-from etils import epath
 
 from transformer_jax import data, fileio
 from transformer_jax.checkpoints import store
@@ -23,15 +20,11 @@ log = logging.getLogger(__name__)
 
 def read_best(workdir: Workdir) -> dict | None:
   """The record of `<workdir>/best.json` (step, bleu, split, sentences, search, alpha), or None."""
-  path = epath.Path(workdir.best_json)
-  if not path.exists():
-    return None
   try:
-    return json.loads(path.read_text())
-  except (OSError, ValueError) as error:
+    return fileio.read_json(workdir.best_json, missing=None)
+  except UserError as error:
     raise UserError(
-      f"{path} cannot be read ({error}); remove it (and {workdir.best}) to keep "
-      "the best validation BLEU anew"
+      f"{error}; remove it (and {workdir.best}) to keep the best validation BLEU anew"
     ) from None
 
 
