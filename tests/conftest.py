@@ -8,6 +8,7 @@ The flags must be set before jax is first imported, which is why they live here.
 import os
 import subprocess
 import sys
+import uuid
 
 import pytest
 
@@ -89,6 +90,38 @@ def shared(tmp_path_factory):
   import helpers  # pylint: disable=import-outside-toplevel  # It imports jax: after the flags.
 
   return helpers.shared_dir(tmp_path_factory)
+
+
+GCS_BUCKET = "tjtest"
+
+
+@pytest.fixture(scope="session")
+def gcs_server():
+  """A Google Cloud Storage server on localhost that speaks the JSON API (gcp-storage-emulator,
+  in memory, in a thread of this process), with bucket `GCS_BUCKET`; every gs:// client of this
+  process (gcsfs under epath) talks to it through $STORAGE_EMULATOR_HOST."""
+  from gcp_storage_emulator.server import create_server  # pylint: disable=import-outside-toplevel
+
+  import helpers  # pylint: disable=import-outside-toplevel  # It imports jax: after the flags.
+
+  port = helpers.free_port()
+  server = create_server("localhost", port, in_memory=True, default_bucket=GCS_BUCKET)
+  server.start()
+  saved = os.environ.get("STORAGE_EMULATOR_HOST")
+  os.environ["STORAGE_EMULATOR_HOST"] = f"http://localhost:{port}"
+  yield os.environ["STORAGE_EMULATOR_HOST"]
+  server.stop()
+  if saved is None:
+    del os.environ["STORAGE_EMULATOR_HOST"]
+  else:
+    os.environ["STORAGE_EMULATOR_HOST"] = saved
+
+
+@pytest.fixture
+def bucket_dir(gcs_server):
+  """A directory of its own in the local server's bucket: `gs://tjtest/<random>`."""
+  del gcs_server
+  return f"gs://{GCS_BUCKET}/{uuid.uuid4().hex[:12]}"
 
 
 def pytest_collection_modifyitems(items):

@@ -9,6 +9,7 @@ import pickle
 import numpy as np
 import pytest
 import sentencepiece as spm
+from etils import epath
 
 from transformer_jax import data
 from transformer_jax.conventions import EOS_ID, PAD_ID, UNK_ID
@@ -201,3 +202,19 @@ def test_eval_batches_in_both_directions(setup):
   assert (srcs[0], tgts[0]) == (test[0][1], test[0][0])
   assert tok.decode(batch["inputs"][0]) == test[0][1]
   assert tok.decode(batch["targets"][0]) == test[0][0]
+
+
+def test_a_vocabulary_and_its_length_table_in_a_bucket(setup, bucket_dir, tmp_path, monkeypatch):
+  c, _, local = setup
+  monkeypatch.chdir(tmp_path)  # Where `os.path.abspath` would have put a `gs:/...` directory.
+  tok = data.get_tokenizer(c, f"{bucket_dir}/vocab")
+  assert tok.path.startswith(f"{bucket_dir}/vocab/") and tok.digest == local.digest
+  assert epath.Path(tok.path).exists() and not os.listdir(tmp_path)
+  source = sources.open_split(c, "validation")
+  lengths = lengths_lib.pair_lengths(source, tok)
+  assert [p.suffix for p in (epath.Path(bucket_dir) / "vocab" / "lengths").iterdir()] == [".npy"]
+  monkeypatch.setattr(tokenizer_lib, "train_model", None)  # Would fail if trained again.
+  monkeypatch.setattr(lengths_lib, "_CountChunk", None)  # Would fail if counted again.
+  assert data.load_tokenizer(c, f"{bucket_dir}/vocab").digest == tok.digest
+  np.testing.assert_array_equal(lengths_lib.pair_lengths(source, tok), lengths)
+  assert not os.listdir(tmp_path)

@@ -126,3 +126,27 @@ def test_write_json_is_process_zeros_unless_every_process_writes(tmp_path, monke
   fileio.write_json(tmp_path / "a.json", {"x": 1})
   fileio.write_json(tmp_path / "b.json", {"x": 2}, every_process=True)
   assert sorted(p.name for p in tmp_path.iterdir()) == ["b.json"]
+
+
+@pytest.fixture(params=["local", "gs"])
+def directory(request, tmp_path):
+  """A local directory, or one in the bucket of the storage server the tests start."""
+  return str(tmp_path) if request.param == "local" else request.getfixturevalue("bucket_dir")
+
+
+def test_json_lines_and_whole_writes_in_a_directory_or_a_bucket(directory):
+  fileio.write_json(f"{directory}/run/record.json", {"bleu": 41.2, "hyp": "über"})
+  assert fileio.read_json(f"{directory}/run/record.json") == {"bleu": 41.2, "hyp": "über"}
+  assert fileio.read_json(f"{directory}/run/absent.json", missing=None) is None
+  fileio.write_atomically(f"{directory}/run/record.json", b'{"bleu": 42.0}')
+  assert fileio.read_json(f"{directory}/run/record.json") == {"bleu": 42.0}
+  fileio.write_lines(f"{directory}/out/hyp.txt", ["ein hund", "zwei katzen"])
+  assert fileio.read_lines(f"{directory}/out/hyp.txt") == ["ein hund", "zwei katzen"]
+  names = sorted(p.name for p in epath.Path(directory).glob("*/*"))
+  assert names == ["hyp.txt", "record.json"]  # Nothing left beside them.
+
+
+def test_absolute_keeps_a_url_and_anchors_a_local_path(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  assert fileio.absolute("gs://b/run") == "gs://b/run"
+  assert fileio.absolute("run") == os.path.join(str(tmp_path), "run")

@@ -20,6 +20,12 @@ def is_url(path) -> bool:
   return "://" in str(path)
 
 
+def absolute(path) -> str:
+  """`path` made absolute against the working directory, unless it is a URL (Orbax needs absolute
+  paths, and `os.path.abspath` would make `gs://b/x` a local `<cwd>/gs:/b/x`)."""
+  return str(path) if is_url(path) else os.path.abspath(path)
+
+
 def temporary_name(path: str) -> str:
   """A name beside `path` that no other process, on any host, writes."""
   head, tail = os.path.split(str(path))
@@ -27,16 +33,19 @@ def temporary_name(path: str) -> str:
 
 
 def write_atomically(path: str, content: bytes | str) -> None:
-  """Write `content` (text as UTF-8) to `path`, making its directory if needed: written beside
-  it under a temporary name, then renamed over it."""
+  """Write `content` (text as UTF-8) to `path`, making its directory if needed: on a file system,
+  written beside it under a temporary name, then renamed over it; in an object store (a URL),
+  uploaded in one request, since an object appears whole when its upload ends (and a store's
+  rename is a copy and a delete, not atomic)."""
+  data = content.encode("utf-8") if isinstance(content, str) else content
   target = epath.Path(path)
+  if is_url(path):
+    target.write_bytes(data)
+    return
   target.parent.mkdir(parents=True, exist_ok=True)
   temporary = epath.Path(temporary_name(str(target)))
   try:
-    if isinstance(content, str):
-      temporary.write_text(content, encoding="utf-8")
-    else:
-      temporary.write_bytes(content)
+    temporary.write_bytes(data)
     temporary.replace(target)
   except BaseException:  # The write or the rename failed: leave nothing beside the file.
     temporary.unlink(missing_ok=True)

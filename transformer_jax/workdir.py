@@ -8,11 +8,6 @@ from transformer_jax import fileio
 from transformer_jax.errors import UserError
 
 
-def absolute(path: str) -> str:
-  """`path` absolute unless it is a URL such as `gs://bucket/dir` (Orbax needs them absolute)."""
-  return path if fileio.is_url(path) else os.path.abspath(path)
-
-
 class Workdir:
   """The files of one experiment run: a local path or a URL such as `gs://bucket/run`.
 
@@ -32,7 +27,7 @@ class Workdir:
   __slots__ = ("root",)
 
   def __init__(self, path: str):
-    self.root = absolute(path)  # Made absolute once, against the directory of the moment.
+    self.root = fileio.absolute(path)  # Made absolute once, against the directory of the moment.
 
   def __repr__(self) -> str:
     return f"Workdir({self.root!r})"

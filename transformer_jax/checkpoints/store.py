@@ -31,7 +31,6 @@ from transformer_jax.checkpoints.reading import (
   verified_read,
 )
 from transformer_jax.errors import UserError, first_line
-from transformer_jax.workdir import absolute
 
 STATE = "state"
 DATA = "data"
@@ -59,7 +58,9 @@ def make_manager(
     read_only=read_only,
   )
   return ocp.CheckpointManager(
-    epath.Path(absolute(directory)), options=options, item_names=(STATE, DATA, INTEGRITY, INFO)
+    epath.Path(fileio.absolute(directory)),
+    options=options,
+    item_names=(STATE, DATA, INTEGRITY, INFO),
   )
 
 
@@ -89,7 +90,7 @@ def committed_steps(directory: str) -> list[int]:
   """The committed steps under `directory`, sorted, read from the listing alone (no manager, so
   without touching the devices): a step's directory appears at commit (in an object store, it has
   Orbax's commit marker)."""
-  path = epath.Path(absolute(directory))
+  path = epath.Path(fileio.absolute(directory))
   try:
     names = [p.name for p in path.iterdir()]
   except OSError:

@@ -5,11 +5,11 @@ made from it alone."""
 import hashlib
 import io
 import logging
-import os
 
 import grain
 import numpy as np
 from absl import flags  # Grain reads its settings from these flags.
+from etils import epath
 
 from transformer_jax import fileio
 from transformer_jax.conventions import EOS_ID
@@ -57,11 +57,9 @@ def pair_lengths(source, tokenizer, num_workers=0):
   cache = None
   if tokenizer.path:
     key = hashlib.sha1(f"{source.fingerprint}|{tokenizer.digest}".encode()).hexdigest()
-    cache = os.path.join(
-      os.path.dirname(os.path.abspath(tokenizer.path)), "lengths", key[:20] + ".npy"
-    )
-    if os.path.exists(cache):
-      lengths = np.load(cache)
+    cache = epath.Path(fileio.absolute(tokenizer.path)).parent / "lengths" / f"{key[:20]}.npy"
+    if cache.exists():
+      lengths = np.load(io.BytesIO(cache.read_bytes()))
       if lengths.shape == (len(source), 2):
         return lengths
   log.info("Counting the tokens of %d pairs (%s)", len(source), source.fingerprint)
@@ -82,7 +80,7 @@ def pair_lengths(source, tokenizer, num_workers=0):
     table = io.BytesIO()
     np.save(table, lengths)
     try:
-      fileio.write_atomically(cache, table.getvalue())  # Hosts sharing the directory agree.
+      fileio.write_atomically(str(cache), table.getvalue())  # Hosts sharing the directory agree.
     except OSError as e:  # e.g. a read-only shared vocabulary directory
       log.warning("Could not cache the length table in %s: %s", cache, e)
   return lengths

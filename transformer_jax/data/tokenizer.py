@@ -16,6 +16,7 @@ import re
 
 import numpy as np
 import sentencepiece as spm
+from etils import epath
 
 from transformer_jax import fileio
 from transformer_jax.conventions import EOS_ID, PAD_ID, UNK_ID
@@ -130,7 +131,7 @@ def default_vocab_path(c: DataConfig, vocab_dir):
   """<vocab_dir>/<dataset>-<languages>-<vocab size>.model (same for both directions)."""
   name = re.sub(r"[^A-Za-z0-9_.]+", "_", c.name)
   if c.name == "text":
-    prefix = os.path.abspath(c.text_train)
+    prefix = fileio.absolute(c.text_train)
     name += "_" + hashlib.sha1(prefix.encode()).hexdigest()[:8]
   langs = "-".join(sorted((c.source_lang, c.target_lang)))
   return os.path.join(vocab_dir, f"{name}-{langs}-{c.vocab_size}.model")
@@ -148,7 +149,7 @@ def _training_sentences(source, n):
 def _save(proto: bytes, path: str) -> None:
   """Write the serialized model to `path` atomically (other hosts never read a partial file)."""
   try:
-    fileio.write_atomically(os.path.abspath(path), proto)
+    fileio.write_atomically(fileio.absolute(path), proto)
   except OSError as error:
     raise sources.DataError(
       f"cannot write the vocabulary {path}: {error.strerror or error}"
@@ -159,7 +160,7 @@ def get_tokenizer(c: DataConfig, vocab_dir):
   """Loads the vocabulary at `data.vocab_path` (default: `default_vocab_path` in `vocab_dir`),
   training and saving it first if absent; a directory of Marian files gives a MarianTokenizer."""
   path = c.vocab_path or default_vocab_path(c, vocab_dir)
-  if not os.path.exists(path):
+  if not epath.Path(path).exists():
     source = sources.open_split(c, c.train_split)
     sample = min(len(source), c.tokenizer_sample_size)
     log.info(
@@ -182,11 +183,10 @@ def load_tokenizer(c: DataConfig, vocab_dir):
   path = c.vocab_path or default_vocab_path(c, vocab_dir)
   if marian.is_marian_directory(path):
     return _checked_size(marian.MarianTokenizer.load(path), c)
-  if not os.path.exists(path):
-    raise sources.DataError(f"no vocabulary at {path}")
   try:
-    with open(path, "rb") as f:
-      proto = f.read()
+    proto = epath.Path(path).read_bytes()
+  except FileNotFoundError:
+    raise sources.DataError(f"no vocabulary at {path}") from None
   except OSError as error:
     raise sources.DataError(
       f"cannot read the vocabulary {path}: {error.strerror or error}"
