@@ -8,6 +8,7 @@ session (`shared_dir`), so a run starts in seconds.
 """
 
 import glob
+import io
 import os
 import pathlib
 import re
@@ -408,24 +409,29 @@ def scalars_per_run(workdir, tag: str = "train/loss") -> list[dict]:
 
 
 def tfrecords(path, masked_crc32c=None) -> list[bytes]:
-  """The data of each record of a TFRecord file; a record cut short (by a killed process) ends
+  """The data of each record of a TFRecord file (`tfrecords_of` its bytes)."""
+  with open(path, "rb") as f:
+    return tfrecords_of(f.read(), masked_crc32c, name=str(path))
+
+
+def tfrecords_of(content: bytes, masked_crc32c=None, name: str = "the file") -> list[bytes]:
+  """The data of each record of TFRecord bytes; a record cut short (by a killed process) ends
   the reading. With `masked_crc32c` (a reference implementation), every record must be whole and
   both its checksums must match it."""
-  out = []
-  with open(path, "rb") as f:
-    while header := f.read(12):  # uint64 length, uint32 masked CRC of the length
-      whole = len(header) == 12
-      if whole:
-        (length,) = struct.unpack("<Q", header[:8])
-        data, crc = f.read(length), f.read(4)
-        whole = len(data) == length and len(crc) == 4
-      if not whole:
-        assert masked_crc32c is None, f"{path}: a record cut short"
-        break
-      if masked_crc32c is not None:
-        assert struct.unpack("<I", header[8:])[0] == masked_crc32c(header[:8])
-        assert struct.unpack("<I", crc)[0] == masked_crc32c(data)
-      out.append(data)
+  out, f = [], io.BytesIO(content)
+  while header := f.read(12):  # uint64 length, uint32 masked CRC of the length
+    whole = len(header) == 12
+    if whole:
+      (length,) = struct.unpack("<Q", header[:8])
+      data, crc = f.read(length), f.read(4)
+      whole = len(data) == length and len(crc) == 4
+    if not whole:
+      assert masked_crc32c is None, f"{name}: a record cut short"
+      break
+    if masked_crc32c is not None:
+      assert struct.unpack("<I", header[8:])[0] == masked_crc32c(header[:8])
+      assert struct.unpack("<I", crc)[0] == masked_crc32c(data)
+    out.append(data)
   return out
 
 

@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from etils import epath
 from tensorboardX import record_writer
 from tensorboardX.proto import event_pb2, summary_pb2
 
@@ -84,3 +85,25 @@ def test_a_writer_without_a_purge_step_starts_with_the_version_alone(tmp_path):
   (version,) = [event_pb2.Event.FromString(data) for data in _records(path)]
   assert version.file_version == "brain.Event:2" and version.step == 0
   assert not version.HasField("session_log")
+
+
+def test_in_a_bucket_a_full_event_file_is_left_for_the_next_in_order(bucket_dir, monkeypatch):
+  monkeypatch.setattr(events, "ROLLOVER_BYTES", 200)
+  directory = f"{bucket_dir}/tensorboard"
+  writer = events.EventWriter(directory, purge_step=0)
+  for step in range(1, 13):
+    writer.scalar("train/loss", float(step), step)
+    writer.flush()
+  writer.close()
+  files = sorted(epath.Path(directory).iterdir())  # In the order TensorBoard reads them.
+  assert len(files) >= 3 and files[1].name == files[0].name + ".00001"
+  scalar = len(events.record(events.event(0.0, 12, tag="train/loss", value=12.0)))
+  sizes = [f.stat().length for f in files]
+  assert all(200 <= size < 200 + scalar for size in sizes[:-1]), sizes
+  steps, versions = [], 0
+  for path in files:
+    records = helpers.tfrecords_of(path.read_bytes(), record_writer.masked_crc32c)
+    read = [event_pb2.Event.FromString(data) for data in records]
+    versions += read[0].file_version == "brain.Event:2"
+    steps += [e.step for e in read if e.summary.value]
+  assert versions == len(files) and steps == list(range(1, 13))

@@ -109,9 +109,19 @@ def event(
   return out
 
 
+def _version(wall_time: float, step: int) -> bytes:
+  """The record that starts every event file."""
+  return record(event(wall_time, step, file_version="brain.Event:2"))
+
+
 def _appends(directory: str) -> bool:
   """Whether files in `directory` can be appended to: local paths yes, URLs (gs://) no."""
   return not fileio.is_url(directory)
+
+
+# At a URL, the size at which an event file is left for a new one: each flush rewrites the file
+# whole (object stores do not append), so this bounds what one flush sends.
+ROLLOVER_BYTES = 1 << 20
 
 
 class EventWriter:
@@ -121,18 +131,20 @@ class EventWriter:
   With `purge_step`, the file starts with a session start at that step, which
   tells TensorBoard to hide the events of earlier files at that step and
   later (those of a run that stopped after its last checkpoint). Events reach
-  the file at `flush`: appended to a local file, or the whole file rewritten
-  at a URL (object stores do not append).
+  the file at `flush`: appended to a local file; at a URL (object stores do
+  not append) the whole file is rewritten until it holds `ROLLOVER_BYTES`,
+  then the next events go to a new file whose name sorts after it (`.00001`,
+  ...), which TensorBoard reads next.
   """
 
   def __init__(self, directory: str, *, purge_step: int | None = None):
     epath.Path(directory).mkdir(parents=True, exist_ok=True)
     name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}"
-    self.path = os.path.join(directory, name)
+    self.path = self._first_path = os.path.join(directory, name)
     self._local = _appends(directory)
-    self._pending, self._written = bytearray(), bytearray()
+    self._pending, self._written, self._files = bytearray(), bytearray(), 1
     now = time.time()
-    self._pending += record(event(now, purge_step or 0, file_version="brain.Event:2"))
+    self._pending += _version(now, purge_step or 0)
     if purge_step is not None:
       self._pending += record(event(now, purge_step, session_start=True))
     self.flush()
@@ -149,6 +161,10 @@ class EventWriter:
     else:
       self._written += self._pending
       fileio.write_atomically(self.path, bytes(self._written))
+      if len(self._written) >= ROLLOVER_BYTES:
+        self.path = f"{self._first_path}.{self._files:05d}"
+        self._files += 1
+        self._written = bytearray(_version(time.time(), 0))
     self._pending.clear()
 
   def close(self):
