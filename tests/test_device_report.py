@@ -172,27 +172,21 @@ def test_a_step_that_fails_or_runs_out_of_time_leaves_the_others(tmp_path):
   )
 
 
-def test_a_step_past_the_deadline_is_skipped(tmp_path):
+def _run_out_of_time(tmp_path, stages) -> dict:
+  """The records of a tiny report of `stages` with 2 s to go: every step skipped."""
   runner = Runner(
-    plan_lib.TINY,
-    str(tmp_path),
-    deadline=time.monotonic() + 2,
-    platform="cpu",
-    stages=("decoding",),
+    plan_lib.TINY, str(tmp_path), deadline=time.monotonic() + 2, platform="cpu", stages=stages
   )
-  record = runner.run()["decoding"]["steps"]["decoding"]
+  return runner.run()
+
+
+def test_a_step_past_the_deadline_is_skipped(tmp_path):
+  record = _run_out_of_time(tmp_path, ("decoding",))["decoding"]["steps"]["decoding"]
   assert record["status"] == "skipped" and "no time left under the deadline" in record["reason"]
 
 
 def test_single_steps_can_be_chosen_beside_whole_stages(tmp_path):
-  runner = Runner(
-    plan_lib.TINY,
-    str(tmp_path),
-    deadline=time.monotonic() + 2,
-    platform="cpu",
-    stages=("speed:base_xla", "decoding"),
-  )
-  records = runner.run()
+  records = _run_out_of_time(tmp_path, ("speed:base_xla", "decoding"))
   assert {stage: set(r["steps"]) for stage, r in records.items()} == {
     "environment": {"environment"},
     "speed": {"base_xla"},
