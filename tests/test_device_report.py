@@ -222,6 +222,16 @@ def test_a_failing_trace_costs_only_its_own_record(monkeypatch):
 
 
 @pytest.mark.slow
+def test_a_trace_without_the_time_for_it_is_skipped_and_the_figures_kept(tmp_path, monkeypatch):
+  monkeypatch.setattr(speed, "MIN_PROFILE_SECONDS", 1e9)
+  result = stage.Result(tmp_path / "speed.json", time.monotonic() + 300)
+  speed.measure(plan_lib.TINY, "base", 8, 32, 2, result, profile_steps=2)
+  record = json.loads((tmp_path / "speed.json").read_text())
+  assert record["op_times"]["skipped"].endswith("s left of the step's limit")
+  assert record["target_tokens_per_second"] > 0 and record["mfu_vs_measured_matmul"] > 0
+
+
+@pytest.mark.slow
 def test_the_largest_step_trains_at_the_batch_the_compile_mode_found(tmp_path):
   plan = dataclasses.replace(plan_lib.TINY, fit_search=True)
   found = {"field": "data.batch_size", "value": 16, "rows": 16, "length": 32}

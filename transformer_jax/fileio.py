@@ -106,8 +106,8 @@ _REQUIRED = object()
 
 def read_json(path, missing=_REQUIRED):
   """The JSON value of the file at `path` (a local path or a URL such as gs://); `missing` when
-  there is no file there, if given. Raises UserError naming the path for a file that is absent
-  (without `missing`), unreadable or not JSON."""
+  there is no file there, if given (a file holding `null` reads as None too). Raises UserError
+  naming the path for a file that is absent (without `missing`), unreadable or not JSON."""
   try:
     text = epath.Path(path).read_text(encoding="utf-8")
   except FileNotFoundError:

@@ -59,7 +59,8 @@ def pair_lengths(source, tokenizer, num_workers=0):
     key = hashlib.sha1(f"{source.fingerprint}|{tokenizer.digest}".encode()).hexdigest()
     cache = epath.Path(fileio.absolute(tokenizer.path)).parent / "lengths" / f"{key[:20]}.npy"
     if cache.exists():
-      lengths = np.load(io.BytesIO(cache.read_bytes()))
+      with cache.open("rb") as file:
+        lengths = np.load(file)
       if lengths.shape == (len(source), 2):
         return lengths
   log.info("Counting the tokens of %d pairs (%s)", len(source), source.fingerprint)

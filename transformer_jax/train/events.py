@@ -120,7 +120,7 @@ def _appends(directory: str) -> bool:
 
 
 # At a URL, the size at which an event file is left for a new one: each flush rewrites the file
-# whole (object stores do not append), so this bounds what one flush sends.
+# whole (object stores do not append), so one flush sends at most this and its own events.
 ROLLOVER_BYTES = 1 << 20
 
 
@@ -155,6 +155,8 @@ class EventWriter:
 
   def flush(self):
     """Write the events so far."""
+    if not self._pending:
+      return
     if self._local:
       with open(self.path, "ab") as f:
         f.write(self._pending)

@@ -36,6 +36,8 @@ PLATFORMS = (
   "linux_x86_64",
 )
 EXTRAS = ("test",)  # The device tests run there.
+# Of the test extra, what the device tests do not use: the gs:// tests' client and server.
+NOT_CARRIED = frozenset({"gcsfs", "gcp-storage-emulator"})
 REPO = pathlib.Path(__file__).resolve().parents[3]
 
 # The distributions the GPU machines' image holds (its `pip list`, read on 2026-11-17), by their
@@ -79,13 +81,16 @@ def normalize(name: str) -> str:
 
 
 def project_requirements(repo: pathlib.Path = REPO) -> list[str]:
-  """The requirement strings of the project and of its EXTRAS, from pyproject.toml (Python 3.11
-  or later: tomllib)."""
+  """The requirement strings of the project and of its EXTRAS but NOT_CARRIED, from
+  pyproject.toml (Python 3.11 or later: tomllib)."""
   import tomllib  # pylint: disable=import-outside-toplevel  # Only where bundles are made.
 
   project = tomllib.loads((repo / "pyproject.toml").read_text(encoding="utf-8"))["project"]
   extras = project.get("optional-dependencies", {})
-  return list(project["dependencies"]) + [r for extra in EXTRAS for r in extras.get(extra, [])]
+  wanted = [r for extra in EXTRAS for r in extras.get(extra, [])]
+  return list(project["dependencies"]) + [
+    r for r in wanted if normalize(re.split(r"[\s\[<>=!~;]", r, maxsplit=1)[0]) not in NOT_CARRIED
+  ]
 
 
 def _marker_environment(python_version: str) -> dict:

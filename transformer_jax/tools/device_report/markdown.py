@@ -149,8 +149,9 @@ def _op_times(records: dict, top: int = 10) -> list[str]:
     if not ops:
       continue
     step = _get(record, "step_seconds", "median")
-    if "error" in ops:
-      lines += ["", f"`{name}`: the trace failed: {ops['error']}"]
+    if "error" in ops or "skipped" in ops:
+      why = f"failed: {ops['error']}" if "error" in ops else f"skipped: {ops['skipped']}"
+      lines += ["", f"`{name}`: the trace {why}"]
       continue
     lines += [
       "",

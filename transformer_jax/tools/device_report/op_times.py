@@ -18,16 +18,17 @@ DEVICE_PLANES = ("/device:GPU", "/device:TPU")
 OPS_LINE = "XLA Ops"
 
 
-def trace(step, steps: int, directory: str | None = None):
-  """`step()` run `steps` times under the profiler, each to its end; the trace as ProfileData."""
-  directory = directory or tempfile.mkdtemp(prefix="transformer_jax_trace_")
-  with jax.profiler.trace(directory):
-    for _ in range(steps):
-      jax.block_until_ready(step())
-  files = sorted(pathlib.Path(directory).rglob("*.xplane.pb"))
-  if not files:
-    raise RuntimeError(f"the profiler wrote no trace under {directory}")
-  return jax.profiler.ProfileData.from_file(str(files[-1]))
+def trace(step, steps: int):
+  """`step()` run `steps` times under the profiler, each to its end; the trace as ProfileData
+  (read into memory: its temporary directory is removed)."""
+  with tempfile.TemporaryDirectory(prefix="transformer_jax_trace_") as directory:
+    with jax.profiler.trace(directory):
+      for _ in range(steps):
+        jax.block_until_ready(step())
+    files = sorted(pathlib.Path(directory).rglob("*.xplane.pb"))
+    if not files:
+      raise RuntimeError("the profiler wrote no trace")
+    return jax.profiler.ProfileData.from_serialized_xspace(files[-1].read_bytes())
 
 
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = ")

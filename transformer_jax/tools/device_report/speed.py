@@ -11,8 +11,10 @@ that variant's, read before the matmul is measured. A few more steps are traced
 with the profiler, and their time summed by XLA op.
 """
 
+import functools
 import statistics
 import time
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -99,17 +101,11 @@ def chip_of(device_kind: str) -> targets.Chip | None:
 
 
 def train_speed(
-  experiment: Experiment,
-  rows: int,
-  length: int,
-  *,
-  timed_steps: int,
-  warmup_steps: int,
-  profile_steps: int = 0,
-) -> dict:
+  experiment: Experiment, rows: int, length: int, *, timed_steps: int, warmup_steps: int
+) -> tuple[dict, Callable[[int], dict]]:
   """Compile, run and time the train step of `experiment` on a packed `rows` x `length` batch;
-  the device's peak memory is read right after; then `profile_steps` more are traced, and their
-  time summed by XLA op (`op_times`)."""
+  the device's peak memory is read right after. Returns the figures, and a function that traces
+  that many more steps and sums their time by XLA op (`op_times`)."""
   trainer, _ = make_trainer(experiment, vocab_size=experiment.data.vocab_size)
   placement = trainer.placement
   cfg = placement.model.config
@@ -133,11 +129,10 @@ def train_speed(
   times = [timed(step) for _ in range(timed_steps)]
   peak, kind = peak_memory_bytes()
   peak = peak if kind == "device peak" else None  # Not the process's RSS, where no device counts.
-  ops = _op_times(step, profile_steps, compiled) if profile_steps else None
   per_token = [float(m["loss"]) / max(float(m["tokens"]), 1.0) for m in (metrics[0], metrics[-1])]
   target_tokens = int(np.sum(local["targets_segmentation"] > 0))
   median = statistics.median(times)
-  return {
+  figures = {
     "model": {
       "d_model": cfg.d_model,
       "num_layers": cfg.num_layers,
@@ -161,7 +156,6 @@ def train_speed(
     "loss_first_last": per_token,
     "nonfinite_steps": int(sum(float(m["nonfinite"]) for m in metrics)),
     "peak_bytes": peak,
-    "op_times": ops,
     "predicted_local": {
       "total_bytes": predicted.total_bytes,
       "temp_bytes": predicted.temp_bytes,
@@ -169,6 +163,7 @@ def train_speed(
       "cudnn_attention_calls": predicted.cudnn_attention_calls,
     },
   }
+  return figures, functools.partial(_op_times, step, compiled=compiled)
 
 
 def _op_times(step, steps: int, compiled) -> dict:
@@ -176,28 +171,26 @@ def _op_times(step, steps: int, compiled) -> dict:
   only this record: {"error": ...}."""
   try:
     trace = op_times.trace(step, steps)
-    planes = list(trace.planes)
+    return op_times.summarize(trace.planes, steps, described=op_times.describe(compiled.as_text()))
   except Exception as error:  # Whatever it is, the timed figures stay.
     return {"error": f"{type(error).__name__}: {error}"[:500]}
-  return op_times.summarize(planes, steps, described=op_times.describe(compiled.as_text()))
 
 
 def measure(
   plan, name: str, rows: int, length: int, timed_steps: int, result, profile_steps: int = 0
 ) -> None:
-  """The train step of variant `name` at `rows` x `length` (and `profile_steps` traced), then the
-  matmul rate (after the peak memory was read) and the MFU against it and against the chip's
-  datasheet peak."""
+  """The train step of variant `name` at `rows` x `length`, then the matmul rate (after the peak
+  memory was read) and the MFU against it and against the chip's datasheet peak; then, with the
+  figures kept, `profile_steps` more steps traced where the step's time allows."""
   spec, overrides = plan.variants[name]
   kind = jax.local_devices()[0].device_kind
   result.put(variant=name, experiment=spec, overrides=overrides, device_kind=kind)
-  figures = train_speed(
+  figures, trace = train_speed(
     experiment_of(spec, overrides),
     rows,
     length,
     timed_steps=timed_steps,
     warmup_steps=plan.warmup_steps,
-    profile_steps=profile_steps,
   )
   result.put(**figures)
   rate = matmul_rate(plan.matmul_size)
@@ -210,6 +203,17 @@ def measure(
     mfu_vs_measured_matmul=flops_per_second / rate,
     mfu_vs_spec=flops_per_second / chip.peak_flops if chip else None,
   )
+  if not profile_steps:
+    return
+  if result.left() < MIN_PROFILE_SECONDS:
+    result.put(op_times={"skipped": f"{result.left():.0f} s left of the step's limit"})
+  else:
+    result.put(op_times=trace(profile_steps))
+
+
+# The least time left of a step's limit for tracing (the profiler's start, the steps, the export
+# and reading the trace).
+MIN_PROFILE_SECONDS = 15.0
 
 
 def run(plan, step, result, context) -> None:
