@@ -192,6 +192,11 @@ ROWS = [
     "cannot make the directory: Not a directory",
   ),
   Row(
+    "A `--workdir` in a bucket that does not exist",
+    lambda d: {"workdir": "gs://nobucket/run"},
+    "--workdir=gs://nobucket/run: no such bucket, or this account may not see it",
+  ),
+  Row(
     "Checkpoints none of which can be restored",
     _broken_checkpoint,
     "--config.on_bad_checkpoints=start_over",
@@ -308,9 +313,10 @@ def _error_line(row: Row, folder: pathlib.Path) -> tuple[str, int]:
 
 
 @pytest.fixture(scope="module")
-def lines(tmp_path_factory):
+def lines(tmp_path_factory, gcs_server):
   """{row: (its folder, its error line)}, from the repository's root (config paths are
-  relative to it)."""
+  relative to it); gs:// paths go to the tests' storage server."""
+  del gcs_server
   cwd = os.getcwd()
   os.chdir(helpers.REPO)
   try:

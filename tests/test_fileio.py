@@ -5,6 +5,7 @@ import io
 import json
 import os
 import sys
+import time
 
 import pytest
 from etils import epath
@@ -150,3 +151,21 @@ def test_absolute_keeps_a_url_and_anchors_a_local_path(tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
   assert fileio.absolute("gs://b/run") == "gs://b/run"
   assert fileio.absolute("run") == os.path.join(str(tmp_path), "run")
+
+
+def test_a_usable_bucket_passes_the_check_and_keeps_nothing_of_it(bucket_dir):
+  fileio.check_store(f"{bucket_dir}/run")
+  assert not epath.Path(bucket_dir).exists()  # No object under it: the probe was removed.
+
+
+def test_a_missing_bucket_is_one_line_naming_it(gcs_server):
+  with pytest.raises(UserError, match=r"gs://nobucket/run: no such bucket, or this account"):
+    fileio.check_store("gs://nobucket/run")
+
+
+def test_a_server_that_does_not_answer_is_one_line_within_the_timeout(gcs_server, monkeypatch):
+  monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://localhost:9")  # Nobody listens there.
+  start = time.monotonic()
+  with pytest.raises(UserError, match=r"did not answer within 2 s: check the network"):
+    fileio.check_store("gs://tjtest/run", timeout=2)
+  assert time.monotonic() - start < 10

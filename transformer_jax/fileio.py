@@ -7,17 +7,62 @@ import json
 import os
 import socket
 import sys
+import threading
 import uuid
 
 import jax
 from etils import epath
 
-from transformer_jax.errors import UserError
+from transformer_jax.errors import UserError, first_line
 
 
 def is_url(path) -> bool:
   """Whether `path` names an object in a store (gs://bucket/x, s3://...), not a local file."""
   return "://" in str(path)
+
+
+# How long a first request to an object store may take before the store is taken as not
+# answering (gcsfs retries a refused connection for about half a minute by itself).
+STORE_TIMEOUT_SECONDS = 60.0
+
+
+def check_store(url: str, timeout: float | None = None) -> None:
+  """Write a small object under `url` and remove it, so that a store that cannot be used fails
+  here, in one line naming `url` and what to do: no client installed, no bucket, no permission,
+  no answer within `timeout` seconds (default STORE_TIMEOUT_SECONDS)."""
+  timeout = STORE_TIMEOUT_SECONDS if timeout is None else timeout
+  outcome = []
+
+  def probe():
+    try:
+      probe_path = epath.Path(temporary_name(f"{url.rstrip('/')}/probe"))
+      probe_path.write_bytes(b"")
+      probe_path.unlink(missing_ok=True)
+      outcome.append(None)
+    except Exception as error:  # Handed to the caller's thread below.
+      outcome.append(error)
+
+  worker = threading.Thread(target=probe, daemon=True)  # A hung request must not block exit.
+  worker.start()
+  worker.join(timeout)
+  if not outcome:
+    raise UserError(
+      f"{url}: the storage server did not answer within {timeout:.0f} s: check the network, "
+      "the credentials, and STORAGE_EMULATOR_HOST if you use a server of your own"
+    )
+  error = outcome[0]
+  if error is None:
+    return
+  if isinstance(error, ImportError):
+    raise UserError(f"{url}: {error} (pip install 'transformer_jax[gcs]')") from None
+  if isinstance(error, FileNotFoundError):
+    raise UserError(f"{url}: no such bucket, or this account may not see it") from None
+  if isinstance(error, PermissionError):
+    raise UserError(
+      f"{url}: no permission to write there ({error}): check the credentials "
+      "(gcloud auth application-default login, or GOOGLE_APPLICATION_CREDENTIALS)"
+    ) from None
+  raise UserError(f"{url}: cannot write there: {first_line(error)}") from None
 
 
 def absolute(path) -> str:

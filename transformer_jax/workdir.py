@@ -98,8 +98,13 @@ class Workdir:
     return self._path("compile", f"{target.replace(':', '_')}.json")
 
   def create(self) -> None:
-    """Make the directory if needed; UserError if it cannot be made, is not a directory or (a
-    local one) is not writable."""
+    """Make the directory if needed; UserError if it cannot be made, is not a directory or is
+    not writable (in a bucket: written to and checked once, `fileio.check_store`)."""
+    if fileio.is_url(self.root):
+      try:
+        fileio.check_store(self.root)
+      except UserError as error:
+        raise UserError(f"--workdir={error}") from None
     if epath.Path(self.root).exists() and not epath.Path(self.root).is_dir():
       raise UserError(f"--workdir={self.root} is a file, not a directory")
     try:
