@@ -1,5 +1,7 @@
 """TensorBoard event files against tensorboardX's protocol buffers and checksums."""
 
+import time
+
 import numpy as np
 import pytest
 from etils import epath
@@ -63,12 +65,14 @@ def test_a_writer_starts_with_the_version_and_the_purge_then_writes_scalars_at_f
   monkeypatch.setattr(events, "_appends", lambda directory: appends)  # False: as at gs://.
   writer = events.EventWriter(str(tmp_path / "tensorboard"), purge_step=4)
   writer.scalar("train/loss", np.float32(2.5), 5)
-  (path,) = (tmp_path / "tensorboard").iterdir()
-  assert path.name.startswith("events.out.tfevents.") and len(_records(path)) == 2
+  if appends:  # At a URL the upload runs in the background: the file is read after `close`.
+    (path,) = (tmp_path / "tensorboard").iterdir()
+    assert path.name.startswith("events.out.tfevents.") and len(_records(path)) == 2
   writer.flush()
   writer.scalar("eval_valid/bleu", 31.25, 6)
   writer.close()
-  assert [p.name for p in (tmp_path / "tensorboard").iterdir()] == [path.name]
+  (path,) = (tmp_path / "tensorboard").iterdir()
+  assert path.name.startswith("events.out.tfevents.")
   read = [event_pb2.Event.FromString(data) for data in _records(path)]
   assert read[0].file_version == "brain.Event:2" and read[0].step == 4
   assert read[1].session_log.status == event_pb2.SessionLog.START and read[1].step == 4
@@ -107,3 +111,24 @@ def test_in_a_bucket_a_full_event_file_is_left_for_the_next_in_order(bucket_dir,
     versions += read[0].file_version == "brain.Event:2"
     steps += [e.step for e in read if e.summary.value]
   assert versions == len(files) and steps == list(range(1, 13))
+
+
+def test_at_a_url_a_flush_never_waits_for_the_store(tmp_path, monkeypatch):
+  monkeypatch.setattr(events, "_appends", lambda directory: False)  # As at gs://.
+  uploads = []
+
+  def slow_upload(path, data):
+    time.sleep(0.3)
+    uploads.append(data)
+
+  monkeypatch.setattr(events.fileio, "write_atomically", slow_upload)
+  start = time.monotonic()
+  writer = events.EventWriter(str(tmp_path), purge_step=0)
+  for step in range(1, 6):
+    writer.scalar("train/loss", float(step), step)
+    writer.flush()
+  assert time.monotonic() - start < 0.25  # Five flushes and the first, none waiting.
+  writer.close()
+  assert len(uploads) < 6  # Those superseded while the first ran were skipped.
+  read = [event_pb2.Event.FromString(data) for data in helpers.tfrecords_of(uploads[-1])]
+  assert [e.step for e in read if e.summary.value] == [1, 2, 3, 4, 5]

@@ -12,15 +12,21 @@ are encoded by hand, so a run imports neither TensorFlow nor PyTorch:
   SessionLog: status = 1 (enum; START = 1)
 """
 
+import concurrent.futures
+import logging
 import math
 import os
 import socket
 import struct
+import threading
 import time
 
 from etils import epath
 
 from transformer_jax import fileio
+from transformer_jax.errors import first_line
+
+log = logging.getLogger(__name__)
 
 
 def _crc32c_table() -> tuple[int, ...]:
@@ -134,7 +140,9 @@ class EventWriter:
   the file at `flush`: appended to a local file; at a URL (object stores do
   not append) the whole file is rewritten until it holds `ROLLOVER_BYTES`,
   then the next events go to a new file whose name sorts after it (`.00001`,
-  ...), which TensorBoard reads next.
+  ...), which TensorBoard reads next. Those uploads run in a thread of their
+  own (`_Uploads`), so that a flush never waits on the store; `close` waits
+  for them.
   """
 
   def __init__(self, directory: str, *, purge_step: int | None = None):
@@ -142,6 +150,7 @@ class EventWriter:
     name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}"
     self.path = self._first_path = os.path.join(directory, name)
     self._local = _appends(directory)
+    self._uploads = None if self._local else _Uploads()
     self._pending, self._written, self._files = bytearray(), bytearray(), 1
     now = time.time()
     self._pending += _version(now, purge_step or 0)
@@ -162,7 +171,7 @@ class EventWriter:
         f.write(self._pending)
     else:
       self._written += self._pending
-      fileio.write_atomically(self.path, bytes(self._written))
+      self._uploads.submit(self.path, bytes(self._written))
       if len(self._written) >= ROLLOVER_BYTES:
         self.path = f"{self._first_path}.{self._files:05d}"
         self._files += 1
@@ -170,5 +179,35 @@ class EventWriter:
     self._pending.clear()
 
   def close(self):
-    """Write what is pending; the writer keeps no file open."""
+    """Write what is pending, and wait for the uploads; the writer keeps no file open."""
     self.flush()
+    if self._uploads is not None:
+      self._uploads.close()
+
+
+class _Uploads:
+  """Whole-file uploads in one background thread, in the order they were asked for; one that a
+  later upload of the same file supersedes before it starts is skipped. A failed upload is
+  logged; the next upload of that file carries its events too."""
+
+  def __init__(self):
+    self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="event_uploads")
+    self._lock = threading.Lock()
+    self._newest: dict[str, int] = {}  # path -> the number of its newest upload
+
+  def submit(self, path: str, data: bytes) -> None:
+    with self._lock:
+      number = self._newest[path] = self._newest.get(path, 0) + 1
+    self._executor.submit(self._upload, path, data, number)
+
+  def _upload(self, path: str, data: bytes, number: int) -> None:
+    with self._lock:
+      if number != self._newest[path]:
+        return
+    try:
+      fileio.write_atomically(path, data)
+    except Exception as error:  # The run goes on; only its log is late.
+      log.warning("could not write the event file %s: %s", path, first_line(error))
+
+  def close(self) -> None:
+    self._executor.shutdown(wait=True)
