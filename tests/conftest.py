@@ -95,26 +95,33 @@ def shared(tmp_path_factory):
 GCS_BUCKET = "tjtest"
 
 
+# Where each client of gs:// looks for the server: gcsfs (through epath), and TensorStore (Orbax's
+# arrays), which then takes any token as its credentials.
+_STORAGE_VARIABLES = ("STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL")
+
+
 @pytest.fixture(scope="session")
 def gcs_server():
-  """A Google Cloud Storage server on localhost that speaks the JSON API (gcp-storage-emulator,
-  in memory, in a thread of this process), with bucket `GCS_BUCKET`; every gs:// client of this
-  process (gcsfs under epath) talks to it through $STORAGE_EMULATOR_HOST."""
-  from gcp_storage_emulator.server import create_server  # pylint: disable=import-outside-toplevel
-
+  """A Google Cloud Storage server on localhost that speaks the JSON API (`gcs_stand_in`: the
+  emulator, in memory, in a thread of this process), with bucket `GCS_BUCKET`; every gs://
+  client of this process and of the processes it starts talks to it."""
+  import gcs_stand_in  # pylint: disable=import-outside-toplevel  # Only where a test needs it.
   import helpers  # pylint: disable=import-outside-toplevel  # It imports jax: after the flags.
 
   port = helpers.free_port()
-  server = create_server("localhost", port, in_memory=True, default_bucket=GCS_BUCKET)
+  server = gcs_stand_in.create_server("localhost", port, in_memory=True, default_bucket=GCS_BUCKET)
   server.start()
-  saved = os.environ.get("STORAGE_EMULATOR_HOST")
-  os.environ["STORAGE_EMULATOR_HOST"] = f"http://localhost:{port}"
+  names = (*_STORAGE_VARIABLES, "GOOGLE_AUTH_TOKEN_FOR_TESTING")
+  saved = {name: os.environ.get(name) for name in names}
+  os.environ.update({name: f"http://localhost:{port}" for name in _STORAGE_VARIABLES})
+  os.environ["GOOGLE_AUTH_TOKEN_FOR_TESTING"] = "tests"
   yield os.environ["STORAGE_EMULATOR_HOST"]
   server.stop()
-  if saved is None:
-    del os.environ["STORAGE_EMULATOR_HOST"]
-  else:
-    os.environ["STORAGE_EMULATOR_HOST"] = saved
+  for name, value in saved.items():
+    if value is None:
+      os.environ.pop(name, None)
+    else:
+      os.environ[name] = value
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ vocabulary and a JAX compilation cache are shared by all runs of a test
 session (`shared_dir`), so a run starts in seconds.
 """
 
-import glob
 import io
 import os
 import pathlib
@@ -23,6 +22,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from etils import epath
 
 from transformer_jax import config as config_lib
 from transformer_jax import data, sharding
@@ -397,9 +397,10 @@ def scalars_per_run(workdir, tag: str = "train/loss") -> list[dict]:
   from tensorboardX.proto import event_pb2  # pylint: disable=import-outside-toplevel
 
   runs = []
-  for path in sorted(glob.glob(f"{workdir}/tensorboard/events.out.tfevents.*")):
+  files = epath.Path(str(workdir), "tensorboard").glob("events.out.tfevents.*")
+  for path in sorted(files, key=str):  # A local directory or a bucket's.
     values = {}
-    for record in tfrecords(path):
+    for record in tfrecords_of(path.read_bytes(), name=str(path)):
       event = event_pb2.Event.FromString(record)
       for value in event.summary.value:
         if value.tag == tag:

@@ -1,0 +1,61 @@
+"""The tests' Google Cloud Storage server: gcp-storage-emulator, with what TensorStore's
+conditional writes (Orbax's OCDBT checkpoints) need and it lacks. Importing this module gives
+its routes these two behaviours of the real service:
+
+- an object's content and metadata carry its generation in `x-goog-generation` (without it,
+  TensorStore reads every generation as empty: "Malformed StorageGeneration");
+- an upload with `ifGenerationMatch` is refused (412) unless the object's generation is that
+  one (0: the object must not exist), checked when the upload starts.
+"""
+
+from http import HTTPStatus
+
+from gcp_storage_emulator import server as emulator
+from gcp_storage_emulator.exceptions import NotFound
+from gcp_storage_emulator.handlers import objects
+
+
+def _generation(storage, bucket: str, name: str) -> str:
+  """The object's generation, "0" when there is none."""
+  try:
+    return str(storage.get_file_obj(bucket, name)["generation"])
+  except NotFound:
+    return "0"
+
+
+def _with_generation(read):
+  def handler(request, response, storage, *args, **kwargs):
+    read(request, response, storage, *args, **kwargs)
+    params = request.params
+    if "object_id" in params:
+      response["x-goog-generation"] = _generation(
+        storage, params["bucket_name"], params["object_id"]
+      )
+
+  return handler
+
+
+def _if_generation_matches(write):
+  def handler(request, response, storage, *args, **kwargs):
+    wanted, name = request.query.get("ifGenerationMatch"), request.query.get("name")
+    if (
+      wanted and name and _generation(storage, request.params["bucket_name"], name[0]) != wanted[0]
+    ):
+      response.status = HTTPStatus.PRECONDITION_FAILED
+      response.json({"error": {"code": 412, "message": "Precondition Failed"}})
+      return None
+    return write(request, response, storage, *args, **kwargs)
+
+  return handler
+
+
+_REPLACED = {
+  objects.get: _with_generation(objects.get),
+  objects.download: _with_generation(objects.download),
+  objects.insert: _if_generation_matches(objects.insert),
+}
+emulator.HANDLERS = tuple(
+  (route, {method: _REPLACED.get(handler, handler) for method, handler in methods.items()})
+  for route, methods in emulator.HANDLERS
+)
+create_server = emulator.create_server

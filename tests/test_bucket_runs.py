@@ -1,0 +1,51 @@
+"""Runs whose work directory is in a bucket (the tests' GCS server, `gcs_stand_in`): checkpoints
+there, a resume from them with the losses of a run on the local disk (its TensorBoard scalars
+bit for bit), then average and eval."""
+
+import re
+
+import pytest
+from etils import epath
+
+import helpers
+
+LOGGED_LOSS = re.compile(r"step (\d+)/\d+ \| loss ([0-9.]+)")
+
+
+def _run(shared, workdir, *arguments, **overrides) -> str:
+  result = helpers.python(
+    "-m",
+    "transformer_jax.main",
+    f"--workdir={workdir}",
+    *arguments,
+    *helpers.flags(shared, **overrides),
+    shared=shared,
+  )
+  output = result.stdout + result.stderr
+  assert result.returncode == 0, output[-3000:]
+  return output
+
+
+def _losses(output: str) -> dict[int, str]:
+  """{step: its logged loss, as printed}."""
+  return {int(step): loss for step, loss in LOGGED_LOSS.findall(output)}
+
+
+@pytest.mark.slow
+def test_a_run_in_a_bucket_resumes_from_its_checkpoints_as_a_run_on_disk_goes_on(
+  shared, tmp_path, bucket_dir, monkeypatch
+):
+  monkeypatch.chdir(tmp_path)  # Where a gs:// path taken for a local one would appear.
+  run = f"{bucket_dir}/run"
+  first = _losses(_run(shared, run, "--mode=train", num_train_steps=4))
+  second = _run(shared, run, "--mode=train", num_train_steps=6)
+  assert f"resumed from {run}/checkpoints at step 4" in second
+  on_disk = _losses(_run(shared, tmp_path / "disk", "--mode=train", num_train_steps=6))
+  assert sorted(first) == [1, 2, 3, 4] and {**first, **_losses(second)} == on_disk
+  assert helpers.scalars(run) == helpers.scalars(tmp_path / "disk")  # float32, bit for bit.
+  steps = {p.name for p in epath.Path(f"{run}/checkpoints").iterdir()}
+  assert {"4", "6"} <= steps
+  evaluated = _run(shared, run, "--mode=average,eval", "--checkpoint=averaged", average_last=2)
+  assert re.search(r"test BLEU [0-9.]+", evaluated), evaluated[-2000:]
+  assert epath.Path(f"{run}/averaged").exists() and list(epath.Path(f"{run}/eval").iterdir())
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["disk"]
