@@ -5,12 +5,15 @@ its routes these two behaviours of the real service:
 - an object's content and metadata carry its generation in `x-goog-generation` (without it,
   TensorStore reads every generation as empty: "Malformed StorageGeneration");
 - an upload with `ifGenerationMatch` is refused (412) unless the object's generation is that
-  one (0: the object must not exist), checked when the upload starts.
+  one (0: the object must not exist), checked when the upload starts;
+- `moveTo` moves an object (as a copy and a delete here; Orbax renames a checkpoint it deletes,
+  and gcsfs retried the emulator's 501 for about 25 s before copying).
 """
 
 from http import HTTPStatus
 
 from gcp_storage_emulator import server as emulator
+from gcp_storage_emulator import settings
 from gcp_storage_emulator.exceptions import NotFound
 from gcp_storage_emulator.handlers import objects
 
@@ -49,12 +52,28 @@ def _if_generation_matches(write):
   return handler
 
 
+def _move(request, response, storage, *args, **kwargs):
+  params = request.params
+  bucket, source, target = params["bucket_name"], params["object_id"], params["dest_object_id"]
+  try:
+    moved = objects._copy(request.base_url, storage, bucket, source, bucket, target)
+    storage.delete_file(bucket, source)
+    response.json(moved)
+  except NotFound:
+    response.status = HTTPStatus.NOT_FOUND
+
+
+_MOVE = (
+  rf"^{settings.API_ENDPOINT}/b/(?P<bucket_name>[-.\w]+)/o/(?P<object_id>.*[^/]+)"
+  r"/moveTo/o/(?P<dest_object_id>.*[^/]+)$",
+  {emulator.POST: _move},
+)
 _REPLACED = {
   objects.get: _with_generation(objects.get),
   objects.download: _with_generation(objects.download),
   objects.insert: _if_generation_matches(objects.insert),
 }
-emulator.HANDLERS = tuple(
+emulator.HANDLERS = (_MOVE,) + tuple(
   (route, {method: _REPLACED.get(handler, handler) for method, handler in methods.items()})
   for route, methods in emulator.HANDLERS
 )

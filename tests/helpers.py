@@ -455,9 +455,9 @@ def partial_writes(workdir) -> list[str]:
 
 
 def _names(workdir) -> list[str]:
-  directory = pathlib.Path(workdir) / "checkpoints"
+  directory = epath.Path(str(workdir)) / "checkpoints"  # A local directory or a bucket's.
   try:
-    return os.listdir(directory)
+    return [path.name for path in directory.iterdir()]
   except FileNotFoundError:
     return []
 

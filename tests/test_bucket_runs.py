@@ -3,12 +3,14 @@ there, a resume from them with the losses of a run on the local disk (its Tensor
 bit for bit), then average and eval."""
 
 import re
+import signal
 
 import pytest
 from etils import epath
 
 import helpers
 
+STEPS = 20
 LOGGED_LOSS = re.compile(r"step (\d+)/\d+ \| loss ([0-9.]+)")
 
 
@@ -49,3 +51,31 @@ def test_a_run_in_a_bucket_resumes_from_its_checkpoints_as_a_run_on_disk_goes_on
   assert re.search(r"test BLEU [0-9.]+", evaluated), evaluated[-2000:]
   assert epath.Path(f"{run}/averaged").exists() and list(epath.Path(f"{run}/eval").iterdir())
   assert sorted(p.name for p in tmp_path.iterdir()) == ["disk"]
+
+
+def _uninterrupted(shared, tmp_path) -> dict:
+  """The TensorBoard losses of a run of STEPS steps on the local disk."""
+  helpers.Run(shared, tmp_path / "disk", num_train_steps=STEPS).succeed()
+  return helpers.scalars(tmp_path / "disk")
+
+
+@pytest.mark.slow
+def test_in_a_bucket_sigterm_saves_the_step_and_sigkill_loses_only_what_followed_a_checkpoint(
+  shared, tmp_path, bucket_dir
+):
+  run_dir = f"{bucket_dir}/run"
+  run = helpers.Run(shared, run_dir, num_train_steps=STEPS, checkpoint_every_steps=1000)
+  run.wait_for(r"\] step 3/")
+  run.process.send_signal(signal.SIGTERM)
+  assert run.finish(timeout=120) == 0, run.output[-3000:]
+  stopped = int(re.search(r"stopped at step (\d+) for preemption", run.output).group(1))
+  assert helpers.committed_steps(run_dir) == [stopped] and stopped + 3 < STEPS, run.output[-3000:]
+  run = helpers.Run(shared, run_dir, num_train_steps=STEPS, checkpoint_every_steps=2)
+  run.wait_for(rf"\] step {stopped + 3}/")
+  run.process.kill()
+  run.finish()
+  assert run.process.returncode == -signal.SIGKILL
+  committed = max(helpers.committed_steps(run_dir))
+  output = helpers.Run(shared, run_dir, num_train_steps=STEPS, checkpoint_every_steps=2).succeed()
+  assert f"resumed from {run_dir}/checkpoints at step {committed}" in output
+  assert helpers.scalars(run_dir) == _uninterrupted(shared, tmp_path)  # float32, bit for bit.
