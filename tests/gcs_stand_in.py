@@ -8,6 +8,11 @@ its routes these two behaviours of the real service:
   one (0: the object must not exist), checked when the upload starts;
 - `moveTo` moves an object (as a copy and a delete here; Orbax renames a checkpoint it deletes,
   and gcsfs retried the emulator's 501 for about 25 s before copying).
+
+Where it is less than the real service: the precondition is checked when an upload starts, not
+when it ends, and only for an object named in the query string (TensorStore's uploads; not a
+multipart or resumable upload that names it in its body, nor the emulator's fallback for
+uploads posted without `/upload`).
 """
 
 from http import HTTPStatus

@@ -445,8 +445,9 @@ def scalars(workdir, tag: str = "train/loss") -> dict:
 
 
 def committed_steps(workdir) -> list[int]:
-  """The step directories of `workdir/checkpoints` (committed checkpoints), sorted."""
-  return sorted(int(name) for name in _names(workdir) if name.isdigit())
+  """The committed checkpoints of `workdir/checkpoints`, sorted: step directories (in a bucket,
+  those with Orbax's commit marker: a step being written has its directory already)."""
+  return store.committed_steps(os.path.join(str(workdir), "checkpoints"))
 
 
 def partial_writes(workdir) -> list[str]:

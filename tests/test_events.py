@@ -1,6 +1,6 @@
 """TensorBoard event files against tensorboardX's protocol buffers and checksums."""
 
-import time
+import threading
 
 import numpy as np
 import pytest
@@ -115,20 +115,20 @@ def test_in_a_bucket_a_full_event_file_is_left_for_the_next_in_order(bucket_dir,
 
 def test_at_a_url_a_flush_never_waits_for_the_store(tmp_path, monkeypatch):
   monkeypatch.setattr(events, "_appends", lambda directory: False)  # As at gs://.
-  uploads = []
+  release, uploads = threading.Event(), []
 
-  def slow_upload(path, data):
-    time.sleep(0.3)
+  def blocked_upload(path, data):
+    assert release.wait(30), "a flush waited for the store"  # Not released: flushes blocked.
     uploads.append(data)
 
-  monkeypatch.setattr(events.fileio, "write_atomically", slow_upload)
-  start = time.monotonic()
+  monkeypatch.setattr(events.fileio, "write_atomically", blocked_upload)
   writer = events.EventWriter(str(tmp_path), purge_step=0)
   for step in range(1, 6):
     writer.scalar("train/loss", float(step), step)
     writer.flush()
-  assert time.monotonic() - start < 0.25  # Five flushes and the first, none waiting.
+  assert not uploads  # Every flush returned while the first upload was held.
+  release.set()
   writer.close()
-  assert len(uploads) < 6  # Those superseded while the first ran were skipped.
+  assert len(uploads) < 6  # Those superseded while the first was held were skipped.
   read = [event_pb2.Event.FromString(data) for data in helpers.tfrecords_of(uploads[-1])]
   assert [e.step for e in read if e.summary.value] == [1, 2, 3, 4, 5]

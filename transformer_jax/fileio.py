@@ -5,6 +5,7 @@ text in and out, with one clear error for a file that cannot be read or written;
 
 import json
 import os
+import re
 import socket
 import sys
 import threading
@@ -33,14 +34,21 @@ def check_store(url: str, timeout: float | None = None) -> None:
   timeout = STORE_TIMEOUT_SECONDS if timeout is None else timeout
   outcome = []
 
+  probe_path = epath.Path(temporary_name(f"{url.rstrip('/')}/probe"))
+
   def probe():
     try:
-      probe_path = epath.Path(temporary_name(f"{url.rstrip('/')}/probe"))
       probe_path.write_bytes(b"")
-      probe_path.unlink(missing_ok=True)
-      outcome.append(None)
     except Exception as error:  # Handed to the caller's thread below.
       outcome.append(error)
+      return
+    try:
+      probe_path.unlink(missing_ok=True)
+      outcome.append(None)
+    except Exception as error:
+      outcome.append(
+        UserError(f"{url}: wrote {probe_path.name} there but cannot remove it: {error}")
+      )
 
   worker = threading.Thread(target=probe, daemon=True)  # A hung request must not block exit.
   worker.start()
@@ -57,7 +65,11 @@ def check_store(url: str, timeout: float | None = None) -> None:
     raise UserError(f"{url}: {error} (pip install 'transformer_jax[gcs]')") from None
   if isinstance(error, FileNotFoundError):
     raise UserError(f"{url}: no such bucket, or this account may not see it") from None
-  if isinstance(error, PermissionError):
+  if isinstance(error, UserError):
+    raise error
+  if isinstance(error, PermissionError) or re.search(
+    r"\b40[13]\b|Forbidden|Unauthorized", str(error)
+  ):
     raise UserError(
       f"{url}: no permission to write there ({error}): check the credentials "
       "(gcloud auth application-default login, or GOOGLE_APPLICATION_CREDENTIALS)"

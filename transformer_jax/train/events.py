@@ -12,10 +12,10 @@ are encoded by hand, so a run imports neither TensorFlow nor PyTorch:
   SessionLog: status = 1 (enum; START = 1)
 """
 
-import concurrent.futures
 import logging
 import math
 import os
+import queue
 import socket
 import struct
 import threading
@@ -187,27 +187,42 @@ class EventWriter:
 
 class _Uploads:
   """Whole-file uploads in one background thread, in the order they were asked for; one that a
-  later upload of the same file supersedes before it starts is skipped. A failed upload is
-  logged; the next upload of that file carries its events too."""
+  later upload of the same file supersedes before it starts is skipped, and one that fails is
+  tried once more, then logged. The thread is a daemon, so a hung upload cannot keep the process
+  alive: `close` waits for the queue at most `timeout` seconds."""
 
-  def __init__(self):
-    self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="event_uploads")
+  def __init__(self, timeout: float = 60.0):
+    self._queue: queue.Queue = queue.Queue()
     self._lock = threading.Lock()
     self._newest: dict[str, int] = {}  # path -> the number of its newest upload
+    self._timeout = timeout
+    self._thread = threading.Thread(target=self._run, name="event_uploads", daemon=True)
+    self._thread.start()
 
   def submit(self, path: str, data: bytes) -> None:
     with self._lock:
       number = self._newest[path] = self._newest.get(path, 0) + 1
-    self._executor.submit(self._upload, path, data, number)
+    self._queue.put((path, data, number))
 
-  def _upload(self, path: str, data: bytes, number: int) -> None:
-    with self._lock:
-      if number != self._newest[path]:
-        return
-    try:
-      fileio.write_atomically(path, data)
-    except Exception as error:  # The run goes on; only its log is late.
-      log.warning("could not write the event file %s: %s", path, first_line(error))
+  def _run(self) -> None:
+    while (item := self._queue.get()) is not None:
+      path, data, number = item
+      with self._lock:
+        if number != self._newest[path]:
+          continue
+      for attempt in range(2):
+        try:
+          fileio.write_atomically(path, data)
+          break
+        except Exception as error:  # The run goes on; only its log is late.
+          if attempt:
+            log.warning("could not write the event file %s: %s", path, first_line(error))
 
   def close(self) -> None:
-    self._executor.shutdown(wait=True)
+    self._queue.put(None)
+    self._thread.join(self._timeout)
+    if self._thread.is_alive():
+      log.warning(
+        "the event files' uploads did not end within %.0f s: their last events may be missing",
+        self._timeout,
+      )
