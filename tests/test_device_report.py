@@ -185,6 +185,14 @@ def test_a_step_past_the_deadline_is_skipped(tmp_path):
   assert record["status"] == "skipped" and "no time left under the deadline" in record["reason"]
 
 
+def test_the_largest_batch_alone_says_that_it_needs_the_prediction_step(tmp_path):
+  plan = dataclasses.replace(plan_lib.TINY, fit_search=True)
+  result = stage.Result(tmp_path / "largest.json", time.monotonic() + 60)
+  largest.run(plan, plan.step("prediction:largest"), result, stage.Context(tmp_path, "1xh100"))
+  record = json.loads((tmp_path / "largest.json").read_text())
+  assert record["skipped"].startswith("prediction:compile did not run in this report")
+
+
 def test_single_steps_can_be_chosen_beside_whole_stages(tmp_path):
   records = _run_out_of_time(tmp_path, ("speed:base_xla", "decoding"))
   assert {stage: set(r["steps"]) for stage, r in records.items()} == {

@@ -13,11 +13,15 @@ def run(plan, step, result, context) -> None:
   if not plan.fit_search:
     result.not_applicable(f"the {plan.name} plan does not search for the largest batch")
     return
-  found = context.earlier("prediction:compile").get("largest_batch")
+  prediction = context.earlier("prediction:compile")
+  found = prediction.get("largest_batch")
   if not found or not found.get("rows"):
-    result.put(
-      skipped="the prediction step found no largest batch (see prediction.compile)", complete=True
+    why = (
+      "the prediction step found no largest batch (see prediction.compile)"
+      if prediction
+      else "prediction:compile did not run in this report: run both (--stages=prediction)"
     )
+    result.put(skipped=why, complete=True)
     return
   result.put(compile_mode_says=found)
   try:
