@@ -4,8 +4,9 @@ its routes these two behaviours of the real service:
 
 - an object's content and metadata carry its generation in `x-goog-generation` (without it,
   TensorStore reads every generation as empty: "Malformed StorageGeneration");
-- an upload with `ifGenerationMatch` is refused (412) unless the object's generation is that
-  one (0: the object must not exist), checked when the upload starts;
+- an upload or a deletion with `ifGenerationMatch` is refused (412) unless the object's
+  generation is that one (0: the object must not exist), checked when the upload starts (the
+  server answers one request at a time, so nothing comes between the check and the write);
 - `moveTo` moves an object (as a copy and a delete here; Orbax renames a checkpoint it deletes,
   and gcsfs retried the emulator's 501 for about 25 s before copying).
 
@@ -45,10 +46,9 @@ def _with_generation(read):
 
 def _if_generation_matches(write):
   def handler(request, response, storage, *args, **kwargs):
-    wanted, name = request.query.get("ifGenerationMatch"), request.query.get("name")
-    if (
-      wanted and name and _generation(storage, request.params["bucket_name"], name[0]) != wanted[0]
-    ):
+    wanted = request.query.get("ifGenerationMatch")
+    name = request.params.get("object_id") or (request.query.get("name") or [None])[0]
+    if wanted and name and _generation(storage, request.params["bucket_name"], name) != wanted[0]:
       response.status = HTTPStatus.PRECONDITION_FAILED
       response.json({"error": {"code": 412, "message": "Precondition Failed"}})
       return None
@@ -77,6 +77,7 @@ _REPLACED = {
   objects.get: _with_generation(objects.get),
   objects.download: _with_generation(objects.download),
   objects.insert: _if_generation_matches(objects.insert),
+  objects.delete: _if_generation_matches(objects.delete),
 }
 emulator.HANDLERS = (_MOVE,) + tuple(
   (route, {method: _REPLACED.get(handler, handler) for method, handler in methods.items()})

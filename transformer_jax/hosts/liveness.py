@@ -62,18 +62,22 @@ def same_process(record: dict | None, other: dict) -> bool:
   )
 
 
+class LockTakenOverError(Exception):
+  """A record this process refreshes names another process now (`Heartbeat`'s `write`)."""
+
+
 class Heartbeat:
   """Rewrites `record` (with the time) to each of `paths` every `interval` seconds, from a daemon
   thread, while in its `with` block; on leaving it, marks the records ended.
 
-  With `owned`, a file is rewritten only while it still names this process
-  (`same_process`): one that names another process is left alone, with an
-  error logged once; one that cannot be read this beat (being replaced) is
-  tried again at the next.
+  `write(path, record)` writes a record (`write_record` by default); when it
+  raises LockTakenOverError, that path is left alone from then on, with the
+  error logged once (a lock another run took over).
   """
 
-  def __init__(self, paths: list[str], record: dict, interval: float, *, owned: bool = False):
-    self.paths, self.record, self.interval, self.owned = paths, dict(record), interval, owned
+  def __init__(self, paths: list[str], record: dict, interval: float, *, write=None):
+    self.paths, self.record, self.interval = paths, dict(record), interval
+    self.write = write or write_record
     self.lost: set[str] = set()
     self._stop = threading.Event()
     self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
@@ -83,21 +87,11 @@ class Heartbeat:
     for path in self.paths:
       if path in self.lost:
         continue
-      if self.owned:
-        holder = read_record(path)
-        if holder is None:
-          continue
-        if not same_process(holder, self.record):
-          self.lost.add(path)
-          log.error(
-            "%s no longer names this run (%s): another run took it over; this run no "
-            "longer refreshes it",
-            path,
-            describe(holder),
-          )
-          continue
       try:
-        write_record(path, self.record)
+        self.write(path, self.record)
+      except LockTakenOverError as error:
+        self.lost.add(path)
+        log.error("%s", error)
       except Exception as error:  # Whatever the storage raised: the next beat tries again.
         log.warning("could not write the heartbeat %s: %s", path, first_line(error))
 

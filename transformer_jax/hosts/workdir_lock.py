@@ -3,7 +3,8 @@
 A training run's process 0 writes the lock and refreshes it with its beats
 (`liveness.Heartbeat`): a second run on the same work directory stops at
 once, naming the holder. A lock whose process is gone (on this host) or whose
-beats stopped (on any host) is stale and taken over.
+beats stopped (on any host) is stale and taken over, by one run only, on a
+file system and in an object store (gs://) alike.
 """
 
 import json
@@ -12,12 +13,14 @@ import os
 import socket
 import time
 
+import tensorstore as ts
 from etils import epath
 
 from transformer_jax import fileio
-from transformer_jax.errors import UserError
+from transformer_jax.errors import UserError, first_line
 from transformer_jax.hosts.liveness import (
   Heartbeat,
+  LockTakenOverError,
   describe,
   read_record,
   same_process,
@@ -42,21 +45,56 @@ class WorkdirInUseError(UserError):
   """Another run holds the work directory."""
 
 
+class _ObjectRecord:
+  """A JSON record in an object store (a URL) that is created, replaced and deleted only on
+  condition of the generation read before (the store's preconditions, such as GCS's
+  `ifGenerationMatch`, through TensorStore's key-value store): of two processes changing the
+  same generation, one succeeds."""
+
+  def __init__(self, url: str):
+    directory, self.key = url.rsplit("/", 1)
+    try:
+      self._store = ts.KvStore.open(f"{directory}/").result()
+    except ValueError as error:
+      raise UserError(f"{url}: cannot keep a lock there: {first_line(error)}") from None
+
+  def read(self) -> tuple[dict | None, bool, bytes]:
+    """(the record, None when unreadable or missing; whether the object exists; its generation)."""
+    result = self._store.read(self.key).result()
+    if result.state != "value":
+      return None, False, result.stamp.generation
+    try:
+      record = json.loads(result.value)
+    except ValueError:
+      record = None
+    return (record if isinstance(record, dict) else None), True, result.stamp.generation
+
+  def replace(self, record: dict | None, generation: bytes) -> bool:
+    """Write `record` (None: delete) if the object is still at `generation`; whether it was."""
+    value = None if record is None else json.dumps(record).encode("utf-8")
+    return self._store.write(self.key, value, if_equal=generation).result().generation != b""
+
+
 class WorkdirLock:
   """`<workdir>/lock.json`: which run may write checkpoints in `workdir`.
 
-  `acquire` creates it (exclusively, on a local file system) with this
-  process's record, or raises WorkdirInUseError naming the run that holds it;
-  a lock whose pid is gone (same host) or whose record was not refreshed for
-  `stale_after` seconds is taken over with a warning returned. Of several
-  runs taking over the same stale lock at once, one gets it (on a local file
-  system; object stores are best effort). `heartbeat` refreshes it while this
+  `acquire` creates it exclusively with this process's record, or raises
+  WorkdirInUseError naming the run that holds it; a lock whose pid is gone
+  (same host) or whose record was not refreshed for `stale_after` seconds is
+  taken over with a warning returned. Of several runs taking over the same
+  stale lock at once, exactly one gets it. `heartbeat` refreshes it while this
   process holds it; `release` removes it when it is still this process's.
+
+  On a file system, creating is a hard link (which fails when the lock
+  exists) and a takeover renames the stale lock aside first. An object store
+  has neither: there every change is conditional on the generation of the
+  object read before (`_ObjectRecord`).
   """
 
   def __init__(self, workdir: Workdir, stale_after: float):
     self.path = workdir.lock_file
     self.stale_after = stale_after
+    self._object = _ObjectRecord(self.path) if fileio.is_url(self.path) else None
 
   def stale(self, holder: dict | None) -> str | None:
     """Why the lock of `holder` is stale, or None while its run may be alive."""
@@ -82,7 +120,7 @@ class WorkdirLock:
     for _ in range(2):
       if self._create(record):
         return taken_over
-      holder = read_record(self.path)
+      holder, version = self._read()
       reason = self.stale(holder)
       if reason is None:
         raise WorkdirInUseError(
@@ -93,14 +131,24 @@ class WorkdirLock:
         f"took over the lock of a run that is no longer running "
         f"({describe(holder or {})}): {reason}"
       )
-      self._remove_if_unchanged(holder)
+      self._remove_if_unchanged(holder, version)
     raise WorkdirInUseError(f"another run took the lock {self.path} at the same time")
 
-  def _remove_if_unchanged(self, holder: dict | None) -> None:
-    """Remove the lock if it still holds `holder`'s record: moved aside under a name of this
-    process's (one rename succeeds), then checked; another run's fresh lock goes back."""
-    if fileio.is_url(self.path):  # No atomic rename in object stores.
-      epath.Path(self.path).unlink(missing_ok=True)
+  def _read(self) -> tuple[dict | None, object]:
+    """The holder's record (None: unreadable or missing) and what `_remove_if_unchanged` and
+    `_replace` compare: the object's generation in a store, the record on a file system."""
+    if self._object is not None:
+      holder, _, generation = self._object.read()
+      return holder, generation
+    holder = read_record(self.path)
+    return holder, holder
+
+  def _remove_if_unchanged(self, holder: dict | None, version) -> None:
+    """Remove the lock if it is still as read (`_read`). On a file system: moved aside under a
+    name of this process's (one rename succeeds), then checked; another run's fresh lock goes
+    back."""
+    if self._object is not None:
+      self._object.replace(None, version)
       return
     aside = fileio.temporary_name(self.path)
     try:
@@ -125,13 +173,9 @@ class WorkdirLock:
         os.rename(aside, self.path)
 
   def _create(self, record: dict) -> bool:
-    if fileio.is_url(
-      self.path
-    ):  # Object stores have no exclusive create: the check is best effort.
-      if epath.Path(self.path).exists():
-        return False
-      write_record(self.path, record)
-      return True
+    if self._object is not None:
+      _, exists, generation = self._object.read()
+      return not exists and self._object.replace(record, generation)
     temporary = fileio.temporary_name(self.path)
     with open(temporary, "w") as f:
       json.dump(record, f)
@@ -149,10 +193,31 @@ class WorkdirLock:
       os.unlink(temporary)
     return True
 
+  def _refresh(self, path: str, record: dict) -> None:
+    """Rewrite the lock with `record` while it names this process (in a store, only if no other
+    run changed it since it was read); raises LockTakenOverError when another run holds it."""
+    holder, version = self._read()
+    if holder is None:  # Being replaced: the next beat reads it again.
+      return
+    if not same_process(holder, record):
+      raise LockTakenOverError(
+        f"{path} no longer names this run ({describe(holder)}): another run took it over; this "
+        "run no longer refreshes it"
+      )
+    if self._object is not None:
+      self._object.replace(record, version)  # Changed meanwhile: the next beat sees by whom.
+    else:
+      write_record(path, record)
+
   def heartbeat(self, record: dict, interval: float) -> Heartbeat:
     """Refreshes the lock with `record` while it names this process."""
-    return Heartbeat([self.path], record, interval, owned=True)
+    return Heartbeat([self.path], record, interval, write=self._refresh)
 
   def release(self, record: dict) -> None:
-    if same_process(read_record(self.path), record):
+    holder, version = self._read()
+    if not same_process(holder, record):
+      return
+    if self._object is not None:
+      self._object.replace(None, version)
+    else:
       epath.Path(self.path).unlink(missing_ok=True)
