@@ -81,3 +81,21 @@ def test_in_a_bucket_sigterm_saves_the_step_and_sigkill_loses_only_what_followed
   assert f"resumed from {run_dir}/checkpoints at step {committed}" in output
   assert helpers.scalars(run_dir) == _uninterrupted(shared, tmp_path)  # float32, bit for bit.
   assert not (helpers.REPO / "gs:").exists()
+
+
+@pytest.mark.slow
+def test_in_a_bucket_a_checkpoint_whose_write_was_cut_short_is_removed_and_written_again(
+  shared, tmp_path, bucket_dir
+):
+  """In a bucket a step's objects appear as they are written, and Orbax's commit marker last (no
+  directory is renamed at commit): a kill midway leaves the step's directory without it."""
+  run_dir = f"{bucket_dir}/run"
+  _run(shared, run_dir, "--mode=train", num_train_steps=4, checkpoint_every_steps=2)
+  assert helpers.committed_steps(run_dir) == [2, 4]
+  epath.Path(f"{run_dir}/checkpoints/4/commit_success.txt").unlink()  # Killed before the marker.
+  resumed = _run(shared, run_dir, "--mode=train", num_train_steps=6, checkpoint_every_steps=2)
+  assert f"resumed from {run_dir}/checkpoints at step 2" in resumed, resumed[-3000:]
+  assert f"removed {run_dir}/checkpoints/4, left by a checkpoint write" in resumed
+  assert helpers.committed_steps(run_dir) == [2, 4, 6]
+  helpers.Run(shared, tmp_path / "disk", num_train_steps=6, checkpoint_every_steps=2).succeed()
+  assert helpers.scalars(run_dir) == helpers.scalars(tmp_path / "disk")  # float32, bit for bit.

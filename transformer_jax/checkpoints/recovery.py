@@ -1,11 +1,13 @@
 """What a run does when its checkpoints are broken or cannot be written.
 
-Resuming (`resume`): leftovers of interrupted writes (Orbax's
-`<step>.orbax-checkpoint-tmp*` directories, never committed) are reported and
-removed; committed steps are tried newest first, each restored and checked
-against its fingerprints; a step that fails is reported and skipped, and once
-a good one is found the bad ones are moved aside to `<step>.unusable-<time>`
-for inspection. When no step is good the run stops, unless asked to start over.
+Resuming (`resume`): leftovers of interrupted writes (on a file system,
+Orbax's `<step>.orbax-checkpoint-tmp*` directories, renamed to `<step>` at
+commit; in an object store, `<step>` directories without Orbax's commit
+marker, written last) are reported and removed; committed steps are tried
+newest first, each restored and checked against its fingerprints; a step
+that fails is reported and skipped, and once a good one is found the bad ones
+are moved aside to `<step>.unusable-<time>` for inspection. When no step is
+good the run stops, unless asked to start over.
 
 Saving (`CheckpointWriter`): a save that fails (full disk, read-only or vanished
 directory) is reported naming the step and directory; its partial files are
@@ -51,6 +53,17 @@ def _on_main_process(fn):
     multihost_utils.sync_global_devices(f"recovery:{fn.__name__}")
 
 
+def _uncommitted(directory, name: str) -> bool:
+  """Whether `name` in the checkpoint `directory` is a write that was never committed."""
+  if PARTIAL_MARK in name:
+    return True
+  return (
+    fileio.is_url(directory)
+    and name.isdigit()
+    and not (epath.Path(directory) / name / store.COMMIT_MARKER).exists()
+  )
+
+
 def remove_partial_writes(directory, step: int | None = None) -> list[str]:
   """Delete the uncommitted writes in `directory` (of `step` only, if given); return their paths."""
   try:
@@ -60,7 +73,7 @@ def remove_partial_writes(directory, step: int | None = None) -> list[str]:
   found = sorted(
     os.path.join(directory, name)
     for name in names
-    if PARTIAL_MARK in name and (step is None or name.split(".", 1)[0] == str(step))
+    if (step is None or name.split(".", 1)[0] == str(step)) and _uncommitted(directory, name)
   )
 
   def remove():
