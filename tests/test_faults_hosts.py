@@ -14,6 +14,7 @@ import signal
 import time
 
 import pytest
+from etils import epath
 
 import helpers
 
@@ -155,3 +156,32 @@ def test_a_second_run_on_a_work_directory_stops_and_a_stale_lock_is_taken_over(s
   third.process.send_signal(signal.SIGTERM)
   third.succeed()
   assert not (tmp_path / "lock.json").exists()
+
+
+def test_two_processes_share_a_work_directory_in_a_bucket_and_lose_nothing_to_a_killed_one(
+  shared, reference, bucket_dir
+):
+  """The run of two processes in the tests' GCS server's bucket: process 0's lock and both
+  heartbeats are there, the survivor of a killed process names it from its heartbeat there, and
+  the next run resumes from the bucket's newest checkpoint with the reference's losses."""
+  runs = _start(shared, bucket_dir)
+  runs[1].wait_for(r"\] step 3/")
+  lock = json.loads(epath.Path(bucket_dir, "lock.json").read_text())
+  assert lock["processes"] == 2 and lock["pid"] != runs[0].process.pid  # Its supervised child.
+  beats = sorted(p.name for p in epath.Path(bucket_dir, "hosts").glob("process_*"))
+  assert beats == ["process_0.json", "process_1.json"]
+  runs[1].process.kill()
+  error = runs[0].fail(timeout=120)
+  newest = helpers.committed_steps(bucket_dir)[-1]
+  assert re.search(
+    rf"lost contact with process 1 of 2 \(host \S+, pid \d+, since .*\): its heartbeat "
+    rf"stopped; the newest committed checkpoint in {bucket_dir}/checkpoints is step {newest}\.",
+    error,
+  ), error
+  runs = _start(shared, bucket_dir)
+  for run in runs:
+    run.succeed()
+  assert {_resumed_at(run) for run in runs} == {newest}
+  assert not epath.Path(bucket_dir, "lock.json").exists()
+  assert not (helpers.REPO / "gs:").exists()
+  _assert_losses_match(bucket_dir, reference, runs=2)
