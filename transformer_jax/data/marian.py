@@ -11,10 +11,10 @@ convention of this project, the decoder's start token included (both are pad).
 
 import hashlib
 import json
-import os
 
 import numpy as np
 import sentencepiece as spm
+from etils import epath
 
 from transformer_jax.conventions import EOS_ID, PAD_ID, UNK_ID
 from transformer_jax.data.sources import DataError
@@ -26,8 +26,9 @@ SPECIAL_TOKENS = {PAD_ID: "<pad>", EOS_ID: "</s>", UNK_ID: "<unk>"}
 
 
 def is_marian_directory(path: str) -> bool:
-  """Whether `path` is a directory holding the files of a Marian tokenizer."""
-  return all(os.path.isfile(os.path.join(path, name)) for name in FILES)
+  """Whether `path` (a local path or a URL such as gs://) is a directory holding the files of a
+  Marian tokenizer."""
+  return all(epath.Path(path, name).is_file() for name in FILES)
 
 
 def project_order(vocab: dict[str, int]) -> list[int]:
@@ -74,12 +75,11 @@ class MarianTokenizer:
 
   @classmethod
   def load(cls, directory: str) -> "MarianTokenizer":
-    """The tokenizer of the Marian files in `directory`."""
+    """The tokenizer of the Marian files in `directory` (a local path or a URL)."""
     files = {}
     for name in FILES:
       try:
-        with open(os.path.join(directory, name), "rb") as f:
-          files[name] = f.read()
+        files[name] = epath.Path(directory, name).read_bytes()
       except OSError as error:
         raise DataError(f"cannot read {directory}/{name}: {error.strerror or error}") from None
     return cls(files, directory)

@@ -50,8 +50,8 @@ def run(command: str) -> None:
       raise UserError("import needs --marian=DIR, the Marian model's directory")
     result = convert.import_marian(_MARIAN.value, Workdir(_WORKDIR.value))
     print(
-      f"imported {result['parameters']:,} parameters; use --config={result['config']} "
-      f"--workdir={_WORKDIR.value}"
+      f"imported {result['parameters']:,} parameters; use "
+      f"{convert.usage(result['config'], _WORKDIR.value)}"
     )
   else:
     if _CONFIG.value is None or _OUTPUT.value is None:

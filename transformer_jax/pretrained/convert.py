@@ -8,6 +8,9 @@
 Every mode of `transformer_jax.main` then uses the work directory as is:
 translate and eval read step 0 as `--checkpoint=latest`, and train starts
 from it (a fresh optimizer, step 0) and writes its checkpoints beside it.
+The source, the work directory and an export's output may each be a local
+directory or a URL (gs://...). In a bucket, config.py names the vocabulary by
+its URL, since `--config` reads a local file: a copy of config.py.
 
 `export_marian(experiment, workdir, output)` writes a Marian directory that
 `MarianMTModel.from_pretrained` and `MarianTokenizer.from_pretrained` load.
@@ -15,13 +18,12 @@ from it (a fresh optimizer, step 0) and writes its checkpoints beside it.
 
 import json
 import os
-import shutil
 
 import jax
 import numpy as np
+import safetensors.numpy
 import sentencepiece as spm
 from etils import epath
-from safetensors.numpy import save_file
 
 from transformer_jax import fileio
 from transformer_jax.checkpoints import store
@@ -34,7 +36,7 @@ from transformer_jax.workdir import Workdir
 
 _CONFIG_TEMPLATE = '''"""A Marian model imported from {source}.
 
-Use: --config={config_file} --workdir={workdir}; override any field with --config.<field>=<value>
+Use: {usage}; override any field with --config.<field>=<value>
 (the data to fine-tune on: --config.data.name=text --config.data.text_train=PREFIX ...).
 """
 
@@ -49,13 +51,30 @@ DECODE = {decode!r}
 def get_config():
   config = config_lib.default_config()
   config.model = config_lib.model_fields("base", **MODEL)
-  config.data.vocab_path = os.path.join(os.path.dirname(os.path.abspath(__file__)), {vocab_dir})
+  config.data.vocab_path = {vocab_path}
   config.data.vocab_size = {vocab_size}
   for field in ("max_source_length", "max_target_length", "max_length"):  # Within the positions.
     config.data[field] = min(config.data[field], MODEL["max_len"])
   config.decode.update(DECODE)
   return config
 '''
+
+
+def usage(config_file: str, workdir: str) -> str:
+  """The flags of `transformer_jax.main` for an imported work directory: its config.py, a copy
+  on the local disk where the work directory is in a bucket (`--config` reads a local file)."""
+  config = f"<a local copy of {config_file}>" if fileio.is_url(config_file) else config_file
+  return f"--config={config} --workdir={workdir}"
+
+
+def _vocab_path_code(vocab_dir: str, root: str) -> str:
+  """The Python expression of `data.vocab_path` in the config.py of `root`: on the local disk,
+  `vocab_dir` beside that file, wherever the work directory moves; in a bucket, the URL itself,
+  which any copy of the file (`--config` reads a local one) then names."""
+  if fileio.is_url(root):
+    return repr(vocab_dir)
+  parts = ", ".join(map(repr, os.path.relpath(vocab_dir, root).split(os.sep)))
+  return f"os.path.join(os.path.dirname(os.path.abspath(__file__)), {parts})"
 
 
 def import_marian(source: str, workdir: Workdir) -> dict:
@@ -94,19 +113,18 @@ def import_marian(source: str, workdir: Workdir) -> dict:
     raise marian.MarianError(f"the weights of {source} lack {error}") from None
   workdir.create()
   vocab_dir = workdir.marian_vocab
-  os.makedirs(vocab_dir, exist_ok=True)
   for name in marian_vocab.FILES:
-    shutil.copyfile(os.path.join(source, name), os.path.join(vocab_dir, name))
+    content = epath.Path(source, name).read_bytes()
+    fileio.write_atomically(os.path.join(vocab_dir, name), content)
   config_file = workdir.imported_config
   fileio.write_atomically(
     config_file,
     _CONFIG_TEMPLATE.format(
-      source=os.path.abspath(source),
-      config_file=config_file,
-      workdir=workdir.root,
+      source=fileio.absolute(source),
+      usage=usage(config_file, workdir.root),
       model=fields,
       decode=decode,
-      vocab_dir=", ".join(map(repr, os.path.relpath(vocab_dir, workdir.root).split(os.sep))),
+      vocab_path=_vocab_path_code(vocab_dir, workdir.root),
       vocab_size=len(vocab),
     ),
   )
@@ -114,7 +132,7 @@ def import_marian(source: str, workdir: Workdir) -> dict:
   placement = Placement.data_parallel(model)
   placed = jax.device_put(params, placement.param_shardings)
   manager = store.make_params_manager(workdir.checkpoints)
-  store.save_params(manager, 0, placed, imported_from=os.path.abspath(source))
+  store.save_params(manager, 0, placed, imported_from=fileio.absolute(source))
   manager.close()
   return {
     "config": config_file,
@@ -150,8 +168,11 @@ def export_marian(
     attention_bias=model.attention_bias,
     logits_bias=model.logits_bias,
   )
-  os.makedirs(output, exist_ok=True)
-  save_file(state, os.path.join(output, marian.SAFETENSORS), metadata={"format": "pt"})
+  epath.Path(output).mkdir(parents=True, exist_ok=True)
+  fileio.write_atomically(
+    os.path.join(output, marian.SAFETENSORS),
+    safetensors.numpy.save(state, metadata={"format": "pt"}),
+  )
   fileio.write_json(os.path.join(output, "config.json"), hf_config)
   fileio.write_json(
     os.path.join(output, generation.FILE),
@@ -163,8 +184,7 @@ def export_marian(
     ),
   )
   for name, content in files.items():
-    with open(os.path.join(output, name), "wb") as f:
-      f.write(content)
+    fileio.write_atomically(os.path.join(output, name), content)
   fileio.write_json(
     os.path.join(output, "tokenizer_config.json"),
     {

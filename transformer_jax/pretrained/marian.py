@@ -8,10 +8,12 @@ holds `config.json`, `model.safetensors` (or the older `pytorch_model.bin`),
 transformers (`safetensors` reads the file into numpy).
 """
 
+import io
 import os
 
 import numpy as np
-from safetensors.numpy import load_file
+import safetensors.numpy
+from etils import epath
 
 from transformer_jax import fileio
 from transformer_jax.data import marian as marian_vocab
@@ -147,16 +149,16 @@ def marian_config(model, *, vocab_size: int, pad_id: int, eos_id: int) -> dict:
 
 
 def read_state(directory: str) -> dict:
-  """The weights of a Marian directory as numpy arrays: model.safetensors, else
-  pytorch_model.bin (which needs torch)."""
+  """The weights of a Marian directory (a local path or a URL) as numpy arrays:
+  model.safetensors, else pytorch_model.bin (which needs torch)."""
   path = os.path.join(directory, SAFETENSORS)
-  if os.path.exists(path):
+  if epath.Path(path).exists():
     try:
-      return load_file(path)
+      return safetensors.numpy.load(epath.Path(path).read_bytes())
     except Exception as error:  # safetensors raises its own error types for a bad file.
       raise MarianError(f"cannot read {path}: {error}") from None
   path = os.path.join(directory, TORCH_FILE)
-  if not os.path.exists(path):
+  if not epath.Path(path).exists():
     raise MarianError(f"{directory} has neither {SAFETENSORS} nor {TORCH_FILE}")
   try:
     import torch  # pylint: disable=import-outside-toplevel
@@ -166,7 +168,8 @@ def read_state(directory: str) -> dict:
       f"{SAFETENSORS} of the model (on the Hugging Face Hub most OPUS-MT models have one; "
       "`MarianMTModel.from_pretrained(dir).save_pretrained(dir)` writes it)"
     ) from None
-  state = torch.load(path, map_location="cpu", weights_only=True)
+  content = io.BytesIO(epath.Path(path).read_bytes())
+  state = torch.load(content, map_location="cpu", weights_only=True)
   return {name: tensor.float().numpy() for name, tensor in state.items()}
 
 
@@ -179,10 +182,9 @@ def shared_embedding(state: dict) -> np.ndarray:
 
 
 def read_tokenizer(directory: str) -> dict:
-  """`vocab.json` of a Marian directory, after checking that every tokenizer file is there."""
-  missing = [
-    name for name in marian_vocab.FILES if not os.path.isfile(os.path.join(directory, name))
-  ]
+  """`vocab.json` of a Marian directory (a local path or a URL), after checking that every
+  tokenizer file is there."""
+  missing = [name for name in marian_vocab.FILES if not epath.Path(directory, name).is_file()]
   if missing:
     raise MarianError(f"{directory} lacks the tokenizer files {', '.join(missing)}")
   return read_json(os.path.join(directory, "vocab.json"))
