@@ -341,6 +341,28 @@ def test_a_mistake_ends_in_one_error_line(lines, row):
   assert row.fragment.format(d=folder) in line, line
 
 
+@pytest.mark.parametrize(
+  "bucket, fragment",
+  [
+    ("tjtest-noauth", "the storage service found no credentials it accepts (Anonymous caller"),
+    ("tjtest-readonly", "no permission to write there (reader@tjtest.iam.gserviceaccount.com"),
+  ],
+  ids=["without credentials", "read-only"],
+)
+def test_a_workdir_in_a_bucket_that_refuses_the_caller_ends_in_one_error_line(
+  gcs_server, tmp_path, bucket, fragment
+):
+  """`gcs_stand_in`'s buckets that answer 401 and 403 as the service does; not rows of the table
+  above, whose lines are the mistakes' table in docs/training.md."""
+  del gcs_server
+  workdir = f"gs://{bucket}/run"
+  arguments = ["--mode=train", *helpers.flags(tmp_path, num_train_steps=1)]
+  # The later --workdir wins; `_command_line` checks the exit status, the one line, and that
+  # nothing compiled.
+  line, _ = _command_line(tmp_path, [*arguments, f"--workdir={workdir}"])
+  assert line.startswith(f"error: --workdir={workdir}: {fragment}"), line
+
+
 def _table(lines) -> str:
   """docs/training.md's table of the mistakes and the lines they print (`D`: the folder)."""
   out = ["| Mistake | What the run prints |", "| --- | --- |"]

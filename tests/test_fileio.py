@@ -3,6 +3,7 @@ lines in and out as UTF-8 and JSON records, on hand-written bytes."""
 
 import io
 import json
+import logging
 import os
 import socket
 import sys
@@ -162,6 +163,43 @@ def test_a_usable_bucket_passes_the_check_and_keeps_nothing_of_it(bucket_dir):
 def test_a_missing_bucket_is_one_line_naming_it(gcs_server):
   with pytest.raises(UserError, match=r"gs://nobucket/run: no such bucket, or this account"):
     fileio.check_store("gs://nobucket/run")
+
+
+def test_a_caller_without_credentials_is_one_line_saying_how_to_sign_in(gcs_server, caplog):
+  # Every request for this bucket answers 401, as the service answers an anonymous caller:
+  # gcsfs raises its HttpError (code 401, the service's message then ", 401") and logs it, with
+  # its traceback, at ERROR.
+  with pytest.raises(UserError) as refused:
+    fileio.check_store("gs://tjtest-noauth/run")
+  line = str(refused.value)
+  assert "\n" not in line and ", 401" not in line, line
+  assert line.startswith(
+    "gs://tjtest-noauth/run: the storage service found no credentials it accepts (Anonymous "
+    "caller does not have storage.objects.create access"
+  ), line
+  assert line.endswith(
+    "sign in with gcloud auth application-default login, or set "
+    "GOOGLE_APPLICATION_CREDENTIALS to a service account's key file"
+  ), line
+  assert not [r for r in caplog.records if r.levelno >= logging.ERROR]  # The line says it all.
+
+
+def test_a_bucket_one_may_only_read_is_one_line_saying_what_permission_to_get(gcs_server):
+  assert not epath.Path("gs://tjtest-readonly/run").exists()  # Reads and listings are allowed.
+  # Its writes answer 403: gcsfs raises an OSError "Forbidden: <request URL>\n<message>".
+  with pytest.raises(UserError) as refused:
+    fileio.check_store("gs://tjtest-readonly/run")
+  line = str(refused.value)
+  assert "\n" not in line and "Forbidden" not in line and "localhost" not in line, line
+  assert line.startswith(
+    "gs://tjtest-readonly/run: no permission to write there (reader@tjtest.iam.gserviceaccount"
+    ".com does not have storage.objects.create access to the Google Cloud Storage object."
+  ), line
+  assert line.endswith(
+    "give this account a role that may create and delete objects in the bucket (e.g. "
+    "roles/storage.objectUser), or use other credentials (GOOGLE_APPLICATION_CREDENTIALS) or "
+    "another bucket"
+  ), line
 
 
 def test_a_server_that_does_not_answer_is_one_line_within_the_timeout(bucket_dir, monkeypatch):

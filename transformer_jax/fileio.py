@@ -4,6 +4,7 @@ text in and out, with one clear error for a file that cannot be read or written;
 """
 
 import json
+import logging
 import os
 import re
 import socket
@@ -47,12 +48,21 @@ def check_store(url: str, timeout: float | None = None) -> None:
       outcome.append(None)
     except Exception as error:
       outcome.append(
-        UserError(f"{url}: wrote {probe_path.name} there but cannot remove it: {error}")
+        UserError(
+          f"{url}: wrote {probe_path.name} there but cannot remove it: {_service_message(error)}"
+        )
       )
 
   worker = threading.Thread(target=probe, daemon=True)  # A hung request must not block exit.
-  worker.start()
-  worker.join(timeout)
+  # gcsfs logs a refused request at ERROR with its traceback; the UserError below says it in one
+  # line, and the probe is the only request at this point of a run.
+  quiet = _DropErrors()
+  logging.getLogger("gcsfs").addFilter(quiet)
+  try:
+    worker.start()
+    worker.join(timeout)
+  finally:
+    logging.getLogger("gcsfs").removeFilter(quiet)
   if not outcome:
     raise UserError(
       f"{url}: the storage server did not answer within {timeout:.0f} s: check the network, "
@@ -67,14 +77,55 @@ def check_store(url: str, timeout: float | None = None) -> None:
     raise UserError(f"{url}: no such bucket, or this account may not see it") from None
   if isinstance(error, UserError):
     raise error
-  if isinstance(error, PermissionError) or re.search(
-    r"\b40[13]\b|Forbidden|Unauthorized", str(error)
-  ):
+  refusal = _refusal(error)
+  if refusal == 401:
     raise UserError(
-      f"{url}: no permission to write there ({error}): check the credentials "
-      "(gcloud auth application-default login, or GOOGLE_APPLICATION_CREDENTIALS)"
+      f"{url}: the storage service found no credentials it accepts ({_service_message(error)}): "
+      "sign in with gcloud auth application-default login, or set "
+      "GOOGLE_APPLICATION_CREDENTIALS to a service account's key file"
+    ) from None
+  if refusal == 403:
+    raise UserError(
+      f"{url}: no permission to write there ({_service_message(error)}): give this account a "
+      "role that may create and delete objects in the bucket (e.g. roles/storage.objectUser), "
+      "or use other credentials (GOOGLE_APPLICATION_CREDENTIALS) or another bucket"
     ) from None
   raise UserError(f"{url}: cannot write there: {first_line(error)}") from None
+
+
+class _DropErrors(logging.Filter):
+  """Lets through only the records below ERROR."""
+
+  def filter(self, record):
+    return record.levelno < logging.ERROR
+
+
+def _refusal(error: Exception) -> int | None:
+  """401 (no credentials, or none the service accepts) or 403 (the account may not do it) where
+  `error` is the storage service refusing the caller, else None. gcsfs raises a 403 as an
+  OSError "Forbidden: <request URL>" with the service's message on its next line, a 401 as its
+  HttpError with `code` 401."""
+  code = getattr(error, "code", None)
+  if code in (401, 403):
+    return code
+  text = str(error)
+  if isinstance(error, PermissionError) or text.startswith("Forbidden"):
+    return 403
+  if re.search(r"\b401\b|Unauthorized", text):
+    return 401
+  if re.search(r"\b403\b|Forbidden", text):
+    return 403
+  return None
+
+
+def _service_message(error: Exception) -> str:
+  """What the service said in refusing, on one line: without the request's URL that gcsfs puts
+  before a 403's message, nor the ", <status>" it puts after a 401's."""
+  text = str(error).strip()
+  if text.startswith("Forbidden: ") and "\n" in text:
+    text = text.split("\n", 1)[1]
+  text = re.sub(r",\s*40[13]$", "", text.strip())
+  return " ".join(text.split())[:400] or type(error).__name__
 
 
 def absolute(path) -> str:
