@@ -8,6 +8,7 @@ import shutil
 
 import numpy as np
 import pytest
+from etils import epath
 
 from transformer_jax import data
 from transformer_jax.data import config as data_config
@@ -259,3 +260,50 @@ def test_batches_of_multi30k_hold_its_sentences(repo, tmp_path):
   assert pairs and set(pairs) <= set(
     zip(lines["multi30k", "train", "en"], lines["multi30k", "train", "de"])
   )
+
+
+def upload(root, url, under="data/task1/raw"):
+  """Copies the files under `root`/`under` to the same names under `url`."""
+  for path in (root / under).rglob("*"):
+    (epath.Path(url) / str(path.relative_to(root))).write_bytes(path.read_bytes())
+
+
+def test_a_copy_in_a_bucket_reads_as_the_copy_on_disk(repo, tmp_path, bucket_dir):
+  root, lines = repo
+  upload(root, bucket_dir)
+  c = config(bucket_dir, tmp_path, source="de", target="en")
+  for split, file in (("train", "train"), ("validation", "val"), ("test", "test_2016_flickr")):
+    source = data.open_split(c, split)
+    assert source.all_pairs() == list(
+      zip(lines["multi30k", file, "de"], lines["multi30k", file, "en"])
+    )
+  assert "gs://" not in source.fingerprint  # Converted into the local data dir.
+
+
+def test_a_file_changed_in_a_bucket_is_converted_again(repo, tmp_path, bucket_dir):
+  root, _ = repo
+  upload(root, bucket_dir)
+  c = config(bucket_dir, tmp_path)
+  before = data.open_split(c, "validation")
+  changed = [f"Changed line {i}" for i in range(FILES["val"][0])]
+  url = epath.Path(bucket_dir) / multi30k.relative_path("multi30k", "val", "en")
+  url.write_bytes(gzip.compress("".join(t + "\n" for t in changed).encode()))
+  after = data.open_split(c, "validation")
+  assert after.fingerprint != before.fingerprint
+  assert [source for source, _ in after.all_pairs()] == changed
+
+
+def test_a_file_missing_in_a_bucket_is_one_line_naming_the_url(repo, tmp_path, bucket_dir):
+  root, _ = repo
+  upload(root, bucket_dir)
+  (epath.Path(bucket_dir) / "data/task1/raw/test_2018_flickr.de.gz").unlink()
+  with pytest.raises(data.DataUnavailableError) as error:
+    data.open_split(config(bucket_dir, tmp_path), "train")
+  message = str(error.value)
+  assert "\n" not in message
+  assert (
+    f"multi30k: {bucket_dir} (data.manual_dir) lacks 1 of the 12 files of en-de: "
+    "data/task1/raw/test_2018_flickr.de.gz. Put a copy of" in message
+  )
+  with pytest.raises(data.DataUnavailableError, match=f"{bucket_dir} .*lacks 12 of the 12 files"):
+    data.open_split(config(bucket_dir, tmp_path, "multi30k_tok"), "train")

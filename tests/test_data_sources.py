@@ -1,15 +1,17 @@
-"""Sources: plain text files (and every way they can be bad), the embedded builder, and the WMT
-path up to the network."""
+"""Sources: plain text files (and every way they can be bad), the embedded builder, the WMT
+path up to the network, and text files and data dirs in a bucket (the tests' local server)."""
 
 import dataclasses
 import importlib
 import logging
 import os
+import pickle
 import re
 
 import pytest
 import sentencepiece as spm
 import tensorflow_datasets as tfds
+from etils import epath
 
 from transformer_jax import data
 from transformer_jax.data import embedded, parallel_text, sources, tokenizer
@@ -123,19 +125,24 @@ def test_wmt_offline_fails_at_once_with_one_clear_message(tmp_path, offline, nam
   assert error.value.__cause__ is None and error.value.__context__ is None
 
 
-def test_wmt_with_every_file_in_the_manual_dir_goes_on_to_prepare(tmp_path, offline, monkeypatch):
+@pytest.mark.parametrize("where", ["local", "bucket"])
+def test_wmt_with_every_file_in_the_manual_dir_goes_on_to_prepare(
+  tmp_path, offline, monkeypatch, request, where
+):
+  manual = str(tmp_path / "manual") if where == "local" else request.getfixturevalue("bucket_dir")
   c = data.DataConfig(
     name="wmt14_translate/fr-en",
     source_lang="en",
     target_lang="fr",
     data_dir=str(tmp_path / "tfds"),
-    manual_dir=str(tmp_path / "manual"),
+    manual_dir=manual,
   )
-  os.makedirs(c.manual_dir)
   importlib.import_module("tensorflow_datasets.translate.wmt14")  # registers it
   builder = tfds.builder(c.name, data_dir=c.data_dir)
   for _, filename, _ in sources._wmt_downloads(builder):
-    (tmp_path / "manual" / filename).write_bytes(filename.encode())
+    path = epath.Path(manual) / filename
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(filename.encode())
   giga = "http://www.statmt.org/wmt10/training-giga-fren.tar"
   assert giga not in builder.url_infos, "TFDS registers no checksum for it"
   calls = []
@@ -253,3 +260,106 @@ def test_a_language_without_a_file_lists_the_files_there_are(tmp_path):
 def test_an_evaluation_split_without_files_names_its_field(tmp_path, split):
   with pytest.raises(FieldError, match=f"data.text_{split}='': there is no {split} split"):
     sources.open_split(_text(tmp_path, b"a\n", b"b\n"), split)
+
+
+def upload(local, url):
+  """Copies the files under the local directory `local` to the same names under `url`."""
+  for path in local.rglob("*"):
+    if path.is_file():
+      (epath.Path(url) / str(path.relative_to(local))).write_bytes(path.read_bytes())
+
+
+def test_text_files_in_a_bucket_read_as_the_same_files_on_disk(tmp_path, bucket_dir):
+  en = "\ufeffHello world.\r\nThe cat sleeps.\n\xff\nA last line"
+  de = "\ufeffHallo Welt.\r\nDie Katze schläft.\nkaputt\nEine letzte Zeile"
+  local = _text(tmp_path, en.encode(), de.encode().replace(b"kaputt", b"\xfe"))
+  upload(tmp_path, f"{bucket_dir}/text")
+  c = dataclasses.replace(
+    local, text_train=f"{bucket_dir}/text/corpus", data_dir=str(tmp_path / "b")
+  )
+  split = sources.open_split(c, "train")
+  expected = sources.open_split(local, "train")
+  assert split.all_pairs() == expected.all_pairs() and len(split) == 3
+  assert split.fingerprint != expected.fingerprint  # Prepared from the bucket's files.
+
+
+def test_a_missing_text_file_in_a_bucket_is_one_line_naming_its_url(tmp_path, bucket_dir):
+  (epath.Path(bucket_dir) / "corpus.en").write_bytes(b"a\n")
+  c = data.DataConfig(
+    name="text",
+    source_lang="en",
+    target_lang="de",
+    text_train=f"{bucket_dir}/corpus",
+    data_dir=str(tmp_path / "tfds"),
+  )
+  with pytest.raises(FieldError) as error:
+    sources.open_split(c, "train")
+  assert str(error.value).endswith(
+    f"data.text_train='{bucket_dir}/corpus': no file {bucket_dir}/corpus.de (expected "
+    "<prefix>.<lang> for data.source_lang and data.target_lang; "
+    f"found {bucket_dir}/corpus.en)."
+  )
+  assert "\n" not in str(error.value)
+  c = dataclasses.replace(c, text_train=f"{bucket_dir}/nowhere/corpus")
+  with pytest.raises(
+    FieldError, match=r"no file gs://\S+/nowhere/corpus.de .*no <prefix>.\* exists"
+  ):
+    sources.open_split(c, "train")
+
+
+def _no_preparing(monkeypatch, builder_class):
+  def fail(*args, **kwargs):
+    raise AssertionError("prepared again")
+
+  monkeypatch.setattr(builder_class, "download_and_prepare", fail)
+
+
+def test_a_data_dir_in_a_bucket_is_read_from_a_local_copy_of_a_dataset_prepared_on_disk(
+  tmp_path, bucket_dir, monkeypatch
+):
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+  local = data.DataConfig(name="embedded_tiny", data_dir=str(tmp_path / "tfds"))
+  expected = sources.open_split(local, "validation").all_pairs()
+  upload(tmp_path / "tfds", f"{bucket_dir}/tfds")
+  _no_preparing(monkeypatch, sources.TransformerJaxEmbedded)
+  c = dataclasses.replace(local, data_dir=f"{bucket_dir}/tfds")
+  split = sources.open_split(c, "validation")
+  assert f":{bucket_dir}/tfds/transformer_jax_embedded/tiny/1.0.0:" in split.fingerprint
+  assert split.all_pairs() == expected
+  assert pickle.loads(pickle.dumps(split)).pairs([7, 3]) == [expected[7], expected[3]]  # Workers
+  copy = tmp_path / "cache/transformer_jax/tfds/gs" / bucket_dir[5:] / "tfds"
+  assert sources.local_copy_root(c.data_dir) == str(copy)
+  version = copy / "transformer_jax_embedded/tiny/1.0.0"
+  assert sorted(p.name for p in version.iterdir()) == sorted(
+    p.name for p in (tmp_path / "tfds/transformer_jax_embedded/tiny/1.0.0").iterdir()
+  )
+  shard = version / "transformer_jax_embedded-validation.array_record-00000-of-00001"
+  before = shard.stat().st_mtime_ns
+  assert sources.open_split(c, "validation").all_pairs() == expected
+  assert shard.stat().st_mtime_ns == before, "copied once"
+
+
+def test_a_dataset_for_a_data_dir_in_a_bucket_is_prepared_on_disk_and_uploaded(
+  tmp_path, bucket_dir, monkeypatch
+):
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+  local = _text(tmp_path, b"one\ntwo\nthree\n", b"eins\nzwei\ndrei\n")
+  c = dataclasses.replace(local, data_dir=f"{bucket_dir}/tfds")
+  split = sources.open_split(c, "train")
+  assert split.all_pairs() == [("one", "eins"), ("two", "zwei"), ("three", "drei")]
+  builder = sources.get_builder(c)
+  assert str(builder.data_path).startswith(f"{bucket_dir}/tfds/")
+  assert {path.name for path in builder.data_path.iterdir()} == {
+    "dataset_info.json",
+    "features.json",
+    "transformer_jax_parallel_text-train.array_record-00000-of-00001",
+  }
+  prepared_here = sources.local_copy_root(c.data_dir)
+  assert prepared_here.startswith(str(tmp_path / "cache"))
+  assert list(epath.Path(prepared_here).glob("*/*/1.1.0/*.array_record-*"))
+
+  # Another machine (another local copy) reads what was uploaded, without preparing it.
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "other"))
+  _no_preparing(monkeypatch, parallel_text.TransformerJaxParallelText)
+  assert sources.open_split(c, "train").pairs([2]) == [("three", "drei")]
+  assert list((tmp_path / "other").rglob("*.array_record-*"))

@@ -204,6 +204,16 @@ def test_eval_batches_in_both_directions(setup):
   assert tok.decode(batch["targets"][0]) == test[0][0]
 
 
+def test_a_vocab_path_in_a_bucket_loads_the_file_there(setup, bucket_dir):
+  c, _, local = setup
+  url = f"{bucket_dir}/shared/my.model"
+  epath.Path(url).write_bytes(epath.Path(local.path).read_bytes())
+  tok = data.load_tokenizer(dataclasses.replace(c, vocab_path=url), "unused")
+  assert (tok.path, tok.digest) == (url, local.digest)
+  with pytest.raises(data.DataError, match=f"^no vocabulary at {bucket_dir}/shared/none.model$"):
+    data.load_tokenizer(dataclasses.replace(c, vocab_path=f"{bucket_dir}/shared/none.model"), "")
+
+
 def test_a_vocabulary_and_its_length_table_in_a_bucket(setup, bucket_dir, tmp_path, monkeypatch):
   c, _, local = setup
   monkeypatch.chdir(tmp_path)  # Where `os.path.abspath` would have put a `gs:/...` directory.

@@ -6,11 +6,13 @@ Two variants, chosen by `data.name`: 'multi30k' reads the cased text
 tokenized text `data/task1/tok/<file>.lc.norm.tok.<lang>`. The files of the two
 languages of `data.source_lang` / `data.target_lang` are converted once into
 ArrayRecord in `data.data_dir` (again when a file changes) as parallel text
-(`parallel_text.py`), as the 'text' source is. Nothing is downloaded.
+(`parallel_text.py`), as the 'text' source is. Nothing is downloaded. The copy may be in a
+bucket (`data.manual_dir` a URL such as gs://).
 """
 
-import os
+from etils import epath
 
+from transformer_jax import fileio
 from transformer_jax.data import parallel_text
 from transformer_jax.data.config import DataConfig
 from transformer_jax.data.errors import DataError, DataUnavailableError
@@ -59,11 +61,12 @@ def stored_split(c: DataConfig, split: str) -> str:
   return stored
 
 
-def _expected_files(c: DataConfig, root: str) -> dict:
-  """{split: (path of language a, path of language b)} of every split with both languages."""
+def _expected_files(c: DataConfig) -> dict:
+  """{split: (path of language a, path of language b)} inside the repository of every split
+  with both languages."""
   languages = sorted((c.source_lang, c.target_lang))
   return {
-    split: tuple(os.path.join(root, relative_path(c.name, file, lang)) for lang in languages)
+    split: tuple(relative_path(c.name, file, lang) for lang in languages)
     for split, (file, langs) in SPLITS.items()
     if set(languages) <= set(langs)
   }
@@ -78,16 +81,20 @@ def builder(c: DataConfig):
       f"{URL} and run with --config.data.manual_dir=<the clone> (the directory holding "
       f"{relative_path(c.name, 'train', c.source_lang)}); nothing is downloaded."
     )
-  root = os.path.abspath(c.manual_dir)
-  files = _expected_files(c, root)
+  root = fileio.absolute(c.manual_dir)
+  relative = _expected_files(c)
   missing = [
-    os.path.relpath(p, root) for pair in files.values() for p in pair if not os.path.isfile(p)
+    name for names in relative.values() for name in names if not (epath.Path(root) / name).is_file()
   ]
   if missing:
     raise DataUnavailableError(
-      f"{c.name}: {root} (data.manual_dir) lacks {len(missing)} of the {2 * len(files)} "
+      f"{c.name}: {root} (data.manual_dir) lacks {len(missing)} of the {2 * len(relative)} "
       f"files of {c.source_lang}-{c.target_lang}: {', '.join(missing)}. Put a copy of {URL} "
       f"there (git clone {URL}) or set --config.data.manual_dir to one (the directory "
       "holding data/task1); nothing is downloaded."
     )
+  files = {
+    split: tuple(str(epath.Path(root) / name) for name in names)
+    for split, names in relative.items()
+  }
   return parallel_text.builder(files, tuple(sorted((c.source_lang, c.target_lang))), c.data_dir)

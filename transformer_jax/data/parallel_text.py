@@ -1,15 +1,19 @@
 """Parallel text files as a TFDS dataset prepared as ArrayRecord: line i of one file translates
 line i of the other. The 'text' source and Multi30k are made of them; a file ending in .gz is
-read through gzip."""
+read through gzip. The files may be local or in a bucket (a URL such as gs://)."""
 
 import codecs
+import contextlib
 import gzip
 import hashlib
+import io
 import logging
 import os
 
 import tensorflow_datasets as tfds
+from etils import epath
 
+from transformer_jax import fileio
 from transformer_jax.data.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -17,9 +21,29 @@ log = logging.getLogger(__name__)
 MAX_LINE_BYTES = 16_384  # Far beyond any sentence; longer lines are not sentences.
 
 
+@contextlib.contextmanager
 def open_lines(path: str):
-  """The file at `path` for reading bytes line by line, decompressed when it ends in .gz."""
-  return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+  """The file at `path` (a local path or a URL) for reading bytes line by line, decompressed
+  when it ends in .gz."""
+  with epath.Path(path).open("rb") as opened:
+    # A store's file object (gcsfs) makes each small read slow: 266 s for the lines of a 6.6 MB
+    # file from the tests' server, 0.05 s read a MiB at a time (4 s and 0.1 s gzipped).
+    file = io.BufferedReader(opened, buffer_size=1 << 20) if fileio.is_url(path) else opened
+    if path.endswith(".gz"):
+      with gzip.GzipFile(fileobj=file, mode="rb") as unzipped:
+        yield unzipped
+    else:
+      yield file
+
+
+def size_and_time(path: str) -> tuple:
+  """(size in bytes, modification time) of the file at `path`: whether it changed since."""
+  if fileio.is_url(path):
+    stat = epath.Path(path).stat()
+    return stat.length, stat.mtime
+  # The time with its fraction of a second (epath gives whole seconds), as before URLs were read:
+  # the datasets already prepared from local files keep their names.
+  return os.path.getsize(path), os.path.getmtime(path)
 
 
 class ParallelTextConfig(tfds.core.BuilderConfig):
@@ -30,7 +54,7 @@ class ParallelTextConfig(tfds.core.BuilderConfig):
       (
         sorted(files.items()),
         languages,
-        [(os.path.getsize(p), os.path.getmtime(p)) for pair in files.values() for p in pair],
+        [size_and_time(p) for pair in files.values() for p in pair],
       )
     )
     super().__init__(
@@ -111,6 +135,8 @@ def _digest_and_count(path):
       for line in f:
         digest.update(line)
         count += 1
+  except FileNotFoundError:
+    raise DataError(f"cannot read {path}: no such file") from None
   except (OSError, EOFError) as error:  # gzip.BadGzipFile is an OSError.
     raise DataError(f"cannot read {path}: {getattr(error, 'strerror', None) or error}") from None
   return digest.digest(), count

@@ -17,18 +17,26 @@ Four kinds, chosen by `data.name` (no TensorFlow anywhere):
     data.manual_dir, converted once the same way (see `multi30k.py`).
 `open_split` returns a `ParallelSource`: random access to (source, target) strings.
 Several processes may prepare the same dataset at once (hosts sharing a data dir).
+
+The text files, Multi30k's copy, WMT's manual dir and the data dir may be in a bucket (URLs
+such as gs://), read through etils epath (gcsfs). A dataset whose data dir is in a bucket is
+read from a copy on each machine (`local_copy_root`), made on first use: ArrayRecord would read
+a bucket's file one example at a time, a request each, and it writes local files only, so a
+dataset not yet in the bucket is prepared in that copy and then uploaded.
 """
 
 import dataclasses
-import glob
 import importlib
 import logging
 import os
+import shutil
 import socket
 import urllib.parse
 
 import tensorflow_datasets as tfds
+from etils import epath
 
+from transformer_jax import fileio
 from transformer_jax.data import embedded, multi30k, parallel_text
 from transformer_jax.data.config import DataConfig
 from transformer_jax.data.errors import DataError, DataUnavailableError
@@ -131,10 +139,11 @@ def _text_builder(c: DataConfig):
   ):
     if not prefix:
       continue
-    paths = tuple(f"{os.path.abspath(prefix)}.{lang}" for lang in languages)
+    base = fileio.absolute(prefix)
+    paths = tuple(f"{base}.{lang}" for lang in languages)
     for p in paths:
-      if not os.path.isfile(p):
-        found = sorted(glob.glob(glob.escape(os.path.abspath(prefix)) + ".*"))
+      if not epath.Path(p).is_file():
+        found = _names_starting(f"{base}.")
         raise FieldError(
           "data",
           f"text_{split}",
@@ -144,6 +153,17 @@ def _text_builder(c: DataConfig):
         )
     files[split] = paths
   return parallel_text.builder(files, languages, c.data_dir)
+
+
+def _names_starting(start: str) -> list[str]:
+  """The paths (sorted) in the directory of `start` (a path or a URL) whose names begin with
+  the last part of `start` (the files `<prefix>.*` for `<prefix>.`)."""
+  start = epath.Path(start)
+  try:
+    entries = list(start.parent.iterdir())
+  except (FileNotFoundError, NotADirectoryError):
+    return []
+  return sorted(str(entry) for entry in entries if entry.name.startswith(start.name))
 
 
 def _wmt_downloads(builder):
@@ -173,7 +193,7 @@ def _reachable(host, port):
 def _prepare_wmt(builder, manual_dir):
   """Download and prepare a WMT builder (as `_prepare`), or raise one clear DataUnavailableError."""
   downloads = _wmt_downloads(builder)
-  missing = [d for d in downloads if not os.path.exists(os.path.join(manual_dir, d[1]))]
+  missing = [d for d in downloads if not (epath.Path(manual_dir) / d[1]).exists()]
   hosts = sorted(
     {
       (u.hostname, u.port or (443 if u.scheme == "https" else 80))
@@ -198,15 +218,21 @@ def _prepare_wmt(builder, manual_dir):
   # some WMT files have none registered (wmt14's giga-fren, UN): add them.
   infos = builder.url_infos
   for url, name, _ in downloads:
-    path = os.path.join(manual_dir, name)
-    if infos is not None and url not in infos and os.path.exists(path):
+    path = epath.Path(manual_dir) / name
+    if infos is not None and url not in infos and path.exists():
       infos[url] = tfds.core.download.checksums.compute_url_info(path)
   log.info("Preparing %s (downloading %d files)", builder.info.full_name, len(missing))
   return _prepare(builder, download_config=tfds.download.DownloadConfig(manual_dir=manual_dir))
 
 
 def _prepare(builder, **kwargs) -> bool:
-  """Prepare `builder`; False if another process finished preparing it first (reload it then)."""
+  """Prepare `builder`; False if it must be made again to read the data: another process
+  finished preparing it first, or (a data dir in a bucket) it was prepared and uploaded."""
+  if fileio.is_url(builder.data_dir_root):
+    if builder.is_prepared():
+      return True
+    _prepare_and_upload(builder, **kwargs)
+    return False
   try:
     builder.download_and_prepare(file_format="array_record", **kwargs)
   except FileExistsError:  # TFDS's final rename lost the race with another process.
@@ -219,6 +245,94 @@ def _prepare(builder, **kwargs) -> bool:
       f"cannot prepare {builder.info.full_name} in {builder.data_dir_root} (data.data_dir): {error}"
     ) from None
   return True
+
+
+_INFO = "dataset_info.json"  # TFDS writes it last; a dataset is prepared once it is there.
+
+
+def local_copy_root(url: str) -> str:
+  """The local data dir that holds this machine's copies of the datasets of the data dir `url`
+  (a bucket): $XDG_CACHE_HOME/transformer_jax/tfds/<scheme>/<bucket>/<path> (default
+  ~/.cache/...)."""
+  base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+  scheme, _, rest = url.partition("://")
+  parts = [part for part in rest.split("/") if part not in ("", ".", "..")]
+  return os.path.join(base, "transformer_jax", "tfds", scheme, *parts)
+
+
+def _local_builder(builder):
+  """The dataset of `builder`, whose data dir is in a bucket, in `local_copy_root` instead."""
+  config = builder.builder_config
+  return type(builder)(
+    # A config of the class by its name: TFDS refuses an object named as one (once unpickled).
+    config=config.name if config.name in type(builder).builder_configs else config,
+    version=str(builder.version),
+    data_dir=local_copy_root(str(builder.data_dir_root)),
+    file_format="array_record",
+  )
+
+
+def _local_dir(builder) -> str:
+  """The directory in `local_copy_root` of the version of `builder`'s dataset."""
+  root = str(epath.Path(builder.data_dir_root))
+  relative = str(builder.data_path).removeprefix(root).strip("/")
+  return os.path.join(local_copy_root(str(builder.data_dir_root)), *relative.split("/"))
+
+
+def _copy(source, target, what: str) -> None:
+  """Copy the file `source` to `target` (epath paths) in 16 MiB pieces; DataError naming
+  `what` when that fails."""
+  try:
+    with source.open("rb") as reader, target.open("wb") as writer:
+      shutil.copyfileobj(reader, writer, 16 << 20)
+  except OSError as error:
+    raise DataError(
+      f"cannot copy {source} to {target} ({what}): {getattr(error, 'strerror', None) or error}"
+    ) from None
+
+
+def _prepare_and_upload(builder, **kwargs) -> None:
+  """Prepare `builder`, whose data dir is in a bucket, in `local_copy_root` (TFDS's ArrayRecord
+  writer writes local files only), then upload its files: dataset_info.json, which makes it
+  prepared (`is_prepared`), last, so that no process reads a part of it. Processes preparing it
+  at once upload the same files."""
+  local = _local_builder(builder)
+  _prepare(local, **kwargs)
+  prepared = epath.Path(local.data_path)
+  names = sorted((path.name for path in prepared.iterdir()), key=lambda name: (name == _INFO, name))
+  target = epath.Path(builder.data_path)
+  log.info("Uploading %s (%d files) to %s", builder.info.full_name, len(names), target)
+  for name in names:
+    _copy(prepared / name, target / name, "data.data_dir")
+
+
+def _local_copy(builder):
+  """A builder reading this machine's copy of the prepared dataset of `builder`, whose data dir
+  is in a bucket; copied first unless the copy's dataset_info.json is the bucket's."""
+  remote = epath.Path(builder.data_path)
+  local = epath.Path(_local_dir(builder))
+  try:
+    info = (remote / _INFO).read_bytes()
+  except OSError as error:
+    raise DataError(
+      f"cannot read {remote / _INFO}: {getattr(error, 'strerror', None) or error}"
+    ) from None
+  if not ((local / _INFO).exists() and (local / _INFO).read_bytes() == info):
+    names = sorted(path.name for path in remote.iterdir() if path.name != _INFO)
+    log.info(
+      "Copying %s (%d files) from %s to %s", builder.info.full_name, len(names), remote, local
+    )
+    local.mkdir(parents=True, exist_ok=True)
+    (local / _INFO).unlink(missing_ok=True)
+    for name in names:  # Each under a temporary name, then renamed: whole, or not there.
+      partial = epath.Path(fileio.temporary_name(str(local / name)))
+      try:
+        _copy(remote / name, partial, "the local copy of data.data_dir")
+        partial.replace(local / name)
+      finally:
+        partial.unlink(missing_ok=True)
+    fileio.write_atomically(str(local / _INFO), info)
+  return _local_builder(builder)
 
 
 def get_builder(c: DataConfig):
@@ -244,7 +358,7 @@ def get_builder(c: DataConfig):
     importlib.import_module(_WMT_MODULES[c.name.split("/")[0]])
     builder = tfds.builder(c.name, data_dir=data_dir, file_format="array_record")
     if not builder.is_prepared():
-      manual_dir = c.manual_dir or os.path.join(builder.data_dir_root, "downloads", "manual")
+      manual_dir = c.manual_dir or str(epath.Path(builder.data_dir_root) / "downloads" / "manual")
       if not _prepare_wmt(builder, manual_dir):
         return get_builder(c)
   return builder
@@ -273,7 +387,8 @@ def open_split(c: DataConfig, split):
     raise DataError(
       f"{builder.info.full_name} has no split {split!r}: it has {' | '.join(builder.info.splits)}."
     )
-  records = builder.as_data_source(split=split)
+  readable = _local_copy(builder) if fileio.is_url(builder.data_dir_root) else builder
+  records = readable.as_data_source(split=split)
   fingerprint = (
     f"{builder.info.full_name}:{builder.data_dir}:{split}:"
     f"{len(records)}:{c.source_lang}->{c.target_lang}"
