@@ -1,6 +1,6 @@
-"""Runs whose work directory is in a bucket (the tests' GCS server, `gcs_stand_in`): checkpoints
-there, a resume from them with the losses of a run on the local disk (its TensorBoard scalars
-bit for bit), then average and eval."""
+"""Runs whose work directory is in a bucket (the tests' GCS server, `gcs_stand_in`), the data
+directory too in the first: checkpoints there, a resume from them with the losses of a run on
+the local disk (its TensorBoard scalars bit for bit), then average and eval."""
 
 import re
 import signal
@@ -37,16 +37,19 @@ def _losses(output: str) -> dict[int, str]:
 def test_a_run_in_a_bucket_resumes_from_its_checkpoints_as_a_run_on_disk_goes_on(
   shared, tmp_path, bucket_dir
 ):
-  run = f"{bucket_dir}/run"
-  first = _losses(_run(shared, run, "--mode=train", num_train_steps=4))
-  second = _run(shared, run, "--mode=train", num_train_steps=6)
+  run, data = f"{bucket_dir}/run", {"data__data_dir": f"{bucket_dir}/tfds"}
+  first = _losses(_run(shared, run, "--mode=train", num_train_steps=4, **data))
+  assert epath.Path(f"{bucket_dir}/tfds/transformer_jax_embedded").is_dir()  # Prepared, uploaded.
+  second = _run(shared, run, "--mode=train", num_train_steps=6, **data)
   assert f"resumed from {run}/checkpoints at step 4" in second
   on_disk = _losses(_run(shared, tmp_path / "disk", "--mode=train", num_train_steps=6))
   assert sorted(first) == [1, 2, 3, 4] and {**first, **_losses(second)} == on_disk
   assert helpers.scalars(run) == helpers.scalars(tmp_path / "disk")  # float32, bit for bit.
   steps = {p.name for p in epath.Path(f"{run}/checkpoints").iterdir()}
   assert {"4", "6"} <= steps
-  evaluated = _run(shared, run, "--mode=average,eval", "--checkpoint=averaged", average_last=2)
+  evaluated = _run(
+    shared, run, "--mode=average,eval", "--checkpoint=averaged", average_last=2, **data
+  )
   assert re.search(r"test BLEU [0-9.]+", evaluated), evaluated[-2000:]
   assert epath.Path(f"{run}/averaged").exists() and list(epath.Path(f"{run}/eval").iterdir())
   assert not (helpers.REPO / "gs:").exists()  # Where the runs would put a gs:// path as local.

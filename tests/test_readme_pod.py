@@ -2,7 +2,7 @@
 processes whose environment says what a cluster's would (SLURM's variables: what
 `--distributed=on` reads through `jax.distributed`'s detection, as a TPU VM's metadata), with the
 bucket of the tests' GCS server for `$BUCKET` and a tiny run's overrides after it (the WMT data
-and the big model are not here)."""
+and the big model are not here; the data directory is in the bucket too)."""
 
 import hashlib
 import os
@@ -64,6 +64,7 @@ def test_the_readme_pod_example_trains_two_processes_into_a_bucket(shared, bucke
       checkpoint_every_steps=2,
       data__source_lang="en",
       data__target_lang="sy",
+      data__data_dir=f"{bucket_dir}/tfds",
     )
     if not flag.startswith("--config=")  # The README's experiment stays, shrunk by the rest.
   ]
