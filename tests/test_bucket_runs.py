@@ -1,6 +1,6 @@
 """Runs whose work directory is in a bucket (the tests' GCS server, `gcs_stand_in`), the data
 directory too in the first: checkpoints there, a resume from them with the losses of a run on
-the local disk (its TensorBoard scalars bit for bit), then average and eval."""
+the local disk (its TensorBoard scalars bit for bit), then average, eval and translate."""
 
 import re
 import signal
@@ -52,6 +52,17 @@ def test_a_run_in_a_bucket_resumes_from_its_checkpoints_as_a_run_on_disk_goes_on
   )
   assert re.search(r"test BLEU [0-9.]+", evaluated), evaluated[-2000:]
   assert epath.Path(f"{run}/averaged").exists() and list(epath.Path(f"{run}/eval").iterdir())
+  epath.Path(f"{bucket_dir}/in.txt").write_text("the dog sees the cat .\n\nthe cat .\n")
+  _run(
+    shared,
+    run,
+    "--mode=translate",
+    "--checkpoint=averaged",
+    f"--input={bucket_dir}/in.txt",
+    f"--output={bucket_dir}/out.txt",
+    **data,
+  )
+  assert len(epath.Path(f"{bucket_dir}/out.txt").read_text().splitlines()) == 3
   assert not (helpers.REPO / "gs:").exists()  # Where the runs would put a gs:// path as local.
 
 
