@@ -9,6 +9,7 @@ import pytest
 from etils import epath
 
 import helpers
+from transformer_jax.tools import inspect_checkpoints
 
 STEPS = 40
 LOGGED_LOSS = re.compile(r"step (\d+)/\d+ \| loss ([0-9.]+)")
@@ -107,9 +108,12 @@ def test_in_a_bucket_a_checkpoint_whose_write_was_cut_short_is_removed_and_writt
   _run(shared, run_dir, "--mode=train", num_train_steps=4, checkpoint_every_steps=2)
   assert helpers.committed_steps(run_dir) == [2, 4]
   epath.Path(f"{run_dir}/checkpoints/4/commit_success.txt").unlink()  # Killed before the marker.
+  lines, good = inspect_checkpoints.describe(f"{run_dir}/checkpoints", verify=True)
+  assert good and re.fullmatch(r"step 2: [0-9.]+ MB, .*, verified", lines[0]), lines
+  assert lines[1:] == ["4: an interrupted write (the next run removes it)"], lines
   resumed = _run(shared, run_dir, "--mode=train", num_train_steps=6, checkpoint_every_steps=2)
   assert f"resumed from {run_dir}/checkpoints at step 2" in resumed, resumed[-3000:]
   assert f"removed {run_dir}/checkpoints/4, left by a checkpoint write" in resumed
-  assert helpers.committed_steps(run_dir) == [2, 4, 6]
+  assert helpers.committed_steps(run_dir) == [2, 4, 6], resumed[-5000:]
   helpers.Run(shared, tmp_path / "disk", num_train_steps=6, checkpoint_every_steps=2).succeed()
   assert helpers.scalars(run_dir) == helpers.scalars(tmp_path / "disk")  # float32, bit for bit.

@@ -211,3 +211,14 @@ def test_a_server_that_does_not_answer_is_one_line_within_the_timeout(bucket_dir
     with pytest.raises(UserError, match=r"did not answer within 2 s: check the network"):
       fileio.check_store(f"{bucket_dir}/run", timeout=2)
     assert time.monotonic() - start < 10
+
+
+def test_a_listing_in_a_bucket_shows_what_another_client_wrote_since(bucket_dir):
+  """gcsfs would answer a second listing from its cache; an object written meanwhile by another
+  client (TensorStore, for Orbax's checkpoints; another process) must show."""
+  import tensorstore as ts  # pylint: disable=import-outside-toplevel
+
+  epath.Path(f"{bucket_dir}/a").write_text("a")
+  assert [p.name for p in epath.Path(bucket_dir).iterdir()] == ["a"]
+  ts.KvStore.open(f"{bucket_dir}/").result().write("b", b"b").result()
+  assert sorted(p.name for p in epath.Path(bucket_dir).iterdir()) == ["a", "b"]

@@ -18,6 +18,20 @@ from etils import epath
 from transformer_jax.errors import UserError, first_line
 
 
+def _list_afresh() -> None:
+  """gcsfs keeps each directory listing it made for the life of the process (fsspec's listings
+  cache), blind to what other processes, or TensorStore in this one (Orbax's checkpoints), wrote
+  since: a committed step or a heartbeat file would go unseen. Every listing asks the store."""
+  try:
+    import fsspec  # pylint: disable=import-outside-toplevel  # With gcsfs: the `gcs` extra.
+  except ImportError:  # Then no gs:// path can be read either.
+    return
+  fsspec.config.conf.setdefault("gs", {}).setdefault("use_listings_cache", False)
+
+
+_list_afresh()
+
+
 def is_url(path) -> bool:
   """Whether `path` names an object in a store (gs://bucket/x, s3://...), not a local file."""
   return "://" in str(path)

@@ -53,7 +53,7 @@ def _on_main_process(fn):
     multihost_utils.sync_global_devices(f"recovery:{fn.__name__}")
 
 
-def _uncommitted(directory, name: str) -> bool:
+def uncommitted(directory, name: str) -> bool:
   """Whether `name` in the checkpoint `directory` is a write that was never committed."""
   if PARTIAL_MARK in name:
     return True
@@ -73,7 +73,7 @@ def remove_partial_writes(directory, step: int | None = None) -> list[str]:
   found = sorted(
     os.path.join(directory, name)
     for name in names
-    if (step is None or name.split(".", 1)[0] == str(step)) and _uncommitted(directory, name)
+    if (step is None or name.split(".", 1)[0] == str(step)) and uncommitted(directory, name)
   )
 
   def remove():

@@ -3,29 +3,33 @@
     ./launch.sh inspect --workdir=/path/to/workdir [--verify]
     python -m transformer_jax.tools.inspect_checkpoints --workdir=/path/to/workdir [--verify]
 
-One line per entry of <workdir>/checkpoints: committed steps with their size,
-arrays, parameters and data position; interrupted writes (the next run
-removes them); steps moved aside as unusable. `--verify` reads every
-committed step back into host memory and checks it against the fingerprints
-saved with it. Reads only. Exit status 1 when a committed step fails.
+One line per entry of <workdir>/checkpoints (a local directory or a
+bucket's): committed steps with their size, arrays, parameters and data
+position; interrupted writes (the next run removes them); steps moved aside
+as unusable. `--verify` reads every committed step back into host memory and
+checks it against the fingerprints saved with it. Reads only. Exit status 1
+when a committed step fails.
 """
 
-import glob
 import json
 import os
 
 import numpy as np
 from absl import app, flags, logging
+from etils import epath
 
 from transformer_jax.checkpoints import integrity, recovery, store
 from transformer_jax.workdir import Workdir
 
 
+def _bytes(path: epath.Path) -> int:
+  """The bytes of the files under `path`, one listing per directory (epath refuses `**` in a
+  bucket)."""
+  return sum(_bytes(p) if p.is_dir() else p.stat().length for p in path.iterdir())
+
+
 def _size(path: str) -> str:
-  total = sum(
-    os.path.getsize(f) for f in glob.glob(f"{path}/**", recursive=True) if os.path.isfile(f)
-  )
-  return f"{total / 1e6:.1f} MB"
+  return f"{_bytes(epath.Path(path)) / 1e6:.1f} MB"
 
 
 def _problem(manager, step: int, positions: list) -> str | None:
@@ -72,16 +76,16 @@ def _order(name: str):
 
 def describe(directory: str, *, verify: bool = False) -> tuple[list[str], bool]:
   """Lines about every entry of checkpoint `directory`, and whether all committed steps are good."""
-  if not os.path.isdir(directory):
+  if not epath.Path(directory).is_dir():
     return [f"{directory}: no such directory"], True
   manager = store.make_manager(directory, read_only=True)
   committed = set(manager.all_steps())
   lines, good = [], True
-  for name in sorted(os.listdir(directory), key=_order):
+  for name in sorted((p.name for p in epath.Path(directory).iterdir()), key=_order):
     if name.isdigit() and int(name) in committed:
       line, ok = describe_step(manager, int(name), verify=verify)
       good &= ok
-    elif recovery.PARTIAL_MARK in name:
+    elif recovery.uncommitted(directory, name):
       line = f"{name}: an interrupted write (the next run removes it)"
     elif recovery.UNUSABLE_MARK in name:
       line = f"{name}: moved aside as unusable"
