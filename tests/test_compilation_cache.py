@@ -11,6 +11,7 @@ import pytest
 
 import helpers
 from transformer_jax import compilation_cache
+from transformer_jax.errors import UserError
 
 
 def test_the_directory_of_each_setting(tmp_path, monkeypatch):
@@ -21,6 +22,8 @@ def test_the_directory_of_each_setting(tmp_path, monkeypatch):
   assert compilation_cache.directory("auto", {}) == f"{home}/.cache/transformer_jax/xla"
   assert compilation_cache.directory("c") == str(tmp_path / "c")
   assert compilation_cache.directory("~/c") == f"{home}/c"
+  with pytest.raises(UserError, match="gs://b/c: the compilation cache must be a local directory"):
+    compilation_cache.directory("gs://b/c")
 
 
 def test_a_directory_others_can_write_to_is_unsafe(tmp_path, monkeypatch):

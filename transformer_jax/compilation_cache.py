@@ -17,6 +17,9 @@ import threading
 
 import jax
 
+from transformer_jax import fileio
+from transformer_jax.errors import UserError
+
 log = logging.getLogger(__name__)
 
 AUTO = "auto"
@@ -36,12 +39,18 @@ _TRACING = (
 
 def directory(value: str, environ=os.environ) -> str | None:
   """The cache directory that `config.compilation_cache_dir` names: '' is none, 'auto' is
-  $XDG_CACHE_HOME/transformer_jax/xla (default ~/.cache/transformer_jax/xla)."""
+  $XDG_CACHE_HOME/transformer_jax/xla (default ~/.cache/transformer_jax/xla); a URL is a
+  UserError."""
   if not value:
     return None
   if value == AUTO:
     base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "transformer_jax", "xla")
+  if fileio.is_url(value):  # It runs what it reads: a directory of this user's, on this machine.
+    raise UserError(
+      f"config.compilation_cache_dir={value}: the compilation cache must be a local directory "
+      "(each machine keeps its own); use 'auto', a local path, or '' for none"
+    )
   return os.path.abspath(os.path.expanduser(value))
 
 
