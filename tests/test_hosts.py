@@ -12,8 +12,10 @@ import time
 import pytest
 from etils import epath
 
+import helpers
 from helpers import REPO
 from transformer_jax import fileio
+from transformer_jax.errors import UserError
 from transformer_jax.hosts import liveness, workdir_lock
 from transformer_jax.workdir import Workdir
 
@@ -192,11 +194,35 @@ def test_the_refresh_stops_when_another_run_holds_the_lock(root, caplog):
   lock.acquire(record)
   other = {"host": "elsewhere", "pid": 7, "since": 1.0, "time": time.time()}
   with caplog.at_level(logging.ERROR), lock.heartbeat(record, interval=0.02) as beating:
+    first = liveness.read_record(lock.path)["time"]  # Written on entering.
     time.sleep(0.3)
-    assert liveness.read_record(lock.path)["time"] > record["time"]  # Refreshed while held.
+    assert liveness.read_record(lock.path)["time"] > first  # Refreshed by the beats.
     liveness.write_record(lock.path, other)  # Another run took it over.
     time.sleep(0.3)
-  assert liveness.read_record(lock.path) == other and beating.lost == {lock.path}
+    assert beating.lost == {lock.path}  # Seen by the beats, before the block ends.
+  assert liveness.read_record(lock.path) == other
   assert f"{lock.path} no longer names this run (host elsewhere, pid 7" in caplog.text
   lock.release(record)
   assert liveness.read_record(lock.path) == other  # Not this run's to remove.
+
+
+def test_a_lock_removed_from_a_bucket_stops_its_refresh(bucket_dir, caplog):
+  """A lock appears whole in a bucket, so a missing one was removed (by hand, or by a run that
+  took it over and ended): the run that held it says so instead of refreshing nothing."""
+  lock = workdir_lock.WorkdirLock(Workdir(bucket_dir), stale_after=60)
+  record = liveness.own_record()
+  lock.acquire(record)
+  with caplog.at_level(logging.ERROR), lock.heartbeat(record, interval=0.02) as beating:
+    epath.Path(lock.path).unlink()
+    time.sleep(0.3)
+    assert beating.lost == {lock.path}
+  assert f"{lock.path} was removed: this run no longer refreshes it" in caplog.text
+
+
+def test_a_lock_in_a_store_that_does_not_answer_is_one_error_line(monkeypatch):
+  monkeypatch.setenv("TENSORSTORE_GCS_HTTP_URL", f"http://localhost:{helpers.free_port()}")
+  lock = workdir_lock.WorkdirLock(Workdir("gs://tjtest/nowhere"), stale_after=60)
+  started = time.monotonic()
+  with pytest.raises(UserError, match=r"^gs://tjtest/nowhere/lock.json: cannot read the lock: "):
+    lock.acquire(liveness.own_record())
+  assert time.monotonic() - started < 30  # Its retries end well within a lock's staleness.

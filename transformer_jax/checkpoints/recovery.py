@@ -2,7 +2,7 @@
 
 Resuming (`resume`): leftovers of interrupted writes (on a file system,
 Orbax's `<step>.orbax-checkpoint-tmp*` directories, renamed to `<step>` at
-commit; in an object store, `<step>` directories without Orbax's commit
+commit; in a gs:// bucket, `<step>` directories without Orbax's commit
 marker, written last) are reported and removed; committed steps are tried
 newest first, each restored and checked against its fingerprints; a step
 that fails is reported and skipped, and once a good one is found the bad ones
@@ -58,7 +58,7 @@ def uncommitted(directory, name: str) -> bool:
   if PARTIAL_MARK in name:
     return True
   return (
-    fileio.is_url(directory)
+    str(directory).startswith("gs://")  # Where Orbax commits with its marker, not a rename.
     and name.isdigit()
     and not (epath.Path(directory) / name / store.COMMIT_MARKER).exists()
   )

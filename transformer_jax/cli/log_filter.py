@@ -10,12 +10,13 @@ _QUIET_PACKAGES = ("orbax", "grain", "asyncio")
 _QUIET_FILES = (os.path.join("jax", "_src", "xla_bridge.py"),)  # "Unable to initialize backend"
 # gcsfs warns at every request where it cannot look up a bucket's type (a server without Google's
 # storage-control API, or no permission to ask it): thousands of lines in a run.
-_ONCE_PACKAGES = ("gcsfs",)
+_ONCE_PACKAGES = ("gcsfs",)  # Its errors show every time.
+_MAX_SHOWN = 1000
 
 
 class LibraryLogFilter(std_logging.Filter):
   """Drops INFO and below from Orbax and Grain, which log every checkpoint file they touch, and
-  JAX's probe of backends that are not there; shows each message of gcsfs once.
+  JAX's probe of backends that are not there; shows each warning of gcsfs once.
 
   Below verbosity 1 it also drops the tracebacks that Orbax and asyncio attach
   to the errors of a failed background checkpoint write (their message
@@ -27,11 +28,14 @@ class LibraryLogFilter(std_logging.Filter):
     self._shown: set[str] = set()
 
   def filter(self, record):
-    if any(f"{os.sep}{package}{os.sep}" in record.pathname for package in _ONCE_PACKAGES):
+    if record.levelno < std_logging.ERROR and any(
+      f"{os.sep}{package}{os.sep}" in record.pathname for package in _ONCE_PACKAGES
+    ):
       message = record.getMessage()
       if message in self._shown:
         return False
-      self._shown.add(message)
+      if len(self._shown) < _MAX_SHOWN:  # Beyond it, repeats show again rather than grow it.
+        self._shown.add(message)
     quiet = any(
       f"{os.sep}{package}{os.sep}" in record.pathname for package in _QUIET_PACKAGES
     ) or record.pathname.endswith(_QUIET_FILES)

@@ -161,7 +161,7 @@ def _names_starting(start: str) -> list[str]:
   start = epath.Path(start)
   try:
     entries = list(start.parent.iterdir())
-  except (FileNotFoundError, NotADirectoryError):
+  except OSError:  # Missing, not a directory, or not readable: nothing to list.
     return []
   return sorted(str(entry) for entry in entries if entry.name.startswith(start.name))
 

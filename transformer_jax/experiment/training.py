@@ -16,6 +16,7 @@ from transformer_jax import data, fileio
 from transformer_jax.checkpoints import integrity, recovery, store
 from transformer_jax.decode import metrics
 from transformer_jax.decode.translator import Translator
+from transformer_jax.errors import first_line
 from transformer_jax.experiment.settings import Experiment
 from transformer_jax.hosts import liveness, workdir_lock
 from transformer_jax.model.config import count_params
@@ -100,7 +101,10 @@ def _holding(workdir: Workdir, timeout_seconds: int):
       yield
   finally:
     if jax.process_index() == 0 and refused is None:
-      lock.release(record)
+      try:
+        lock.release(record)
+      except Exception as error:  # Not to replace what ended the run; the lock goes stale.
+        log.warning("could not release the lock %s: %s", lock.path, first_line(error))
 
 
 def _resume(experiment: Experiment, manager, trainer: Trainer, train_iter) -> TrainState | None:

@@ -45,22 +45,45 @@ class WorkdirInUseError(UserError):
   """Another run holds the work directory."""
 
 
+# A refresh of the lock must end well within the lock's staleness (host_timeout_seconds, at
+# least 5 s): TensorStore's default would retry a failing request for about 15 minutes.
+_RETRIES = {"max_retries": 3, "initial_delay": "0.5s", "max_delay": "2s"}
+
+
 class _ObjectRecord:
   """A JSON record in an object store (a URL) that is created, replaced and deleted only on
   condition of the generation read before (the store's preconditions, such as GCS's
   `ifGenerationMatch`, through TensorStore's key-value store): of two processes changing the
-  same generation, one succeeds."""
+  same generation, one succeeds. Its operations raise UserError naming the URL."""
 
   def __init__(self, url: str):
+    self.url = url
     directory, self.key = url.rsplit("/", 1)
+    scheme, _, rest = directory.partition("://")
+    bucket, _, path = rest.partition("/")
+    # gs:// by bucket and path, as gcsfs and Orbax name objects (TensorStore's URL form would
+    # percent-decode the path); other stores by TensorStore's URL.
+    spec = (
+      {
+        "driver": "gcs",
+        "bucket": bucket,
+        "path": f"{path}/" if path else "",
+        "gcs_request_retries": _RETRIES,
+      }
+      if scheme == "gs"
+      else f"{directory}/"
+    )
+    self._store = self._result(lambda: ts.KvStore.open(spec), "open")
+
+  def _result(self, future, what: str):
     try:
-      self._store = ts.KvStore.open(f"{directory}/").result()
-    except ValueError as error:
-      raise UserError(f"{url}: cannot keep a lock there: {first_line(error)}") from None
+      return future().result()
+    except ValueError as error:  # TensorStore's errors (permission, no answer, bad URL).
+      raise UserError(f"{self.url}: cannot {what} the lock: {first_line(error)}") from None
 
   def read(self) -> tuple[dict | None, bool, bytes]:
     """(the record, None when unreadable or missing; whether the object exists; its generation)."""
-    result = self._store.read(self.key).result()
+    result = self._result(lambda: self._store.read(self.key), "read")
     if result.state != "value":
       return None, False, result.stamp.generation
     try:
@@ -72,7 +95,8 @@ class _ObjectRecord:
   def replace(self, record: dict | None, generation: bytes) -> bool:
     """Write `record` (None: delete) if the object is still at `generation`; whether it was."""
     value = None if record is None else json.dumps(record).encode("utf-8")
-    return self._store.write(self.key, value, if_equal=generation).result().generation != b""
+    written = self._result(lambda: self._store.write(self.key, value, if_equal=generation), "write")
+    return written.generation != b""
 
 
 class WorkdirLock:
@@ -120,7 +144,9 @@ class WorkdirLock:
     for _ in range(2):
       if self._create(record):
         return taken_over
-      holder, version = self._read()
+      holder, exists, version = self._read()
+      if not exists:  # Released meanwhile.
+        continue
       reason = self.stale(holder)
       if reason is None:
         raise WorkdirInUseError(
@@ -134,19 +160,17 @@ class WorkdirLock:
       self._remove_if_unchanged(holder, version)
     raise WorkdirInUseError(f"another run took the lock {self.path} at the same time")
 
-  def _read(self) -> tuple[dict | None, object]:
-    """The holder's record (None: unreadable or missing) and what `_remove_if_unchanged` and
-    `_replace` compare: the object's generation in a store, the record on a file system."""
+  def _read(self) -> tuple[dict | None, bool, bytes | None]:
+    """The holder's record (None: unreadable or missing), whether the lock exists, and in a
+    store the object's generation, on which a change is conditional (None on a file system)."""
     if self._object is not None:
-      holder, _, generation = self._object.read()
-      return holder, generation
-    holder = read_record(self.path)
-    return holder, holder
+      return self._object.read()
+    return read_record(self.path), os.path.exists(self.path), None
 
-  def _remove_if_unchanged(self, holder: dict | None, version) -> None:
-    """Remove the lock if it is still as read (`_read`). On a file system: moved aside under a
-    name of this process's (one rename succeeds), then checked; another run's fresh lock goes
-    back."""
+  def _remove_if_unchanged(self, holder: dict | None, version: bytes | None) -> None:
+    """Remove the lock if it is still as read (`_read`): in a store, if still at generation
+    `version`; on a file system, moved aside under a name of this process's (one rename
+    succeeds), then checked against `holder`, and another run's fresh lock goes back."""
     if self._object is not None:
       self._object.replace(None, version)
       return
@@ -194,11 +218,15 @@ class WorkdirLock:
     return True
 
   def _refresh(self, path: str, record: dict) -> None:
-    """Rewrite the lock with `record` while it names this process (in a store, only if no other
-    run changed it since it was read); raises LockTakenOverError when another run holds it."""
-    holder, version = self._read()
-    if holder is None:  # Being replaced: the next beat reads it again.
-      return
+    """Rewrite the lock (`path`, this lock's) with `record` while it names this process (in a
+    store, only if no other run changed it since it was read); raises LockTakenOverError when
+    another run holds it, or when it is gone from a store (where a lock appears whole, so a
+    missing one was removed: by hand, or by a run that took it over and ended)."""
+    holder, exists, version = self._read()
+    if holder is None:
+      if self._object is not None and not exists:
+        raise LockTakenOverError(f"{path} was removed: this run no longer refreshes it")
+      return  # Being replaced on a file system: the next beat reads it again.
     if not same_process(holder, record):
       raise LockTakenOverError(
         f"{path} no longer names this run ({describe(holder)}): another run took it over; this "
@@ -214,7 +242,7 @@ class WorkdirLock:
     return Heartbeat([self.path], record, interval, write=self._refresh)
 
   def release(self, record: dict) -> None:
-    holder, version = self._read()
+    holder, _, version = self._read()
     if not same_process(holder, record):
       return
     if self._object is not None:
