@@ -185,3 +185,24 @@ def test_two_processes_share_a_work_directory_in_a_bucket_and_lose_nothing_to_a_
   assert not epath.Path(bucket_dir, "lock.json").exists()
   assert not (helpers.REPO / "gs:").exists()
   _assert_losses_match(bucket_dir, reference, runs=2)
+
+
+def test_a_run_whose_lock_another_run_took_over_stops_without_saving(shared, tmp_path):
+  """The lock names another run (one that took it over while this one was silent): at its next
+  checkpoint this run stops, saving nothing over that run's checkpoints, and leaves the lock."""
+  run = helpers.Run(
+    shared, tmp_path, num_train_steps=100_000, checkpoint_every_steps=50, host_timeout_seconds=5
+  )
+  run.wait_for(r"\] step 1/")
+  other = {"host": "elsewhere", "pid": 7, "since": 1.0, "time": time.time() + 3600}
+  (tmp_path / "lock.json").write_text(json.dumps(other))
+  error = run.fail(timeout=120)
+  match = re.search(
+    r"the work directory's lock was taken over by another run \(see the error above\): this "
+    r"run stopped at step (\d+) without saving it",
+    error,
+  )
+  assert match, error
+  assert max(helpers.committed_steps(tmp_path), default=0) < int(match.group(1))
+  assert "lock.json no longer names this run (host elsewhere, pid 7" in run.output
+  assert json.loads((tmp_path / "lock.json").read_text()) == other

@@ -57,13 +57,13 @@ def train(experiment: Experiment, workdir: Workdir, *, description: str = "") ->
   """
   experiment.check_devices(jax.device_count())
   workdir.create()
-  with _holding(workdir, experiment.host_timeout_seconds):
+  with _holding(workdir, experiment.host_timeout_seconds) as lock_kept:
     if jax.process_index() == 0:
       fileio.write_atomically(workdir.config_file, description or f"{experiment}\n")
     # No limit of its own: fit deletes old steps, safely (recovery.delete_steps).
     manager = store.make_manager(workdir.checkpoints)
     with PreemptionWatch(manager, grace_seconds=experiment.preemption_grace_seconds) as preemption:
-      state = _train(experiment, workdir, manager, preemption)
+      state = _train(experiment, workdir, manager, preemption, lock_kept)
     manager.close()
   return state
 
@@ -71,7 +71,9 @@ def train(experiment: Experiment, workdir: Workdir, *, description: str = "") ->
 @contextlib.contextmanager
 def _holding(workdir: Workdir, timeout_seconds: int):
   """Hold the work directory's lock (`WorkdirLock`, one per run: process 0 takes it for all) while
-  in the block; every process raises when process 0 could not take it."""
+  in the block; every process raises when process 0 could not take it. Yields `lock_kept()`,
+  which every process calls at the same points: whether the lock still names this run (process
+  0's answer, for all)."""
   lock = workdir_lock.WorkdirLock(workdir, stale_after=timeout_seconds)
   record = liveness.own_record(processes=jax.process_count())
   refused = None
@@ -98,7 +100,14 @@ def _holding(workdir: Workdir, timeout_seconds: int):
       else contextlib.nullcontext()
     )
     with beating:
-      yield
+
+      def lock_kept() -> bool:
+        kept = jax.process_index() != 0 or not beating.lost
+        if jax.process_count() > 1:
+          kept = bool(multihost_utils.broadcast_one_to_all(np.int32(kept)))
+        return kept
+
+      yield lock_kept
   finally:
     if jax.process_index() == 0 and refused is None:
       try:
@@ -145,7 +154,7 @@ def _imported_start(manager, trainer: Trainer) -> TrainState | None:
   return trainer.init().replace(params=params)
 
 
-def _train(experiment: Experiment, workdir: Workdir, manager, preemption) -> TrainState:
+def _train(experiment: Experiment, workdir: Workdir, manager, preemption, lock_kept) -> TrainState:
   start = time.perf_counter()
   tokenizer = data.get_tokenizer(experiment.data, workdir.vocab)
   if experiment.fit.eval_every_steps:  # A split that is not there stops the run now, not later.
@@ -208,6 +217,7 @@ def _train(experiment: Experiment, workdir: Workdir, manager, preemption) -> Tra
     manager=manager,
     stop_requested=preemption,
     evaluate=_evaluator(experiment, workdir, placement, tokenizer),
+    may_save=lock_kept,
   )
 
 

@@ -77,6 +77,10 @@ class PreemptionWatch:
       signal.signal(signal.SIGTERM, self._previous)
 
 
+class LostWorkdirError(UserError):
+  """Another run took the work directory's lock over while this one was training."""
+
+
 class NonFiniteError(UserError):
   """Too many updates in a row had a non-finite loss or gradient."""
 
@@ -198,6 +202,7 @@ def fit(
   manager,
   stop_requested: Callable[[int], bool] = lambda step: False,
   evaluate=None,
+  may_save: Callable[[], bool] = lambda: True,
 ) -> TrainState:
   """Run train steps from `state.step` to `settings.num_train_steps`, logging and checkpointing.
 
@@ -213,7 +218,9 @@ def fit(
   `eval_every_steps` steps and after the last step, and its time is left out
   of the training speed. Updates with a non-finite loss or gradient are
   skipped (`skip_nonfinite`); after `max_consecutive_nonfinite_steps` of them
-  in a row, seen at the next log step, NonFiniteError is raised.
+  in a row, seen at the next log step, NonFiniteError is raised. Before each checkpoint,
+  `may_save()` (every process calls it) says whether the work directory is still this run's;
+  when it is not, LostWorkdirError is raised and nothing more is saved.
   """
   last = settings.num_train_steps
   step = int(jax.device_get(state.step))
@@ -248,6 +255,13 @@ def fit(
         )
     stop = stop_requested(step)
     if stop or _every(step, settings.checkpoint_every_steps, last):
+      if not may_save():
+        writer.finish()
+        raise LostWorkdirError(
+          f"the work directory's lock was taken over by another run (see the error above): this "
+          f"run stopped at step {step} without saving it, so as not to write over that run's "
+          f"checkpoints in {manager.directory}"
+        )
       with phases.timing("checkpointing", state):
         writer.save(step, state, train_iter)
     if (
