@@ -19,6 +19,7 @@ import threading
 import time
 
 import flax.linen as nn
+import grain
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -31,7 +32,8 @@ from transformer_jax.conventions import BATCH_KEYS, EOS_ID
 from transformer_jax.model import dropout
 from transformer_jax.model.transformer import Transformer, TransformerConfig
 from transformer_jax.placement import Placement
-from transformer_jax.train import objective
+from transformer_jax.train import loop, objective
+from transformer_jax.train.reporting import TrainLogger
 from transformer_jax.train.step import Trainer
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -109,6 +111,41 @@ def make_trainer(
     config, sharding.make_mesh(mesh_shape, devices), sharding.logical_rules(rules)
   )
   return Trainer(placement, optimizer, label_smoothing=0.1, seed=seed)
+
+
+def fit_batches(trainer: Trainer, batches: list, directory, *, may_save=lambda: True, **settings):
+  """`loop.fit` from a fresh state over `batches`, checkpoints in `directory`/checkpoints; keeps
+  every checkpoint, never evaluates and stops on a failed save unless `settings` say otherwise."""
+  logger = TrainLogger(
+    str(directory / "tensorboard"),
+    total_steps=len(batches),
+    start_step=0,
+    learning_rate_fn=lambda step: 1e-3,
+    peak_flops=1e9,
+  )
+  manager = store.make_manager(str(directory / "checkpoints"))
+  iterator = iter(grain.MapDataset.source(batches).to_iter_dataset())
+  try:
+    fit_settings = loop.FitSettings(
+      **{
+        "num_train_steps": len(batches),
+        "keep_checkpoints": 0,
+        "eval_every_steps": 0,
+        "on_checkpoint_save_error": "stop",
+        **settings,
+      }
+    )
+    return loop.fit(
+      trainer,
+      trainer.init(),
+      iterator,
+      fit_settings,
+      logger=logger,
+      manager=manager,
+      may_save=may_save,
+    )
+  finally:
+    manager.close()
 
 
 def random_state(trainer: Trainer, seed: int):

@@ -16,10 +16,11 @@ import jax
 import numpy as np
 import pytest
 
-from helpers import make_trainer, python
+from helpers import fit_batches, make_trainer, python, synthetic_batch
 from helpers import random_state as _state
 from transformer_jax.checkpoints import recovery, store
 from transformer_jax.tools import inspect_checkpoints
+from transformer_jax.train import loop
 
 
 @pytest.fixture(scope="module")
@@ -197,6 +198,24 @@ def test_a_failed_save_is_reported_and_leaves_the_good_checkpoints_intact(
     writer.save(5, _state(trainer, 5), data)
     writer.finish()
     assert manager.all_steps() == [2, 5] and sorted(os.listdir(directory)) == ["2", "5"]
+
+
+def test_a_run_that_may_no_longer_save_stops_at_its_checkpoint_without_saving(trainer, tmp_path):
+  """`fit` asks `may_save()` before each checkpoint: the first answer saves step 2, the second
+  (the lock taken over, in a real run) stops the run at step 4 with step 2 the latest."""
+  answers = iter([True, False])
+  with pytest.raises(
+    loop.LostWorkdirError, match=r"this run stopped at step 4 without saving it.*checkpoints"
+  ):
+    fit_batches(
+      trainer,
+      [synthetic_batch(seed) for seed in range(6)],
+      tmp_path,
+      may_save=lambda: next(answers),
+      checkpoint_every_steps=2,
+      log_every_steps=2,
+    )
+  assert sorted(os.listdir(tmp_path / "checkpoints")) == ["2"]
 
 
 @pytest.mark.slow

@@ -7,16 +7,14 @@ embedding lookup reads NaN (`jnp.take` fills out-of-range rows with NaN).
 
 import logging
 
-import grain
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import make_trainer, synthetic_batch
+from helpers import fit_batches, make_trainer, synthetic_batch
 from transformer_jax.checkpoints import store
 from transformer_jax.train import loop, step
-from transformer_jax.train.reporting import TrainLogger
 
 
 @pytest.fixture(scope="module")
@@ -82,31 +80,6 @@ def test_skip_nonfinite_keeps_the_old_state_for_a_bad_loss_or_gradient(bad, valu
   assert float(out["nonfinite"]) == 0.0 and float(out["loss"]) == 3.0
 
 
-def _fit(trainer, batches, tmp_path, **kwargs):
-  logger = TrainLogger(
-    str(tmp_path / "tensorboard"),
-    total_steps=len(batches),
-    start_step=0,
-    learning_rate_fn=lambda step: 1e-3,
-    peak_flops=1e9,
-  )
-  manager = store.make_manager(str(tmp_path / "checkpoints"))
-  iterator = iter(grain.MapDataset.source(batches).to_iter_dataset())
-  try:
-    settings = loop.FitSettings(
-      **{
-        "num_train_steps": len(batches),
-        "keep_checkpoints": 0,
-        "eval_every_steps": 0,
-        "on_checkpoint_save_error": "stop",
-        **kwargs,
-      }
-    )
-    return loop.fit(trainer, trainer.init(), iterator, settings, logger=logger, manager=manager)
-  finally:
-    manager.close()
-
-
 def test_skipped_updates_are_counted_in_the_logs(trainer, tmp_path, caplog):
   batches = [
     synthetic_batch(0),
@@ -117,7 +90,7 @@ def test_skipped_updates_are_counted_in_the_logs(trainer, tmp_path, caplog):
     synthetic_batch(5),
   ]
   with caplog.at_level(logging.INFO):
-    state = _fit(
+    state = fit_batches(
       trainer,
       batches,
       tmp_path,
@@ -139,7 +112,7 @@ def test_too_many_in_a_row_stop_the_run_with_a_clear_message(trainer, tmp_path):
     r"gradient.*max_consecutive_nonfinite_steps=3.*latest "
     r"checkpoint in \S+ is step 4",
   ):
-    _fit(
+    fit_batches(
       trainer,
       batches,
       tmp_path,

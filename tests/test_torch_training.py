@@ -148,3 +148,14 @@ def test_reference_needs_params_to_copy():
     torch_training.Reference(
       helpers.tiny_model_config(), SCHEDULE, label_smoothing=0.1, init="xavier"
     )
+
+
+def test_a_device_torch_cannot_name_or_reach_is_one_line_naming_it():
+  config = helpers.tiny_model_config()
+  with pytest.raises(torch_training.TorchReferenceError, match=r"^device='gpu7': .*gpu7"):
+    torch_training.Reference(config, SCHEDULE, label_smoothing=0.1, init="fairseq", device="gpu7")
+  if not torch.cuda.is_available():
+    with pytest.raises(
+      torch_training.TorchReferenceError, match=r"^device='cuda': this torch .* sees no CUDA"
+    ):
+      torch_training.Reference.check(config, SCHEDULE, "fairseq", "cuda")

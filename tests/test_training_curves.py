@@ -38,6 +38,15 @@ def test_fairseq_start_is_another_run(shared, tmp_path):
   assert (tmp_path / "curves.png").stat().st_size > 1000
 
 
+def test_a_device_torch_cannot_reach_stops_the_comparison_before_any_set_up(shared, tmp_path):
+  experiment = helpers.tiny_experiment(shared)
+  with pytest.raises(ValueError, match="device='gpu7'"):
+    training_curves.compare(
+      experiment, Workdir(str(tmp_path / "never made")), updates=2, reference_device="gpu7"
+    )
+  assert not (tmp_path / "never made").exists()
+
+
 def test_command_line_writes_both_curves(shared, tmp_path):
   out = tmp_path / "curves.json"
   done = helpers.python(
@@ -53,6 +62,7 @@ def test_command_line_writes_both_curves(shared, tmp_path):
   assert done.returncode == 0, done.stderr[-2000:]
   result = json.loads(out.read_text())
   assert result["updates"] == 2 and result["reference_init"] == "copied"
+  assert result["devices"] == {"ours": "cpu:0", "reference": "cpu"}
   bad = helpers.python(
     "-m",
     "transformer_jax.tools.compare_training",

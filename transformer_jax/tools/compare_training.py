@@ -2,7 +2,9 @@
 
   python -m transformer_jax.tools.compare_training --config=experiments/multi30k.py:tiny \\
       --config.data.manual_dir=DIR --workdir=DIR --updates=600 --out=curves.json \\
-      [--reference_init=fairseq|copied] [--plot=curves.png]
+      [--reference_init=fairseq|copied] [--reference_device=cpu|cuda] [--plot=curves.png]
+
+Our model trains on jax's first device; the reference on --reference_device.
 """
 
 import sys
@@ -29,6 +31,9 @@ _INIT = flags.DEFINE_enum(
   list(INITS),
   "The reference's initial parameters: fairseq's initialisation, or a copy of ours.",
 )
+_DEVICE = flags.DEFINE_string(
+  "reference_device", "cpu", "The torch device the reference trains on: cpu, cuda, cuda:1 ..."
+)
 _OUT = flags.DEFINE_string("out", "training_curves.json", "The JSON of both curves.")
 _PLOT = flags.DEFINE_string("plot", None, "Also draw the curves to this PNG (needs matplotlib).")
 _LOG_EVERY = flags.DEFINE_integer(
@@ -46,6 +51,7 @@ def main(argv):
       Workdir(_WORKDIR.value),
       updates=_UPDATES.value,
       reference_init=_INIT.value,
+      reference_device=_DEVICE.value,
       log_every=_LOG_EVERY.value,
       out=_OUT.value,
     )

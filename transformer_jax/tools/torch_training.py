@@ -10,7 +10,9 @@ positions included). It starts either from our initial parameters (copied:
 with dropout 0 both sides must then produce the same losses) or from
 fairseq's initialisation (a second, independent training run on the same
 batches); its dropout masks come from torch's generator, seeded. The
-sinusoidal table is the one function it shares with the model.
+sinusoidal table is the one function it shares with the model. It runs on
+any torch device (`device="cuda"` for a GPU); the initial parameters are
+drawn on the CPU, so a seed gives the same start on every device.
 
 Needs PyTorch (the `hf` or `bench` extra).
 """
@@ -132,6 +134,19 @@ class TorchReferenceError(UserError, ValueError):
   """Settings the PyTorch reference cannot train: one line naming them."""
 
 
+def _device(torch, name: str):
+  """`torch.device(name)`, or TorchReferenceError when torch cannot name or reach it."""
+  try:
+    device = torch.device(name)
+  except RuntimeError as error:
+    raise TorchReferenceError(f"device={name!r}: {error}") from None
+  if device.type == "cuda" and not torch.cuda.is_available():
+    raise TorchReferenceError(
+      f"device={name!r}: this torch ({torch.__version__}) sees no CUDA device"
+    )
+  return device
+
+
 def _unsupported(config: TransformerConfig, optimizer: OptimizerSettings) -> list[str]:
   """The settings of `config` and `optimizer` the reference does not implement, as `field=value`."""
   defaults = {
@@ -163,9 +178,13 @@ class Reference:
   """
 
   @staticmethod
-  def check(config: TransformerConfig, optimizer: OptimizerSettings, init: str) -> None:
+  def check(
+    config: TransformerConfig, optimizer: OptimizerSettings, init: str, device: str = "cpu"
+  ) -> None:
     """TorchReferenceError (a UserError) unless the reference can train `config` with
-    `optimizer` from `init` (one of INITS): what a caller checks before any expensive set-up."""
+    `optimizer` from `init` (one of INITS) on `device`: what a caller checks before any
+    expensive set-up."""
+    _device(_torch(), device)
     if init not in INITS:
       raise TorchReferenceError(f"init={init!r}; allowed: {', '.join(INITS)}")
     unsupported = _unsupported(config, optimizer)
@@ -183,13 +202,16 @@ class Reference:
     init: str = "copied",
     params=None,
     seed: int = 0,
+    device: str = "cpu",
   ):
-    self.check(config, optimizer, init)
+    self.check(config, optimizer, init, device)
     if init == "copied" and params is None:
       raise ValueError("init='copied' needs the params to copy")
     torch = self.torch = _torch()
     self.config, self.label_smoothing = config, label_smoothing
-    self.generator = torch.Generator().manual_seed(seed)
+    self.device = _device(torch, device)
+    init_generator = torch.Generator().manual_seed(seed)
+    self.generator = torch.Generator(device=self.device).manual_seed(seed)  # For dropout.
     shapes = parameter_shapes(config)
     if init == "copied":
       missing, unexpected = set(shapes) - set(params), set(params) - set(shapes)
@@ -201,11 +223,13 @@ class Reference:
       values = {name: torch.tensor(np.asarray(params[name], np.float32)) for name in shapes}
     else:
       values = {
-        name: fairseq_init(torch, config, name, shape, self.generator).float()
+        name: fairseq_init(torch, config, name, shape, init_generator).float()
         for name, shape in shapes.items()
       }
-    self.params = {name: value.requires_grad_() for name, value in values.items()}
-    self.positions = torch.tensor(sinusoidal_table(config.max_len, config.d_model))
+    self.params = {name: value.to(self.device).requires_grad_() for name, value in values.items()}
+    self.positions = torch.tensor(
+      sinusoidal_table(config.max_len, config.d_model), device=self.device
+    )
     self.adam = torch.optim.Adam(
       self.params.values(),
       lr=0.0,
@@ -228,7 +252,7 @@ class Reference:
     rate = self.config.dropout_rate
     if not train or rate == 0:
       return x
-    keep = self.torch.rand(x.shape, generator=self.generator) >= rate
+    keep = self.torch.rand(x.shape, generator=self.generator, device=self.device) >= rate
     return x * keep / (1 - rate)
 
   def _attention(self, prefix, x, memory, allowed):
@@ -268,7 +292,7 @@ class Reference:
   def logits(self, batch, train: bool):
     """`[batch, target_length, vocab]` logits of a batch of numpy arrays (keys `BATCH_KEYS`)."""
     torch, p, cfg = self.torch, self.params, self.config
-    t = lambda a: torch.tensor(np.asarray(a), dtype=torch.long)
+    t = lambda a: torch.tensor(np.asarray(a), dtype=torch.long, device=self.device)
     src_seg, tgt_seg = t(batch["inputs_segmentation"]), t(batch["targets_segmentation"])
     decoder_inputs = shift_right(
       np.asarray(batch["targets"]), np.asarray(batch["targets_segmentation"])
@@ -295,7 +319,7 @@ class Reference:
       x = self._sublayer(x, layer, "feed_forward_norm", self._feed_forward(layer), train)
     memory = self._final_norm("encoder", x)
     length = tgt_seg.shape[1]
-    causal = torch.ones(length, length, dtype=torch.bool).tril()
+    causal = torch.ones(length, length, dtype=torch.bool, device=self.device).tril()
     self_mask, cross_mask = allowed(tgt_seg, tgt_seg) & causal, allowed(tgt_seg, src_seg)
     y = embed(decoder_inputs, batch["targets_position"])
     for i in range(cfg.num_layers):
@@ -335,8 +359,8 @@ class Reference:
     fairseq's label_smoothed_cross_entropy computes them."""
     torch = self.torch
     log_p = torch.log_softmax(self.logits(batch, train), dim=-1)
-    targets = torch.tensor(np.asarray(batch["targets"]), dtype=torch.long)
-    real = torch.tensor(np.asarray(batch["targets_segmentation"]) > 0)
+    targets = torch.tensor(np.asarray(batch["targets"]), dtype=torch.long, device=self.device)
+    real = torch.tensor(np.asarray(batch["targets_segmentation"]) > 0, device=self.device)
     nll = -log_p.gather(-1, targets[..., None])[..., 0]
     eps = self.label_smoothing
     eps_i = eps / (log_p.shape[-1] - 1)
@@ -358,4 +382,4 @@ class Reference:
 
   def numpy_params(self) -> dict[str, np.ndarray]:
     """The current parameters, `{path: float32 array}`."""
-    return {name: value.detach().numpy().copy() for name, value in self.params.items()}
+    return {name: value.detach().cpu().numpy().copy() for name, value in self.params.items()}

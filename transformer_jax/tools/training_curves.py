@@ -32,6 +32,7 @@ def compare(
   *,
   updates: int,
   reference_init: str = "fairseq",
+  reference_device: str = "cpu",
   log_every: int = 50,
   out: str | None = None,
 ) -> dict:
@@ -43,7 +44,7 @@ def compare(
   the reference's dropout and initial parameters are drawn from the
   experiment's seed. `seconds["ours"]` includes compiling the train step.
   """
-  Reference.check(experiment.model, experiment.optimizer, reference_init)
+  Reference.check(experiment.model, experiment.optimizer, reference_init, reference_device)
   if updates < 1 or log_every < 1:
     raise ValueError(f"updates={updates}, log_every={log_every}: both must be >= 1")
   tokenizer = data.get_tokenizer(experiment.data, workdir.vocab)
@@ -58,6 +59,7 @@ def compare(
     init=reference_init,
     params=params,
     seed=experiment.seed,
+    device=reference_device,
   )
   batches = iter(
     data.make_train_loader(
@@ -69,6 +71,7 @@ def compare(
     "optimizer": str(experiment.optimizer),
     "label_smoothing": experiment.label_smoothing,
     "reference_init": reference_init,
+    "devices": {"ours": str(trainer.placement.mesh.devices.flat[0]), "reference": reference_device},
     "tokens_per_batch": experiment.data.tokens_per_batch,
     "updates": 0,
     "ours": {"loss": [], "nll": []},
