@@ -8,6 +8,11 @@ Variants (`--config=experiments/multi30k.py:<variant>`):
          updates of 2 x 4,096 tokens; the average of the last 10 checkpoints; beam 5; BLEU on the
          lowercased tokenized text as it is. This recipe, run here to its end on a 2-core CPU,
          scored 41.18 (docs/real_language.md).
+  tiny_fast  tiny in pre-LN on batches of 2,048 slots for 16,000 updates, the average of the last
+         20 checkpoints: the best of the tries on validation (42.57 against tiny's 42.04),
+         41.20 on test_2016_flickr after 85 minutes of training on a 2-core CPU, where tiny
+         takes 2.8 hours (docs/real_language.md). Smaller batches, more updates: here the
+         time buys updates, and pre-LN learns as much from half a batch.
 
 fairseq's layers, as its recipe has them: biases on the attention projections, LayerNorm epsilon
 1e-5, and fairseq's initial parameters (model.init='fairseq'). They matter: with this project's
@@ -32,7 +37,7 @@ Give the clone of github.com/multi30k/dataset as --config.data.manual_dir (docs/
 
 from transformer_jax import config as config_lib
 
-VARIANTS = ("tiny",)
+VARIANTS = ("tiny", "tiny_fast")
 PEAK_LEARNING_RATE, D_MODEL, WARMUP = 0.005, 128, 2000
 
 
@@ -78,4 +83,9 @@ def get_config(variant: str = "tiny"):
   config.decode.length_normalization = "length"
   config.decode.as_is_bleu = True
   config.mesh.data = -1
+  if variant == "tiny_fast":
+    config.model.norm = "pre"
+    config.data.tokens_per_batch = 2048
+    config.num_train_steps = 16_000
+    config.keep_checkpoints = config.average_last = 20
   return config

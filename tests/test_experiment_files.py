@@ -1,5 +1,6 @@
 """The experiment files' recipes against the numbers their sources give."""
 
+import flax
 import pytest
 
 import helpers
@@ -35,6 +36,21 @@ def test_multi30k_tiny_is_the_literatures_transformer_tiny():
   decode = settings.decode
   assert (decode.beam_size, decode.alpha, decode.length_normalization) == (5, 1.0, "length")
   assert decode.as_is_bleu and decode.split == "test"
+
+
+def test_multi30k_tiny_fast_is_tiny_in_pre_ln_on_half_the_batch_for_twice_the_updates():
+  def flat(variant):
+    config = config_lib.load_file(f"{helpers.REPO}/experiments/multi30k.py:{variant}")
+    return flax.traverse_util.flatten_dict(config.to_dict(), sep=".")
+
+  tiny, fast = flat("tiny"), flat("tiny_fast")
+  assert {key: (tiny[key], fast[key]) for key in tiny if tiny[key] != fast[key]} == {
+    "model.norm": ("post", "pre"),
+    "data.tokens_per_batch": (8192, 2048),
+    "num_train_steps": (8000, 16_000),
+    "keep_checkpoints": (10, 20),
+    "average_last": (10, 20),
+  }
 
 
 def test_multi30k_names_its_variants():
