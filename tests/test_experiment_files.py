@@ -38,7 +38,7 @@ def test_multi30k_tiny_is_the_literatures_transformer_tiny():
   assert decode.as_is_bleu and decode.split == "test"
 
 
-def test_multi30k_tiny_fast_is_tiny_in_pre_ln_on_half_the_batch_for_twice_the_updates():
+def test_multi30k_tiny_fast_is_tiny_in_pre_ln_on_a_quarter_of_the_batch_for_twice_the_updates():
   def flat(variant):
     config = config_lib.load_file(f"{helpers.REPO}/experiments/multi30k.py:{variant}")
     return flax.traverse_util.flatten_dict(config.to_dict(), sep=".")
@@ -54,5 +54,7 @@ def test_multi30k_tiny_fast_is_tiny_in_pre_ln_on_half_the_batch_for_twice_the_up
 
 
 def test_multi30k_names_its_variants():
-  with pytest.raises(config_lib.ConfigError, match="unknown variant 'huge'; variants: tiny"):
+  with pytest.raises(
+    config_lib.ConfigError, match="unknown variant 'huge'; variants: tiny, tiny_fast$"
+  ):
     config_lib.load_file(f"{helpers.REPO}/experiments/multi30k.py:huge")

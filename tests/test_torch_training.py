@@ -154,8 +154,33 @@ def test_a_device_torch_cannot_name_or_reach_is_one_line_naming_it():
   config = helpers.tiny_model_config()
   with pytest.raises(torch_training.TorchReferenceError, match=r"^device='gpu7': .*gpu7"):
     torch_training.Reference(config, SCHEDULE, label_smoothing=0.1, init="fairseq", device="gpu7")
-  if not torch.cuda.is_available():
-    with pytest.raises(
-      torch_training.TorchReferenceError, match=r"^device='cuda': this torch .* sees no CUDA"
-    ):
-      torch_training.Reference.check(config, SCHEDULE, "fairseq", "cuda")
+  with pytest.raises(torch_training.TorchReferenceError, match=r"^device='meta': .* cpu or cuda"):
+    torch_training.Reference.check(config, SCHEDULE, "fairseq", "meta")
+  count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+  with pytest.raises(
+    torch_training.TorchReferenceError,
+    match=rf"^device='cuda:{count}': this torch .* sees {count} CUDA device\(s\)",
+  ):
+    torch_training.Reference.check(config, SCHEDULE, "fairseq", f"cuda:{count}")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_gpu_the_reference_trains_as_on_the_cpu():
+  config = helpers.tiny_model_config()
+  start = flax.traverse_util.flatten_dict(
+    jax.device_get(
+      Trainer(
+        Placement.data_parallel(config), SCHEDULE.make(config.d_model)[0], label_smoothing=0.1
+      )
+      .init()
+      .params
+    ),
+    sep="/",
+  )
+  losses = {}
+  for device in ("cpu", "cuda"):
+    reference = torch_training.Reference(
+      config, SCHEDULE, label_smoothing=0.1, params=start, device=device
+    )
+    losses[device] = [reference.train_step(helpers.synthetic_batch(i))["loss"] for i in range(4)]
+  np.testing.assert_allclose(losses["cuda"], losses["cpu"], rtol=1e-5)

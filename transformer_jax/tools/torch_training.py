@@ -140,10 +140,14 @@ def _device(torch, name: str):
     device = torch.device(name)
   except RuntimeError as error:
     raise TorchReferenceError(f"device={name!r}: {error}") from None
-  if device.type == "cuda" and not torch.cuda.is_available():
-    raise TorchReferenceError(
-      f"device={name!r}: this torch ({torch.__version__}) sees no CUDA device"
-    )
+  if device.type not in ("cpu", "cuda"):
+    raise TorchReferenceError(f"device={name!r}: the reference runs on cpu or cuda")
+  if device.type == "cuda":
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0 or (device.index or 0) >= count:
+      raise TorchReferenceError(
+        f"device={name!r}: this torch ({torch.__version__}) sees {count} CUDA device(s)"
+      )
   return device
 
 
@@ -211,7 +215,6 @@ class Reference:
     self.config, self.label_smoothing = config, label_smoothing
     self.device = _device(torch, device)
     init_generator = torch.Generator().manual_seed(seed)
-    self.generator = torch.Generator(device=self.device).manual_seed(seed)  # For dropout.
     shapes = parameter_shapes(config)
     if init == "copied":
       missing, unexpected = set(shapes) - set(params), set(params) - set(shapes)
@@ -227,6 +230,9 @@ class Reference:
         for name, shape in shapes.items()
       }
     self.params = {name: value.to(self.device).requires_grad_() for name, value in values.items()}
+    # Dropout's generator lives on the device, seeded from where the initial draws ended.
+    dropout_seed = int(torch.randint(2**62, (1,), generator=init_generator))
+    self.generator = torch.Generator(device=self.device).manual_seed(dropout_seed)
     self.positions = torch.tensor(
       sinusoidal_table(config.max_len, config.d_model), device=self.device
     )

@@ -71,7 +71,10 @@ def compare(
     "optimizer": str(experiment.optimizer),
     "label_smoothing": experiment.label_smoothing,
     "reference_init": reference_init,
-    "devices": {"ours": str(trainer.placement.mesh.devices.flat[0]), "reference": reference_device},
+    "devices": {
+      "ours": str(trainer.placement.mesh.devices.flat[0]),
+      "reference": str(reference.device),
+    },
     "tokens_per_batch": experiment.data.tokens_per_batch,
     "updates": 0,
     "ours": {"loss": [], "nll": []},
