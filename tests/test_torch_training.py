@@ -164,6 +164,7 @@ def test_a_device_torch_cannot_name_or_reach_is_one_line_naming_it():
     torch_training.Reference.check(config, SCHEDULE, "fairseq", f"cuda:{count}")
 
 
+@pytest.mark.device
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_on_a_gpu_the_reference_trains_as_on_the_cpu():
   config = helpers.tiny_model_config()
