@@ -11,7 +11,7 @@ with dropout 0 both sides must then produce the same losses) or from
 fairseq's initialisation (a second, independent training run on the same
 batches); its dropout masks come from torch's generator, seeded. The
 sinusoidal table is the one function it shares with the model. It runs on
-any torch device (`device="cuda"` for a GPU); the initial parameters are
+the CPU or a CUDA device (`device="cuda"`); the initial parameters are
 drawn on the CPU, so a seed gives the same start on every device.
 
 Needs PyTorch (the `hf` or `bench` extra).
