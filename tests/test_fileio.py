@@ -149,6 +149,40 @@ def test_json_lines_and_whole_writes_in_a_directory_or_a_bucket(directory):
   assert names == ["hyp.txt", "record.json"]  # Nothing left beside them.
 
 
+def test_is_file_is_a_file_or_an_object_of_that_name_not_a_directory_nor_a_prefix(directory):
+  fileio.write_lines(f"{directory}/run/sub/a.txt", ["a"])
+  assert fileio.is_file(f"{directory}/run/sub/a.txt")
+  assert not fileio.is_file(f"{directory}/run/sub")  # In a bucket: a prefix with an object.
+  assert not fileio.is_file(f"{directory}/run")
+  assert not fileio.is_file(f"{directory}/absent")
+
+
+def test_is_file_asks_a_store_once_so_a_vanishing_object_cannot_make_a_directory_a_file(
+  bucket_dir, monkeypatch
+):
+  """Another process's object under the directory, removed after the first request: etils'
+  `exists() and not is_dir()` then saw a file (the README pod test failed so, rarely)."""
+  import fsspec  # pylint: disable=import-outside-toplevel
+
+  fileio.write_lines(f"{bucket_dir}/run/probe", [""])
+  store, _ = fsspec.core.url_to_fs(bucket_dir)
+  info = store._info  # pylint: disable=protected-access  # What every sync call awaits.
+
+  probe = f"{store._strip_protocol(bucket_dir)}/run/probe"  # pylint: disable=protected-access
+  removed = []
+
+  async def info_then_remove_the_probe(path, **kwargs):
+    answer = await info(path, **kwargs)
+    if not removed:
+      await store._rm_file(probe)  # pylint: disable=protected-access
+      removed.append(probe)
+    return answer
+
+  monkeypatch.setattr(store, "_info", info_then_remove_the_probe)
+  assert not fileio.is_file(f"{bucket_dir}/run")
+  assert removed  # The store was asked, and the probe is gone.
+
+
 def test_absolute_keeps_a_url_and_anchors_a_local_path(tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
   assert fileio.absolute("gs://b/run") == "gs://b/run"

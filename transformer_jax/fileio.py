@@ -142,6 +142,19 @@ def _service_message(error: Exception) -> str:
   return " ".join(text.split())[:400] or type(error).__name__
 
 
+def is_file(path) -> bool:
+  """Whether `path` is a file; in a store, an object of exactly that name, asked in one request.
+  Not etils' `is_file`, which is `exists() and not is_dir()`: in a bucket, another process's
+  object under a directory can vanish between those two requests, and the directory then reads
+  as a file."""
+  if not is_url(path):
+    return os.path.isfile(path)
+  import fsspec  # pylint: disable=import-outside-toplevel  # With gcsfs: the `gcs` extra.
+
+  store, name = fsspec.core.url_to_fs(str(path))
+  return store.isfile(name)
+
+
 def absolute(path) -> str:
   """`path` made absolute against the working directory, unless it is a URL (Orbax needs absolute
   paths, and `os.path.abspath` would make `gs://b/x` a local `<cwd>/gs:/b/x`)."""

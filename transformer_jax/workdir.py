@@ -105,9 +105,7 @@ class Workdir:
         fileio.check_store(self.root)
       except UserError as error:
         raise UserError(f"--workdir={error}") from None
-    # Not `exists() and not is_dir()`: in a bucket, another process's probe object can vanish
-    # between the two calls, leaving a directory that looks like neither.
-    if epath.Path(self.root).is_file():
+    if fileio.is_file(self.root):
       raise UserError(f"--workdir={self.root} is a file, not a directory")
     try:
       epath.Path(self.root).mkdir(parents=True, exist_ok=True)
