@@ -19,13 +19,23 @@ from transformer_jax.tools import torch_training  # noqa: E402 (after the torch 
 SCHEDULE = OptimizerSettings(learning_rate=2.0, warmup_steps=4, adam_eps=1e-8)
 
 
+def _flat(params):
+  """Our parameter tree as the reference takes it: `{path: array}`."""
+  return flax.traverse_util.flatten_dict(jax.device_get(params), sep="/")
+
+
+def _our_start(config):
+  """Our trainer for `config` and its initial state."""
+  optimizer, _ = SCHEDULE.make(config.d_model)
+  trainer = Trainer(Placement.data_parallel(config), optimizer, label_smoothing=0.1)
+  return trainer, trainer.init()
+
+
 def _run_both(config, *, updates=8, reference_smoothing=0.1):
   """Per-update losses of our step and the reference's from the same start, and both final
   parameter trees (flattened)."""
-  optimizer, _ = SCHEDULE.make(config.d_model)
-  trainer = Trainer(Placement.data_parallel(config), optimizer, label_smoothing=0.1)
-  state = trainer.init()
-  start = flax.traverse_util.flatten_dict(jax.device_get(state.params), sep="/")
+  trainer, state = _our_start(config)
+  start = _flat(state.params)
   reference = torch_training.Reference(
     config, SCHEDULE, label_smoothing=reference_smoothing, params=start
   )
@@ -35,7 +45,7 @@ def _run_both(config, *, updates=8, reference_smoothing=0.1):
     state, metrics = trainer.train_step(state, batch)
     ours.append(float(metrics["loss"]) / float(metrics["tokens"]))
     theirs.append(reference.train_step(batch)["loss"])
-  final = flax.traverse_util.flatten_dict(jax.device_get(state.params), sep="/")
+  final = _flat(state.params)
   return np.array(ours), np.array(theirs), final, reference.numpy_params()
 
 
@@ -89,15 +99,12 @@ def test_our_fairseq_init_draws_from_the_references_distributions():
   config = helpers.tiny_model_config(
     d_model=64, d_ff=256, vocab_size=4000, attention_bias=True, init="fairseq"
   )
-  ours = flax.traverse_util.flatten_dict(
-    jax.device_get(
-      nn.unbox(
-        Transformer(config).init(
-          jax.random.key(0), np.ones((1, 4), np.int32), np.ones((1, 4), np.int32)
-        )["params"]
-      )
-    ),
-    sep="/",
+  ours = _flat(
+    nn.unbox(
+      Transformer(config).init(
+        jax.random.key(0), np.ones((1, 4), np.int32), np.ones((1, 4), np.int32)
+      )["params"]
+    )
   )
   theirs = torch_training.Reference(
     config, SCHEDULE, label_smoothing=0.1, init="fairseq"
@@ -168,16 +175,7 @@ def test_a_device_torch_cannot_name_or_reach_is_one_line_naming_it():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_on_a_gpu_the_reference_trains_as_on_the_cpu():
   config = helpers.tiny_model_config()
-  start = flax.traverse_util.flatten_dict(
-    jax.device_get(
-      Trainer(
-        Placement.data_parallel(config), SCHEDULE.make(config.d_model)[0], label_smoothing=0.1
-      )
-      .init()
-      .params
-    ),
-    sep="/",
-  )
+  start = _flat(_our_start(config)[1].params)
   losses = {}
   for device in ("cpu", "cuda"):
     reference = torch_training.Reference(

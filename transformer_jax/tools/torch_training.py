@@ -184,11 +184,11 @@ class Reference:
   @staticmethod
   def check(
     config: TransformerConfig, optimizer: OptimizerSettings, init: str, device: str = "cpu"
-  ) -> None:
-    """TorchReferenceError (a UserError) unless the reference can train `config` with
-    `optimizer` from `init` (one of INITS) on `device`: what a caller checks before any
-    expensive set-up."""
-    _device(_torch(), device)
+  ):
+    """The torch device named `device`; TorchReferenceError (a UserError) unless the reference
+    can train `config` with `optimizer` from `init` (one of INITS) there: what a caller checks
+    before any expensive set-up."""
+    torch_device = _device(_torch(), device)
     if init not in INITS:
       raise TorchReferenceError(f"init={init!r}; allowed: {', '.join(INITS)}")
     unsupported = _unsupported(config, optimizer)
@@ -196,6 +196,7 @@ class Reference:
       raise TorchReferenceError(
         f"the PyTorch reference does not implement {', '.join(unsupported)}"
       )
+    return torch_device
 
   def __init__(
     self,
@@ -208,12 +209,11 @@ class Reference:
     seed: int = 0,
     device: str = "cpu",
   ):
-    self.check(config, optimizer, init, device)
+    self.device = self.check(config, optimizer, init, device)
     if init == "copied" and params is None:
       raise ValueError("init='copied' needs the params to copy")
     torch = self.torch = _torch()
     self.config, self.label_smoothing = config, label_smoothing
-    self.device = _device(torch, device)
     init_generator = torch.Generator().manual_seed(seed)
     shapes = parameter_shapes(config)
     if init == "copied":
@@ -383,8 +383,10 @@ class Reference:
     (loss / tokens.clamp(min=1)).backward()
     self.adam.step()
     self.updates += 1
-    count = max(tokens.item(), 1)
-    return {"loss": loss.item() / count, "nll": nll.item() / count, "tokens": tokens.item()}
+    # One transfer from the device, not three.
+    loss, nll, tokens = self.torch.stack([loss.detach(), nll.detach(), tokens.float()]).tolist()
+    count = max(tokens, 1)
+    return {"loss": loss / count, "nll": nll / count, "tokens": int(tokens)}
 
   def numpy_params(self) -> dict[str, np.ndarray]:
     """The current parameters, `{path: float32 array}`."""
