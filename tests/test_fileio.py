@@ -157,28 +157,28 @@ def test_is_file_is_a_file_or_an_object_of_that_name_not_a_directory_nor_a_prefi
   assert not fileio.is_file(f"{directory}/absent")
 
 
-def test_is_file_asks_a_store_once_so_a_vanishing_object_cannot_make_a_directory_a_file(
+def test_is_file_looks_once_so_a_vanishing_object_cannot_make_a_directory_a_file(
   bucket_dir, monkeypatch
 ):
-  """Another process's object under the directory, removed after the first request: etils'
+  """Another process's object under the directory, removed after the first lookup: etils'
   `exists() and not is_dir()` then saw a file (the README pod test failed so, rarely)."""
   import fsspec  # pylint: disable=import-outside-toplevel
 
   fileio.write_lines(f"{bucket_dir}/run/probe", [""])
-  store, _ = fsspec.core.url_to_fs(bucket_dir)
-  info = store._info  # pylint: disable=protected-access  # What every sync call awaits.
-
+  store, _ = fsspec.url_to_fs(bucket_dir)
+  # Patched on the class: etils keeps a filesystem of its own (other options), of this class.
+  info = type(store)._info  # pylint: disable=protected-access  # What every sync call awaits.
   probe = f"{store._strip_protocol(bucket_dir)}/run/probe"  # pylint: disable=protected-access
   removed = []
 
-  async def info_then_remove_the_probe(path, **kwargs):
-    answer = await info(path, **kwargs)
+  async def info_then_remove_the_probe(self, path, **kwargs):
+    answer = await info(self, path, **kwargs)
     if not removed:
-      await store._rm_file(probe)  # pylint: disable=protected-access
+      await self._rm_file(probe)  # pylint: disable=protected-access
       removed.append(probe)
     return answer
 
-  monkeypatch.setattr(store, "_info", info_then_remove_the_probe)
+  monkeypatch.setattr(type(store), "_info", info_then_remove_the_probe)
   assert not fileio.is_file(f"{bucket_dir}/run")
   assert removed  # The store was asked, and the probe is gone.
 

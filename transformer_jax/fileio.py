@@ -143,15 +143,15 @@ def _service_message(error: Exception) -> str:
 
 
 def is_file(path) -> bool:
-  """Whether `path` is a file; in a store, an object of exactly that name, asked in one request.
-  Not etils' `is_file`, which is `exists() and not is_dir()`: in a bucket, another process's
-  object under a directory can vanish between those two requests, and the directory then reads
-  as a file."""
+  """Whether `path` is a file; in a store, an object of exactly that name, in one lookup (one
+  `info`), False where the store cannot say. Not etils' `is_file`, which is `exists() and not
+  is_dir()`: in a bucket, another process's object under a directory can vanish between those
+  two lookups, and the directory then reads as a file."""
   if not is_url(path):
     return os.path.isfile(path)
   import fsspec  # pylint: disable=import-outside-toplevel  # With gcsfs: the `gcs` extra.
 
-  store, name = fsspec.core.url_to_fs(str(path))
+  store, name = fsspec.url_to_fs(str(path))
   return store.isfile(name)
 
 
