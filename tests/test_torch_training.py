@@ -1,7 +1,6 @@
 """The PyTorch reference (tools/torch_training.py) against our train step: the same parameters
 and batches must give the same losses and updates."""
 
-import flax
 import flax.linen as nn
 import jax
 import numpy as np
@@ -19,11 +18,6 @@ from transformer_jax.tools import torch_training  # noqa: E402 (after the torch 
 SCHEDULE = OptimizerSettings(learning_rate=2.0, warmup_steps=4, adam_eps=1e-8)
 
 
-def _flat(params):
-  """Our parameter tree as the reference takes it: `{path: array}`."""
-  return flax.traverse_util.flatten_dict(jax.device_get(params), sep="/")
-
-
 def _our_start(config):
   """Our trainer for `config` and its initial state."""
   optimizer, _ = SCHEDULE.make(config.d_model)
@@ -35,7 +29,7 @@ def _run_both(config, *, updates=8, reference_smoothing=0.1):
   """Per-update losses of our step and the reference's from the same start, and both final
   parameter trees (flattened)."""
   trainer, state = _our_start(config)
-  start = _flat(state.params)
+  start = torch_training.flat_params(state.params)
   reference = torch_training.Reference(
     config, SCHEDULE, label_smoothing=reference_smoothing, params=start
   )
@@ -45,7 +39,7 @@ def _run_both(config, *, updates=8, reference_smoothing=0.1):
     state, metrics = trainer.train_step(state, batch)
     ours.append(float(metrics["loss"]) / float(metrics["tokens"]))
     theirs.append(reference.train_step(batch)["loss"])
-  final = _flat(state.params)
+  final = torch_training.flat_params(state.params)
   return np.array(ours), np.array(theirs), final, reference.numpy_params()
 
 
@@ -99,7 +93,7 @@ def test_our_fairseq_init_draws_from_the_references_distributions():
   config = helpers.tiny_model_config(
     d_model=64, d_ff=256, vocab_size=4000, attention_bias=True, init="fairseq"
   )
-  ours = _flat(
+  ours = torch_training.flat_params(
     nn.unbox(
       Transformer(config).init(
         jax.random.key(0), np.ones((1, 4), np.int32), np.ones((1, 4), np.int32)
@@ -175,7 +169,7 @@ def test_a_device_torch_cannot_name_or_reach_is_one_line_naming_it():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_on_a_gpu_the_reference_trains_as_on_the_cpu():
   config = helpers.tiny_model_config()
-  start = _flat(_our_start(config)[1].params)
+  start = torch_training.flat_params(_our_start(config)[1].params)
   losses = {}
   for device in ("cpu", "cuda"):
     reference = torch_training.Reference(

@@ -19,6 +19,8 @@ Needs PyTorch (the `hf` or `bench` extra).
 
 import math
 
+import flax
+import jax
 import numpy as np
 
 from transformer_jax.conventions import PAD_ID
@@ -37,6 +39,12 @@ def _torch():
   except ImportError as e:
     raise ImportError("the PyTorch reference needs torch: pip install -e '.[hf]'") from e
   return torch
+
+
+def flat_params(params) -> dict[str, np.ndarray]:
+  """Our parameter tree (on any device) as the reference copies it: `{path: array}`, the paths
+  of `parameter_shapes`."""
+  return flax.traverse_util.flatten_dict(jax.device_get(params), sep="/")
 
 
 def parameter_shapes(config: TransformerConfig) -> dict[str, tuple[int, ...]]:

@@ -14,13 +14,12 @@ import logging
 import math
 import time
 
-import flax
 import jax
 import numpy as np
 
 from transformer_jax import data, fileio
 from transformer_jax.experiment import Experiment, make_trainer
-from transformer_jax.tools.torch_training import Reference
+from transformer_jax.tools.torch_training import Reference, flat_params
 from transformer_jax.workdir import Workdir
 
 log = logging.getLogger(__name__)
@@ -50,7 +49,7 @@ def compare(
   tokenizer = data.get_tokenizer(experiment.data, workdir.vocab)
   trainer, _ = make_trainer(experiment, vocab_size=tokenizer.vocab_size, devices=jax.devices()[:1])
   state = trainer.init()
-  params = flax.traverse_util.flatten_dict(jax.device_get(state.params), sep="/")
+  params = flat_params(state.params)
   model_config = trainer.placement.model.config
   reference = Reference(
     model_config,
