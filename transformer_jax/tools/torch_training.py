@@ -42,8 +42,7 @@ def _torch():
 
 
 def flat_params(params) -> dict[str, np.ndarray]:
-  """Our parameter tree (on any device) as the reference copies it: `{path: array}`, the paths
-  of `parameter_shapes`."""
+  """Our parameter tree (on any device) as `{path: array}`, the paths of `parameter_shapes`."""
   return flax.traverse_util.flatten_dict(jax.device_get(params), sep="/")
 
 
