@@ -177,18 +177,26 @@ def stack_layers(params, num_layers):
   return out
 
 
-def record_dropout_inputs(fn):
-  """Run fn() and return the arrays every `Dropout` module was applied to, in order."""
+def record_dropout_calls(fn):
+  """Run fn() and return `(rate, input, output)` of every call of a Linen `Dropout` module, in
+  order."""
   seen = []
 
   def interceptor(next_fun, args, kwargs, context):
+    out = next_fun(*args, **kwargs)
     if isinstance(context.module, dropout.Dropout) and context.method_name == "__call__":
-      seen.append(np.asarray(args[0], np.float64))
-    return next_fun(*args, **kwargs)
+      given, out64 = np.asarray(args[0], np.float64), np.asarray(out, np.float64)
+      seen.append((context.module.rate, given, out64))
+    return out
 
   with nn.intercept_methods(interceptor):
     fn()
   return seen
+
+
+def record_dropout_inputs(fn):
+  """Run fn() and return the arrays every `Dropout` module was applied to, in order."""
+  return [given for _, given, _ in record_dropout_calls(fn)]
 
 
 def leaves(tree) -> list:

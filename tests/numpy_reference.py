@@ -5,28 +5,35 @@ import math
 import numpy as np
 
 
-def softmax_attention(q, k, v, mask=None):
-  """softmax(Q K^T / sqrt(d_k)) V over [b, len, heads, d]; masked logits -inf, empty rows 0."""
-  q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+def softmax_weights(q, k, mask=None):
+  """softmax(Q K^T / sqrt(d_k)), [b, heads, q_len, k_len]; masked logits -inf, empty rows 0."""
+  q, k = np.asarray(q, np.float64), np.asarray(k, np.float64)
   logits = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(q.shape[-1])
   if mask is not None:
     logits = np.where(np.broadcast_to(np.asarray(mask), logits.shape), logits, -np.inf)
   top = np.max(logits, axis=-1, keepdims=True)
   e = np.exp(logits - np.where(np.isfinite(top), top, 0.0))
   total = e.sum(-1, keepdims=True)
-  weights = np.divide(e, total, out=np.zeros_like(e), where=total > 0)
-  return np.einsum("bhqk,bkhd->bqhd", weights, v)
+  return np.divide(e, total, out=np.zeros_like(e), where=total > 0)
 
 
-def multi_head(params, x_q, x_kv, mask=None):
+def softmax_attention(q, k, v, mask=None, weights=None):
+  """softmax(Q K^T / sqrt(d_k)) V over [b, len, heads, d]; `weights` [b, heads, q_len, k_len]
+  (attention weights after dropout) in place of the softmax."""
+  weights = softmax_weights(q, k, mask) if weights is None else weights
+  return np.einsum("bhqk,bkhd->bqhd", weights, np.asarray(v, np.float64))
+
+
+def multi_head(params, x_q, x_kv, mask=None, weights=None):
   """Concat(head_1..head_h) W^O with head_i = Attention(x_q W^Q_i, x_kv W^K_i, x_kv W^V_i);
-  with biases (`query_bias`, ... in `params`) each projection adds its own."""
+  with biases (`query_bias`, ... in `params`) each projection adds its own; `weights` as in
+  `softmax_attention`."""
   p = {n: np.asarray(w, np.float64) for n, w in params.items()}
   bias = lambda name: p.get(f"{name}_bias", 0.0)
   q = np.einsum("bld,dhk->blhk", x_q, p["query"]) + bias("query")
   k = np.einsum("bld,dhk->blhk", x_kv, p["key"]) + bias("key")
   v = np.einsum("bld,dhk->blhk", x_kv, p["value"]) + bias("value")
-  heads = softmax_attention(q, k, v, mask)
+  heads = softmax_attention(q, k, v, mask, weights)
   b, length = heads.shape[:2]
   concat = heads.reshape(b, length, -1)
   w_o = p["out"].reshape(-1, p["out"].shape[-1])

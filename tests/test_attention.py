@@ -187,6 +187,23 @@ def test_bad_mask_shape_and_implementation_raise():
     attention.dot_product_attention(q, k, v, implementation="flash")
 
 
+def test_attention_dropout_applies_to_the_weights_on_the_reference_path():
+  q, k, v = random_qkv(11)
+  mask = random_mask(12)
+  mask[:, :, :, 0] = True
+  weights = numpy_reference.softmax_weights(q, k, mask)
+  kept = (np.random.default_rng(13).random(weights.shape) < 0.5) * 2.0
+  dropout = lambda w: w * kept.astype(np.float32)
+  want = numpy_reference.softmax_attention(q, k, v, mask, weights=weights * kept)
+  for implementation in ("auto", "reference"):
+    got = attention.dot_product_attention(
+      q, k, v, mask, implementation=implementation, dropout=dropout
+    )
+    assert relative_error(got, want) < 1e-5
+  with pytest.raises(ValueError, match="'xla' has no attention dropout"):
+    attention.dot_product_attention(q, k, v, implementation="xla", dropout=dropout)
+
+
 def test_cached_attention_over_head_major_keys_and_values_matches_formula():
   q, k, v = random_qkv(11, q_len=1, d_k=8, d_v=6)
   mask = np.ones((2, 1, 1, 7), bool)

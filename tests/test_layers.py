@@ -8,7 +8,7 @@ import pytest
 
 import numpy_reference as ref
 from helpers import init_module as init
-from helpers import randn, record_dropout_inputs
+from helpers import randn, record_dropout_calls, record_dropout_inputs
 from transformer_jax.model import attention, layers
 
 pytestmark = pytest.mark.device
@@ -91,6 +91,80 @@ def test_dropout_is_active_only_in_training():
     for s in (1, 2)
   ]
   assert not np.allclose(noisy[0], quiet) and not np.allclose(noisy[0], noisy[1])
+
+
+def _dropped_fraction(given, kept):
+  """The fraction of `given`'s nonzero entries that dropout zeroed in `kept`."""
+  nonzero = given != 0
+  return np.mean(kept[nonzero] == 0)
+
+
+def _dropped_once(call):
+  """The one dropout of `call()` at rate 0.5: (its input, its output, what `call` returned)."""
+  returned = []
+  calls = record_dropout_calls(lambda: returned.append(call()))
+  assert len(calls) == 1
+  _, given, kept = calls[0]
+  assert 0.35 < _dropped_fraction(given, kept) < 0.65
+  survived = kept != 0
+  np.testing.assert_allclose(kept[survived], 2 * given[survived], rtol=1e-6)
+  return given, kept, np.asarray(returned[0], np.float64)
+
+
+def test_attention_dropout_drops_the_attention_weights_in_training_only():
+  x_q, x_kv = randn(13, 2, 5, 12), randn(14, 2, 7, 12)
+  mask = np.random.default_rng(15).random((2, 1, 5, 7)) < 0.7
+  mha = layers.MultiHeadAttention(num_heads=3, d_k=4, d_v=4, dropout_rate=0.5)
+  variables, params = init(mha, x_q, x_kv, mask)
+  np.testing.assert_allclose(
+    mha.apply(variables, x_q, x_kv, mask), ref.multi_head(params, x_q, x_kv, mask), atol=1e-5
+  )
+  weights, kept, out = _dropped_once(
+    lambda: mha.apply(
+      variables, x_q, x_kv, mask, deterministic=False, rngs={"dropout": jax.random.key(1)}
+    )
+  )
+  query = np.einsum("bld,dhk->blhk", x_q, params["query"])
+  key = np.einsum("bld,dhk->blhk", x_kv, params["key"])
+  np.testing.assert_allclose(weights, ref.softmax_weights(query, key, mask), atol=1e-6)
+  want = ref.multi_head(params, x_q, x_kv, mask, weights=kept)
+  np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
+def test_activation_dropout_drops_the_hidden_activations_in_training_only():
+  x = randn(16, 2, 3, 8)
+  ffn = layers.FeedForward(d_ff=32, dropout_rate=0.5)
+  variables, params = init(ffn, x)
+  np.testing.assert_allclose(ffn.apply(variables, x), ref.feed_forward(params, x), atol=1e-5)
+  hidden, kept, out = _dropped_once(
+    lambda: ffn.apply(variables, x, False, rngs={"dropout": jax.random.key(2)})
+  )
+  p = {n: np.asarray(w, np.float64) for n, w in params.items()}
+  np.testing.assert_allclose(hidden, np.maximum(0, x @ p["wi"] + p["bi"]), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(out, kept @ p["wo"] + p["bo"], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("layer_cls", [layers.EncoderLayer, layers.DecoderLayer])
+def test_layers_drop_attention_weights_and_activations_at_their_own_rates(layer_cls):
+  x = randn(17, 2, 4, 16)
+  args = (x,) if layer_cls is layers.EncoderLayer else (x, randn(18, 2, 5, 16))
+  settings = dict(num_heads=2, d_k=8, d_v=8, d_ff=32, dropout_rate=0.0)
+  variables, _ = init(layer_cls(**settings), *args)
+  layer = layer_cls(**settings, attention_dropout_rate=0.25, activation_dropout_rate=0.5)
+  np.testing.assert_array_equal(
+    layer.apply(variables, *args), layer_cls(**settings).apply(variables, *args)
+  )
+  calls = record_dropout_calls(
+    lambda: layer.apply(variables, *args, deterministic=False, rngs={"dropout": jax.random.key(3)})
+  )
+  calls = [(rate, given, kept) for rate, given, kept in calls if rate > 0]  # Not the residual's.
+  attentions = 1 if layer_cls is layers.EncoderLayer else 2
+  # The attention weights [b, heads, q, k] of each attention, then the hidden activations.
+  shapes = [(2, 2, 4, 4), (2, 2, 4, 5)][:attentions] + [(2, 4, 32)]
+  assert [given.shape for _, given, _ in calls] == shapes
+  assert [rate for rate, _, _ in calls] == [0.25] * attentions + [0.5]
+  for rate, given, kept in calls:
+    assert abs(_dropped_fraction(given, kept) - rate) < 0.15
 
 
 def test_parameters_carry_logical_axis_names():

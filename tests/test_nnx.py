@@ -150,6 +150,8 @@ def layer_settings(pre_norm):
     d_v=4,
     d_ff=16,
     dropout_rate=0.3,
+    attention_dropout_rate=0.2,
+    activation_dropout_rate=0.4,
     pre_norm=pre_norm,
     dtype=jnp.float64,
     attention_impl="reference",
@@ -235,6 +237,7 @@ PACKED = dict(
     ({}, False),
     ({"norm": "pre", "positional": "learned", "logits_bias": True}, True),
     ({"attention_bias": True, "init": "fairseq", "norm_epsilon": 1e-5}, True),
+    ({"attention_dropout_rate": 0.1, "activation_dropout_rate": 0.3}, True),
   ],
 )
 def test_the_transformer_matches_linen_in_training_with_dropout(overrides, packed, monkeypatch):

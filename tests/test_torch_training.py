@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import helpers
+from transformer_jax.conventions import BATCH_KEYS
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.placement import Placement
 from transformer_jax.train.objective import OptimizerSettings
@@ -14,6 +15,7 @@ from transformer_jax.train.step import Trainer
 
 torch = pytest.importorskip("torch", reason="the PyTorch reference needs torch (the hf extra)")
 from transformer_jax.tools import torch_training  # noqa: E402 (after the torch check)
+from transformer_jax.tools.reference_parameters import flat_params  # noqa: E402
 
 SCHEDULE = OptimizerSettings(learning_rate=2.0, warmup_steps=4, adam_eps=1e-8)
 
@@ -29,7 +31,7 @@ def _run_both(config, *, updates=8, reference_smoothing=0.1):
   """Per-update losses of our step and the reference's from the same start, and both final
   parameter trees (flattened)."""
   trainer, state = _our_start(config)
-  start = torch_training.flat_params(state.params)
+  start = flat_params(state.params)
   reference = torch_training.Reference(
     config, SCHEDULE, label_smoothing=reference_smoothing, params=start
   )
@@ -39,7 +41,7 @@ def _run_both(config, *, updates=8, reference_smoothing=0.1):
     state, metrics = trainer.train_step(state, batch)
     ours.append(float(metrics["loss"]) / float(metrics["tokens"]))
     theirs.append(reference.train_step(batch)["loss"])
-  final = torch_training.flat_params(state.params)
+  final = flat_params(state.params)
   return np.array(ours), np.array(theirs), final, reference.numpy_params()
 
 
@@ -93,7 +95,7 @@ def test_our_fairseq_init_draws_from_the_references_distributions():
   config = helpers.tiny_model_config(
     d_model=64, d_ff=256, vocab_size=4000, attention_bias=True, init="fairseq"
   )
-  ours = torch_training.flat_params(
+  ours = flat_params(
     nn.unbox(
       Transformer(config).init(
         jax.random.key(0), np.ones((1, 4), np.int32), np.ones((1, 4), np.int32)
@@ -121,6 +123,37 @@ def test_dropout_follows_the_seed():
     )
     losses.append([reference.train_step(helpers.synthetic_batch(i))["loss"] for i in range(3)])
   assert losses[0] == losses[1] and losses[0] != losses[2]
+
+
+@pytest.mark.parametrize("rates", [(0.5, 0.0), (0.0, 0.5)])
+def test_the_reference_drops_attention_weights_and_activations_as_ours_does(rates):
+  """From the same parameters, the logits' mean and spread over many dropout masks are ours."""
+  config = helpers.tiny_model_config(
+    dropout_rate=0.0, attention_dropout_rate=rates[0], activation_dropout_rate=rates[1]
+  )
+  params = _our_start(config)[1].params
+  reference = torch_training.Reference(
+    config, SCHEDULE, label_smoothing=0.1, params=flat_params(params)
+  )
+  batch = helpers.synthetic_batch(0)
+  arrays = [batch[k] for k in BATCH_KEYS]
+  model = Transformer(config)
+  logits = jax.jit(
+    lambda key: model.apply({"params": params}, *arrays, train=True, rngs={"dropout": key})
+  )
+  real = batch["targets_segmentation"] > 0
+  ours = np.stack([np.asarray(logits(jax.random.key(i)))[real] for i in range(100)])
+  with torch.no_grad():
+    theirs = np.stack([reference.logits(batch, True).numpy()[real] for _ in range(100)])
+    quiet = reference.logits(batch, False).numpy()[real]
+  np.testing.assert_allclose(
+    np.asarray(model.apply({"params": params}, *arrays))[real], quiet, atol=1e-5
+  )
+  spread = ours.std(0).mean()
+  assert spread > 0.1  # Dropout moves the logits.
+  assert theirs.std(0).mean() == pytest.approx(spread, rel=0.05)
+  shift = np.abs(ours.mean(0) - quiet).mean()
+  assert np.abs(theirs.mean(0) - quiet).mean() == pytest.approx(shift, rel=0.1)
 
 
 def test_settings_it_does_not_implement_are_named():
@@ -169,7 +202,7 @@ def test_a_device_torch_cannot_name_or_reach_is_one_line_naming_it():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_on_a_gpu_the_reference_trains_as_on_the_cpu():
   config = helpers.tiny_model_config()
-  start = torch_training.flat_params(_our_start(config)[1].params)
+  start = flat_params(_our_start(config)[1].params)
   losses = {}
   for device in ("cpu", "cuda"):
     reference = torch_training.Reference(

@@ -108,7 +108,9 @@ def cached_attention(query, key_cache, value_cache, mask=None):
   return out.reshape(batch, q_len, heads, value_cache.shape[-1]).astype(query.dtype)
 
 
-def dot_product_attention(query, key, value, mask=None, *, implementation: Implementation = "auto"):
+def dot_product_attention(
+  query, key, value, mask=None, *, implementation: Implementation = "auto", dropout=None
+):
   """Scaled dot-product attention, `softmax(Q K^T / sqrt(d_k)) V`.
 
   Args:
@@ -124,17 +126,34 @@ def dot_product_attention(query, key, value, mask=None, *, implementation: Imple
       reference for float64 inputs (the fused softmax is float32). The
       platform is JAX's default backend (`resolve_implementation`); a model
       placed on a mesh resolves it against the mesh's devices instead.
+    dropout: optional function of the attention weights `[batch, heads,
+      q_len, k_len]` (attention dropout). The fused kernels have none, so with
+      it "auto" takes the reference path and the others raise ValueError.
 
   Returns:
     `[batch, q_len, heads, d_v]` in the query's dtype. Rows whose keys are all
     masked are zero.
   """
   _check_shapes(query, key, value, mask)
-  backend = resolve_implementation(
-    implementation, jax.default_backend(), dtype=query.dtype, d_k=key.shape[-1], d_v=value.shape[-1]
+  if dropout is not None and implementation not in ("auto", "reference"):
+    raise ValueError(
+      f"implementation={implementation!r} has no attention dropout; use 'auto' or 'reference'"
+    )
+  backend = (
+    "reference"
+    if dropout is not None
+    else resolve_implementation(
+      implementation,
+      jax.default_backend(),
+      dtype=query.dtype,
+      d_k=key.shape[-1],
+      d_v=value.shape[-1],
+    )
   )
   if backend == "reference":
     weights = attention_weights(query, key, mask)
+    if dropout is not None:
+      weights = dropout(weights)
     return jnp.einsum("bhqk,bkhd->bqhd", weights.astype(value.dtype), value).astype(query.dtype)
 
   if mask is not None:

@@ -128,11 +128,14 @@ def write_step(cached_key, cached_value, index, key, value, mask):
   return key, value, attention.combine_masks(mask, seen)
 
 
-def feed_forward(x, wi, bi, wo, bo, activation: str, dtype):
-  """`activation(x W1 + b1) W2 + b2`: `[..., d_model]` to itself."""
+def feed_forward(x, wi, bi, wo, bo, activation: str, dtype, dropout=None):
+  """`activation(x W1 + b1) W2 + b2`: `[..., d_model]` to itself; `dropout`, a function, is
+  applied to the hidden activations (activation dropout)."""
   x = x.astype(dtype)
   hidden = ACTIVATIONS[activation](x @ wi.astype(dtype) + bi.astype(dtype))
   hidden = nn.with_logical_constraint(hidden, ("batch", "length", "mlp"))
+  if dropout is not None:
+    hidden = dropout(hidden)
   return hidden @ wo.astype(dtype) + bo.astype(dtype)
 
 

@@ -52,7 +52,9 @@ class MultiHeadAttention(nn.Module):
   `[d_model, heads, d_k]`, W^V `[d_model, heads, d_v]`, W^O `[heads, d_v,
   d_model]`, with no biases, as in the paper; `use_bias` adds a bias to each
   projection (`[heads, d]` for Q, K, V, `[d_model]` for the output).
-  `init_scheme` is one of INITS.
+  `init_scheme` is one of INITS. `dropout_rate` drops attention weights when
+  a call is not `deterministic` (attention dropout; it takes the reference
+  attention, the fused kernels have no dropout).
 
   Incremental decoding (`decode=True`) keeps a "cache" collection of
   head-major `[batch, heads, length, d]` keys/values: for self-attention
@@ -72,9 +74,12 @@ class MultiHeadAttention(nn.Module):
   param_dtype: Dtype = jnp.float32
   attention_impl: attention.Implementation = "auto"
   init_scheme: str = "xavier"
+  dropout_rate: float = 0.0
 
   @nn.compact
-  def __call__(self, inputs_q, inputs_kv, mask=None, *, decode: bool = False):
+  def __call__(
+    self, inputs_q, inputs_kv, mask=None, *, decode: bool = False, deterministic: bool = True
+  ):
     d_in, d_kv = inputs_q.shape[-1], inputs_kv.shape[-1]
     d_out = self.out_features or d_in
     h = self.num_heads
@@ -114,8 +119,11 @@ class MultiHeadAttention(nn.Module):
     else:
       key = project(inputs_kv, p["key"], bias("key"))
       value = project(inputs_kv, p["value"], bias("value"))
+      dropout = None
+      if self.dropout_rate and not deterministic:
+        dropout = functools.partial(Dropout(self.dropout_rate), deterministic=False)
       out = attention.dot_product_attention(
-        query, key, value, mask, implementation=self.attention_impl
+        query, key, value, mask, implementation=self.attention_impl, dropout=dropout
       )
     return functional.merge_heads(out, p["out"], bias("out"), self.dtype)
 
@@ -148,7 +156,8 @@ class FeedForward(nn.Module):
   """Position-wise feed-forward network `max(0, x W1 + b1) W2 + b2`, `[..., d_model]` to itself.
 
   `activation` (a name of ACTIVATIONS) replaces the paper's ReLU `max(0, .)`;
-  `init_scheme` is one of INITS.
+  `init_scheme` is one of INITS; `dropout_rate` drops hidden activations when a
+  call is not `deterministic` (activation dropout).
   """
 
   d_ff: int = 2048
@@ -156,9 +165,10 @@ class FeedForward(nn.Module):
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
   init_scheme: str = "xavier"
+  dropout_rate: float = 0.0
 
   @nn.compact
-  def __call__(self, x):
+  def __call__(self, x, deterministic: bool = True):
     d_model = x.shape[-1]
     inits = functional.feed_forward_inits(self.init_scheme, d_model, self.d_ff)
     shapes = {"wi": (d_model, self.d_ff), "bi": (self.d_ff,), "wo": (self.d_ff, d_model)}
@@ -166,7 +176,12 @@ class FeedForward(nn.Module):
       name: logical_param(self, name, inits[name], shape, self.param_dtype)
       for name, shape in (shapes | {"bo": (d_model,)}).items()
     }
-    return functional.feed_forward(x, **p, activation=self.activation, dtype=self.dtype)
+    dropout = None
+    if self.dropout_rate and not deterministic:
+      dropout = functools.partial(Dropout(self.dropout_rate), deterministic=False)
+    return functional.feed_forward(
+      x, **p, activation=self.activation, dtype=self.dtype, dropout=dropout
+    )
 
 
 class LayerNorm(nn.Module):
@@ -192,6 +207,8 @@ class _LayerFields(nn.Module):
   d_v: int = 64
   d_ff: int = 2048
   dropout_rate: float = 0.1
+  attention_dropout_rate: float = 0.0
+  activation_dropout_rate: float = 0.0
   pre_norm: bool = False
   dtype: Dtype = jnp.float32
   attention_impl: attention.Implementation = "auto"
@@ -210,6 +227,7 @@ class _LayerFields(nn.Module):
       self.activation,
       dtype=self.dtype,
       init_scheme=self.init_scheme,
+      dropout_rate=self.activation_dropout_rate,
       name="feed_forward",
     )
 
@@ -222,6 +240,7 @@ class _LayerFields(nn.Module):
       dtype=self.dtype,
       attention_impl=self.attention_impl,
       init_scheme=self.init_scheme,
+      dropout_rate=self.attention_dropout_rate,
       name=name,
       **kwargs,
     )
@@ -245,9 +264,13 @@ class EncoderLayer(_LayerFields):
   @nn.compact
   def __call__(self, x, mask=None, deterministic: bool = True):
     block = self._residual_block(deterministic)
-    attend = self._attention("self_attention")
-    x = block(x, lambda y: attend(y, y, mask), norm=self._norm("self_attention_norm"))
-    x = block(x, self._feed_forward(), norm=self._norm("feed_forward_norm"))
+    attend, feed_forward = self._attention("self_attention"), self._feed_forward()
+    x = block(
+      x,
+      lambda y: attend(y, y, mask, deterministic=deterministic),
+      norm=self._norm("self_attention_norm"),
+    )
+    x = block(x, lambda y: feed_forward(y, deterministic), norm=self._norm("feed_forward_norm"))
     return nn.with_logical_constraint(x, ("batch", "length", "embed"))
 
 
@@ -274,15 +297,16 @@ class DecoderLayer(_LayerFields):
     block = self._residual_block(deterministic)
     self_attend = self._attention("self_attention")
     cross_attend = self._attention("cross_attention", static_kv=True)
+    feed_forward = self._feed_forward()
     x = block(
       x,
-      lambda y: self_attend(y, y, self_mask, decode=decode),
+      lambda y: self_attend(y, y, self_mask, decode=decode, deterministic=deterministic),
       norm=self._norm("self_attention_norm"),
     )
     x = block(
       x,
-      lambda y: cross_attend(y, encoded, cross_mask, decode=decode),
+      lambda y: cross_attend(y, encoded, cross_mask, decode=decode, deterministic=deterministic),
       norm=self._norm("cross_attention_norm"),
     )
-    x = block(x, self._feed_forward(), norm=self._norm("feed_forward_norm"))
+    x = block(x, lambda y: feed_forward(y, deterministic), norm=self._norm("feed_forward_norm"))
     return nn.with_logical_constraint(x, ("batch", "length", "embed"))

@@ -54,9 +54,13 @@ class Dropout(nnx.Module):
     if deterministic is not None:
       self.deterministic = deterministic
 
+  def active(self, deterministic: bool | None = None) -> bool:
+    """Whether a call with `deterministic` drops anything."""
+    return self.rate > 0 and not (self.deterministic if deterministic is None else deterministic)
+
   def __call__(self, x, *, deterministic: bool | None = None, rngs=None):
     """`rngs`: a key, an `nnx.Rngs` or a stream, instead of the one given at construction."""
-    if self.rate == 0 or (self.deterministic if deterministic is None else deterministic):
+    if not self.active(deterministic):
       return x
     source = self.rngs if rngs is None else rngs
     if source is None:
@@ -91,6 +95,7 @@ class MultiHeadAttention(nnx.Module):
   attend over keys/values of width `d_kv` (default `d_model`); output `out_features` wide
   (default `d_model`).
 
+  `dropout_rate` drops attention weights in training (attention dropout).
   Decoding: `init_cache(rows, max_len)` makes a self-attention buffer of `rows` hypotheses;
   `set_static_kv(inputs_kv)` projects cross-attention keys/values once; `decode=True` calls
   then read them (and write the step's own key/value into the buffer).
@@ -110,6 +115,7 @@ class MultiHeadAttention(nnx.Module):
     param_dtype: Dtype = jnp.float32,
     attention_impl: attention.Implementation = "auto",
     init_scheme: str = "xavier",
+    dropout_rate: float = 0.0,
     rngs: nnx.Rngs,
   ):
     d_kv = d_kv or d_model
@@ -134,6 +140,7 @@ class MultiHeadAttention(nnx.Module):
       setattr(self, name, value)
     self.cached_key = self.cached_value = self.cache_index = nnx.data(None)
     self.static_key = self.static_value = nnx.data(None)
+    self.weights_dropout = Dropout(dropout_rate, rngs=rngs)
 
   def _weights(self, name):
     p = getattr(self, name)
@@ -157,12 +164,17 @@ class MultiHeadAttention(nnx.Module):
     self.static_key = SentenceCache(self._project(inputs_kv, "key", head_major=True))
     self.static_value = SentenceCache(self._project(inputs_kv, "value", head_major=True))
 
-  def __call__(self, inputs_q, inputs_kv, mask=None, *, decode: bool = False):
+  def __call__(
+    self, inputs_q, inputs_kv, mask=None, *, decode: bool = False, deterministic: bool | None = None
+  ):
     query = self._project(inputs_q, "query")
     if not decode:
       key, value = self._project(inputs_kv, "key"), self._project(inputs_kv, "value")
+      dropout = None
+      if self.weights_dropout.active(deterministic):
+        dropout = functools.partial(self.weights_dropout, deterministic=False)
       out = attention.dot_product_attention(
-        query, key, value, mask, implementation=self.attention_impl
+        query, key, value, mask, implementation=self.attention_impl, dropout=dropout
       )
     elif self.static_key is not None:
       out = attention.cached_attention(query, self.static_key[...], self.static_value[...], mask)
@@ -184,7 +196,8 @@ class MultiHeadAttention(nnx.Module):
 
 
 class FeedForward(nnx.Module):
-  """Position-wise feed-forward network `activation(x W1 + b1) W2 + b2`, `[..., d_model]`."""
+  """Position-wise feed-forward network `activation(x W1 + b1) W2 + b2`, `[..., d_model]`;
+  `dropout_rate` drops hidden activations in training (activation dropout)."""
 
   def __init__(
     self,
@@ -195,6 +208,7 @@ class FeedForward(nnx.Module):
     dtype: Dtype = jnp.float32,
     param_dtype: Dtype = jnp.float32,
     init_scheme: str = "xavier",
+    dropout_rate: float = 0.0,
     rngs: nnx.Rngs,
   ):
     self.activation, self.dtype = activation, dtype
@@ -202,10 +216,14 @@ class FeedForward(nnx.Module):
     shapes = {"wi": (d_model, d_ff), "bi": (d_ff,), "wo": (d_ff, d_model), "bo": (d_model,)}
     for name, shape in shapes.items():
       setattr(self, name, _param(name, inits[name], rngs, shape, param_dtype))
+    self.activation_dropout = Dropout(dropout_rate, rngs=rngs)
 
-  def __call__(self, x):
+  def __call__(self, x, deterministic: bool | None = None):
     weights = {name: getattr(self, name)[...] for name in ("wi", "bi", "wo", "bo")}
-    return functional.feed_forward(x, **weights, activation=self.activation, dtype=self.dtype)
+    dropout = functools.partial(self.activation_dropout, deterministic=deterministic)
+    return functional.feed_forward(
+      x, **weights, activation=self.activation, dtype=self.dtype, dropout=dropout
+    )
 
 
 class Embed(nnx.Module):
@@ -278,6 +296,8 @@ class _Layer(nnx.Module):
     d_v: int = 64,
     d_ff: int = 2048,
     dropout_rate: float = 0.1,
+    attention_dropout_rate: float = 0.0,
+    activation_dropout_rate: float = 0.0,
     pre_norm: bool = False,
     *,
     dtype: Dtype = jnp.float32,
@@ -292,28 +312,23 @@ class _Layer(nnx.Module):
   ):
     self.pre_norm = pre_norm
     dtypes = dict(dtype=dtype, param_dtype=param_dtype)
+    made = dict(**dtypes, init_scheme=init_scheme, rngs=rngs)
+    attend = dict(attention_impl=attention_impl, dropout_rate=attention_dropout_rate)
     for name in attentions:
       setattr(
         self,
         name,
-        MultiHeadAttention(
-          d_model,
-          num_heads,
-          d_k,
-          d_v,
-          use_bias=attention_bias,
-          **dtypes,
-          attention_impl=attention_impl,
-          init_scheme=init_scheme,
-          rngs=rngs,
-        ),
+        MultiHeadAttention(d_model, num_heads, d_k, d_v, use_bias=attention_bias, **attend, **made),
       )
       setattr(self, f"{name}_norm", LayerNorm(d_model, epsilon=norm_epsilon, **dtypes))
     self.feed_forward = FeedForward(
-      d_model, d_ff, activation=activation, **dtypes, init_scheme=init_scheme, rngs=rngs
+      d_model, d_ff, activation=activation, dropout_rate=activation_dropout_rate, **made
     )
     self.feed_forward_norm = LayerNorm(d_model, epsilon=norm_epsilon, **dtypes)
     self.dropout = Dropout(dropout_rate, rngs=rngs)
+
+  def _feed_forward(self, deterministic):
+    return functools.partial(self.feed_forward, deterministic=deterministic)
 
   def _block(self, deterministic):
     return functools.partial(
@@ -327,9 +342,13 @@ class EncoderLayer(_Layer):
   """Self-attention then feed-forward, each in a residual block: `[b, l, d_model]` -> same."""
 
   def __call__(self, x, mask=None, deterministic: bool | None = None):
-    block = self._block(deterministic)
-    x = block(x, lambda y: self.self_attention(y, y, mask), norm=self.self_attention_norm)
-    x = block(x, self.feed_forward, norm=self.feed_forward_norm)
+    block, feed_forward = self._block(deterministic), self._feed_forward(deterministic)
+    x = block(
+      x,
+      lambda y: self.self_attention(y, y, mask, deterministic=deterministic),
+      norm=self.self_attention_norm,
+    )
+    x = block(x, feed_forward, norm=self.feed_forward_norm)
     return nn.with_logical_constraint(x, ("batch", "length", "embed"))
 
 
@@ -348,16 +367,15 @@ class DecoderLayer(_Layer):
     deterministic: bool | None = None,
     decode: bool = False,
   ):
-    block = self._block(deterministic)
+    block, feed_forward = self._block(deterministic), self._feed_forward(deterministic)
+    attend = dict(decode=decode, deterministic=deterministic)
     x = block(
-      x,
-      lambda y: self.self_attention(y, y, self_mask, decode=decode),
-      norm=self.self_attention_norm,
+      x, lambda y: self.self_attention(y, y, self_mask, **attend), norm=self.self_attention_norm
     )
     x = block(
       x,
-      lambda y: self.cross_attention(y, encoded, cross_mask, decode=decode),
+      lambda y: self.cross_attention(y, encoded, cross_mask, **attend),
       norm=self.cross_attention_norm,
     )
-    x = block(x, self.feed_forward, norm=self.feed_forward_norm)
+    x = block(x, feed_forward, norm=self.feed_forward_norm)
     return nn.with_logical_constraint(x, ("batch", "length", "embed"))

@@ -80,6 +80,8 @@ def layer_settings(config: TransformerConfig) -> dict[str, Any]:
     d_v=config.value_size,
     d_ff=config.d_ff,
     dropout_rate=config.dropout_rate,
+    attention_dropout_rate=config.attention_dropout_rate,
+    activation_dropout_rate=config.activation_dropout_rate,
     pre_norm=config.norm == "pre",
     dtype=config.compute_dtype,
     attention_impl=config.attention_impl,

@@ -9,6 +9,7 @@ sweep.py                the scaling sweep: its grid, table and figure
 timing.py               what the benchmarks share: timing on the device, summaries
 torch_reference.py      the same model in PyTorch, for side-by-side benchmarks
 torch_training.py       our model and train step in PyTorch, to hold our training to it
+reference_parameters.py its parameters: our names and shapes, fairseq's initial values
 training_curves.py      our training against torch_training, update by update
 compare_training.py     the command line of training_curves
 inspect_checkpoints.py  a work directory's checkpoints listed and verified (`./launch.sh inspect`)

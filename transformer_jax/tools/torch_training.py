@@ -10,7 +10,8 @@ positions included). It starts either from our initial parameters (copied:
 with dropout 0 both sides must then produce the same losses) or from
 fairseq's initialisation (a second, independent training run on the same
 batches); its dropout masks come from torch's generator, seeded. The
-sinusoidal table is the one function it shares with the model. It runs on
+sinusoidal table is the one function it shares with the model; the parameters' names, shapes
+and fairseq's initial values are tools/reference_parameters.py's. It runs on
 the CPU or a CUDA device (`device="cuda"`); the initial parameters are
 drawn on the CPU, so a seed gives the same start on every device.
 
@@ -19,18 +20,16 @@ Needs PyTorch (the `hf` or `bench` extra).
 
 import math
 
-import flax
-import jax
 import numpy as np
 
 from transformer_jax.conventions import PAD_ID
 from transformer_jax.errors import UserError
 from transformer_jax.model.functional import sinusoidal_table
 from transformer_jax.model.transformer import TransformerConfig
+from transformer_jax.tools.reference_parameters import fairseq_init, parameter_shapes
 from transformer_jax.train.objective import OptimizerSettings
 
 INITS = ("copied", "fairseq")
-ATTENTIONS = ("self_attention", "cross_attention")
 
 
 def _torch():
@@ -39,102 +38,6 @@ def _torch():
   except ImportError as e:
     raise ImportError("the PyTorch reference needs torch: pip install -e '.[hf]'") from e
   return torch
-
-
-def flat_params(params) -> dict[str, np.ndarray]:
-  """Our parameter tree (on any device) as `{path: array}`, the paths of `parameter_shapes`."""
-  return flax.traverse_util.flatten_dict(jax.device_get(params), sep="/")
-
-
-def parameter_shapes(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
-  """Every parameter's name (our flattened path) and shape, for a post-LN or pre-LN model."""
-  d, h, dk, dv, ff = (
-    config.d_model,
-    config.num_heads,
-    config.key_size,
-    config.value_size,
-    config.d_ff,
-  )
-  shapes = {"embed/embedding": (config.vocab_size, d)}
-  if config.logits_bias:
-    shapes["embed/logits_bias"] = (config.vocab_size,)
-
-  def attention(prefix):
-    shapes.update(
-      {
-        f"{prefix}/query": (d, h, dk),
-        f"{prefix}/key": (d, h, dk),
-        f"{prefix}/value": (d, h, dv),
-        f"{prefix}/out": (h, dv, d),
-      }
-    )
-    if config.attention_bias:
-      shapes.update(
-        {
-          f"{prefix}/query_bias": (h, dk),
-          f"{prefix}/key_bias": (h, dk),
-          f"{prefix}/value_bias": (h, dv),
-          f"{prefix}/out_bias": (d,),
-        }
-      )
-
-  def norm(prefix):
-    shapes.update({f"{prefix}/scale": (d,), f"{prefix}/bias": (d,)})
-
-  for stack, sublayers in (("encoder", ATTENTIONS[:1]), ("decoder", ATTENTIONS)):
-    for i in range(config.num_layers):
-      layer = f"{stack}/layer_{i}"
-      for name in sublayers:
-        attention(f"{layer}/{name}")
-        norm(f"{layer}/{name}_norm")
-      shapes.update(
-        {
-          f"{layer}/feed_forward/wi": (d, ff),
-          f"{layer}/feed_forward/bi": (ff,),
-          f"{layer}/feed_forward/wo": (ff, d),
-          f"{layer}/feed_forward/bo": (d,),
-        }
-      )
-      norm(f"{layer}/feed_forward_norm")
-    if config.norm == "pre":
-      norm(f"{stack}/final_norm")
-  return shapes
-
-
-def fairseq_init(torch, config: TransformerConfig, name: str, shape, generator):
-  """fairseq's initial value of parameter `name` (float64).
-
-  Embeddings N(0, d^-1/2); attention weights Xavier-uniform, gain 2^-1/2 for
-  W^Q, W^K, W^V and 1 for W^O; the feed-forward layers and the Q, K, V biases
-  keep torch's `nn.Linear` default, U(+-1/sqrt(fan_in)); the attention
-  output bias, LayerNorm offsets and (ours only) a logits bias start at 0,
-  LayerNorm scales at 1. fairseq also zeroes the padding row of the
-  embedding; here PAD is the decoder's start token, so it is drawn like the
-  others.
-  """
-  d, h, leaf = config.d_model, config.num_heads, name.rsplit("/", 1)[-1]
-  if leaf == "embedding":
-    return torch.randn(shape, generator=generator, dtype=torch.float64) * d**-0.5
-  if leaf == "scale":
-    return torch.ones(shape, dtype=torch.float64)
-  xavier = lambda fan_in, fan_out: math.sqrt(6.0 / (fan_in + fan_out))
-  qk, v = 2**-0.5 * xavier(d, h * config.key_size), 2**-0.5 * xavier(d, h * config.value_size)
-  bounds = {
-    "query": qk,
-    "key": qk,
-    "value": v,
-    "out": xavier(h * config.value_size, d),
-    "wi": d**-0.5,
-    "bi": d**-0.5,
-    "wo": config.d_ff**-0.5,
-    "bo": config.d_ff**-0.5,
-    "query_bias": d**-0.5,
-    "key_bias": d**-0.5,
-    "value_bias": d**-0.5,
-  }
-  if leaf not in bounds:  # out_bias, LayerNorm offsets, logits_bias.
-    return torch.zeros(shape, dtype=torch.float64)
-  return (torch.rand(shape, generator=generator, dtype=torch.float64) * 2 - 1) * bounds[leaf]
 
 
 class TorchReferenceError(UserError, ValueError):
@@ -260,15 +163,16 @@ class Reference:
       * min(step**-0.5, step * self.optimizer.warmup_steps**-1.5)
     )
 
-  def _dropout(self, x, train):
-    """Inverted dropout, its mask drawn from the reference's own seeded generator."""
-    rate = self.config.dropout_rate
+  def _dropout(self, x, train, rate=None):
+    """Inverted dropout at `rate` (default `dropout_rate`), its mask drawn from the reference's
+    own seeded generator."""
+    rate = self.config.dropout_rate if rate is None else rate
     if not train or rate == 0:
       return x
     keep = self.torch.rand(x.shape, generator=self.generator, device=self.device) >= rate
     return x * keep / (1 - rate)
 
-  def _attention(self, prefix, x, memory, allowed):
+  def _attention(self, prefix, x, memory, allowed, train):
     torch, p, cfg = self.torch, self.params, self.config
 
     def project(y, name):
@@ -281,6 +185,7 @@ class Reference:
     scores = q @ k.transpose(-1, -2) / math.sqrt(cfg.key_size)
     # A padding query with no key to attend gets a uniform average: finite, and never read.
     weights = torch.softmax(scores.masked_fill(~allowed, -1e9), dim=-1)
+    weights = self._dropout(weights, train, cfg.attention_dropout_rate)
     out = torch.einsum("bhlk,hkd->bld", weights @ v, p[f"{prefix}/out"])
     return out + p[f"{prefix}/out_bias"] if cfg.attention_bias else out
 
@@ -297,10 +202,15 @@ class Reference:
       return x + self._dropout(fn(norm(x)), train)
     return norm(x + self._dropout(fn(x), train))
 
-  def _feed_forward(self, prefix):
-    p, relu = self.params, self.torch.relu
-    f = f"{prefix}/feed_forward"
-    return lambda x: relu(x @ p[f"{f}/wi"] + p[f"{f}/bi"]) @ p[f"{f}/wo"] + p[f"{f}/bo"]
+  def _feed_forward(self, prefix, train):
+    p, f = self.params, f"{prefix}/feed_forward"
+
+    def feed_forward(x):
+      hidden = self.torch.relu(x @ p[f"{f}/wi"] + p[f"{f}/bi"])
+      hidden = self._dropout(hidden, train, self.config.activation_dropout_rate)
+      return hidden @ p[f"{f}/wo"] + p[f"{f}/bo"]
+
+    return feed_forward
 
   def logits(self, batch, train: bool):
     """`[batch, target_length, vocab]` logits of a batch of numpy arrays (keys `BATCH_KEYS`)."""
@@ -326,10 +236,10 @@ class Reference:
         x,
         layer,
         "self_attention_norm",
-        lambda y, name=layer: self._attention(f"{name}/self_attention", y, y, encoder_mask),
+        lambda y, name=layer: self._attention(f"{name}/self_attention", y, y, encoder_mask, train),
         train,
       )
-      x = self._sublayer(x, layer, "feed_forward_norm", self._feed_forward(layer), train)
+      x = self._sublayer(x, layer, "feed_forward_norm", self._feed_forward(layer, train), train)
     memory = self._final_norm("encoder", x)
     length = tgt_seg.shape[1]
     causal = torch.ones(length, length, dtype=torch.bool, device=self.device).tril()
@@ -341,17 +251,19 @@ class Reference:
         y,
         layer,
         "self_attention_norm",
-        lambda z, name=layer: self._attention(f"{name}/self_attention", z, z, self_mask),
+        lambda z, name=layer: self._attention(f"{name}/self_attention", z, z, self_mask, train),
         train,
       )
       y = self._sublayer(
         y,
         layer,
         "cross_attention_norm",
-        lambda z, name=layer: self._attention(f"{name}/cross_attention", z, memory, cross_mask),
+        lambda z, name=layer: self._attention(
+          f"{name}/cross_attention", z, memory, cross_mask, train
+        ),
         train,
       )
-      y = self._sublayer(y, layer, "feed_forward_norm", self._feed_forward(layer), train)
+      y = self._sublayer(y, layer, "feed_forward_norm", self._feed_forward(layer, train), train)
     logits = self._final_norm("decoder", y) @ p["embed/embedding"].T
     return logits + p["embed/logits_bias"] if cfg.logits_bias else logits
 

@@ -19,7 +19,8 @@ import numpy as np
 
 from transformer_jax import data, fileio
 from transformer_jax.experiment import Experiment, make_trainer
-from transformer_jax.tools.torch_training import Reference, flat_params
+from transformer_jax.tools.reference_parameters import flat_params
+from transformer_jax.tools.torch_training import Reference
 from transformer_jax.workdir import Workdir
 
 log = logging.getLogger(__name__)
