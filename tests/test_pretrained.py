@@ -444,6 +444,23 @@ def test_export_refuses_a_model_marian_cannot_represent(overrides, field):
     marian.marian_config(model, vocab_size=model.vocab_size, pad_id=9, eos_id=0)
 
 
+def test_the_dropout_rates_go_to_marian_and_back():
+  model = helpers.tiny_model_config(
+    norm_epsilon=1e-5, dropout_rate=0.2, attention_dropout_rate=0.1, activation_dropout_rate=0.3
+  )
+  config = marian.marian_config(model, vocab_size=model.vocab_size, pad_id=9, eos_id=0)
+  assert (config["dropout"], config["attention_dropout"], config["activation_dropout"]) == (
+    0.2,
+    0.1,
+    0.3,
+  )
+  names = {0: "</s>", 9: "<pad>"}
+  vocab = {names.get(i, f"p{i}"): i for i in range(model.vocab_size)}
+  fields = marian.model_fields(config, vocab)
+  rates = ("dropout_rate", "attention_dropout_rate", "activation_dropout_rate")
+  assert [fields[name] for name in rates] == [0.2, 0.1, 0.3]
+
+
 def edited_copy(source, target, **config_changes):
   """A copy of Marian directory `source` with `config_changes` made to its config.json."""
   shutil.copytree(source, target)
