@@ -1,11 +1,13 @@
 """The experiment from Python: docs/library.md's example runs as written, on the tiny corpus; the
-checkpoint a trained model is loaded from."""
+checkpoint a trained model is loaded from; the trainer's schedule."""
 
 import pytest
 
+import helpers
 from helpers import code_block
 from transformer_jax import experiment
 from transformer_jax.errors import UserError
+from transformer_jax.train import objective
 from transformer_jax.workdir import Workdir
 
 
@@ -50,3 +52,15 @@ def test_checkpoint_names_parse_and_anything_else_is_refused():
   for name, step in (("step", None), ("latest", 3), ("newest", None)):
     with pytest.raises(ValueError, match="is not a checkpoint"):
       experiment.Checkpoint(name, step)
+
+
+def test_the_trainer_takes_the_cooldown_to_the_runs_last_step(tmp_path):
+  settings = helpers.tiny_experiment(tmp_path, num_train_steps=50, cooldown_steps=10)
+  _, schedule = experiment.make_trainer(settings, vocab_size=40)
+  paper = objective.learning_rate_schedule(
+    d_model=settings.model.d_model,
+    warmup_steps=settings.optimizer.warmup_steps,
+    scale=settings.optimizer.learning_rate,
+  )
+  for count, factor in ((39, 1.0), (40, 1.0), (45, 0.5), (49, 0.1)):
+    assert float(schedule(count)) == pytest.approx(float(paper(count)) * factor, rel=1e-6)

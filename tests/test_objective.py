@@ -23,6 +23,21 @@ def test_schedule_is_the_papers_formula_and_peaks_at_warmup():
   np.testing.assert_allclose(rates.max(), scale * (d_model * warmup) ** -0.5, rtol=1e-6)
 
 
+def test_a_cooldown_takes_the_last_updates_linearly_down_to_zero():
+  d_model, warmup, total, cooldown = 64, 100, 1000, 200
+  paper = objective.learning_rate_schedule(d_model=d_model, warmup_steps=warmup)
+  schedule = objective.learning_rate_schedule(
+    d_model=d_model, warmup_steps=warmup, cooldown_steps=cooldown, num_train_steps=total
+  )
+  for count in (0, 99, 500, 799, 800, 900, 999):
+    factor = min(1.0, (total - count) / cooldown)
+    np.testing.assert_allclose(float(schedule(count)), float(paper(count)) * factor, rtol=1e-6)
+  np.testing.assert_allclose(float(schedule(999)), float(paper(999)) / cooldown, rtol=1e-6)
+  assert float(schedule(1000)) == 0.0
+  with pytest.raises(ValueError, match="cooldown needs the run's num_train_steps"):
+    objective.learning_rate_schedule(d_model=d_model, warmup_steps=warmup, cooldown_steps=10)
+
+
 def test_train_flops_counts_each_weight_a_token_meets_and_each_attention_pair():
   # d_model 32, 4 heads of d_k 8 and d_v 12, d_ff 64, 2 + 2 layers, 40 words. By hand:
   # attention: W^Q, W^K 32x32 = 1024 each, W^V 32x48 = 1536, W^O 48x32 = 1536: 5120;

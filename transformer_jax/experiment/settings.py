@@ -82,6 +82,13 @@ class Experiment:
   def __post_init__(self):
     schema.check(self, "")
     sharding.logical_rules(self.sharding_rules)
+    if self.optimizer.cooldown_steps > self.fit.num_train_steps:
+      raise FieldError(
+        "",
+        "cooldown_steps",
+        f"={self.optimizer.cooldown_steps} is longer than the run "
+        f"(config.num_train_steps={self.fit.num_train_steps})",
+      )
     fields = (
       ("max_length",)
       if self.data.batch_mode == "packed"

@@ -33,7 +33,9 @@ def make_trainer(experiment: Experiment, *, vocab_size: int, devices=None):
   """`(trainer, learning-rate schedule)` of `experiment` over `devices` (default: all), for a
   vocabulary of `vocab_size` tokens."""
   placement = experiment.placement(vocab_size=vocab_size, devices=devices)
-  optimizer, schedule = experiment.optimizer.make(placement.model.config.d_model)
+  optimizer, schedule = experiment.optimizer.make(
+    placement.model.config.d_model, experiment.fit.num_train_steps
+  )
   trainer = Trainer(
     placement,
     optimizer,

@@ -72,8 +72,9 @@ def _unsupported(config: TransformerConfig, optimizer: OptimizerSettings) -> lis
   found = [
     f"model.{k}={getattr(config, k)!r}" for k, v in defaults.items() if getattr(config, k) != v
   ]
-  if optimizer.grad_clip_norm:
-    found.append(f"grad_clip_norm={optimizer.grad_clip_norm}")
+  for field in ("grad_clip_norm", "cooldown_steps"):
+    if getattr(optimizer, field):
+      found.append(f"{field}={getattr(optimizer, field)}")
   return found
 
 

@@ -20,17 +20,34 @@ def paper_learning_rate(step, *, d_model: int, warmup_steps: int, scale: float =
   return scale * d_model**-0.5 * jnp.minimum(step**-0.5, step * warmup_steps**-1.5)
 
 
-def learning_rate_schedule(*, d_model: int, warmup_steps: int, scale: float = 1.0):
-  """Optax schedule of the paper's rate.
+def learning_rate_schedule(
+  *,
+  d_model: int,
+  warmup_steps: int,
+  scale: float = 1.0,
+  cooldown_steps: int = 0,
+  num_train_steps: int | None = None,
+):
+  """Optax schedule of the paper's rate, with an optional cooldown.
 
   Optax counts updates from 0; the paper counts steps from 1. Update `count`
   uses the paper's step `count + 1`, so the first update has a small nonzero
   rate and the peak comes at update `warmup_steps - 1` (paper step
-  `warmup_steps`).
+  `warmup_steps`). With `cooldown_steps` the last that many of the run's
+  `num_train_steps` updates scale the rate by `(num_train_steps - count) /
+  cooldown_steps`, linearly down to `1 / cooldown_steps` at the last update.
   """
-  return lambda count: paper_learning_rate(
-    count + 1, d_model=d_model, warmup_steps=warmup_steps, scale=scale
-  )
+  if cooldown_steps and not num_train_steps:
+    raise ValueError("a cooldown needs the run's num_train_steps")
+
+  def schedule(count):
+    rate = paper_learning_rate(count + 1, d_model=d_model, warmup_steps=warmup_steps, scale=scale)
+    if not cooldown_steps:
+      return rate
+    left = jnp.asarray(num_train_steps - count, jnp.float32)
+    return rate * jnp.clip(left / cooldown_steps, 0.0, 1.0)
+
+  return schedule
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,15 +65,26 @@ class OptimizerSettings:
   grad_clip_norm: float = schema.setting(
     0.0, "global-norm gradient clipping (the paper does not clip)", ge=0, means={0: "off"}
   )
+  cooldown_steps: int = schema.setting(
+    0,
+    "the run's last N updates take the rate linearly down to 0",
+    ge=0,
+    means={0: "off: the paper's schedule to the end"},
+  )
 
   def __post_init__(self):
     schema.check(self, "optimizer")
 
-  def make(self, d_model: int):
-    """`(optax optimizer, learning-rate schedule)` for a model of width `d_model`: Adam on the
-    schedule, after global-norm clipping when `grad_clip_norm > 0`."""
+  def make(self, d_model: int, num_train_steps: int | None = None):
+    """`(optax optimizer, learning-rate schedule)` for a model of width `d_model` trained for
+    `num_train_steps` (needed by a cooldown): Adam on the schedule, after global-norm clipping
+    when `grad_clip_norm > 0`."""
     schedule = learning_rate_schedule(
-      d_model=d_model, warmup_steps=self.warmup_steps, scale=self.learning_rate
+      d_model=d_model,
+      warmup_steps=self.warmup_steps,
+      scale=self.learning_rate,
+      cooldown_steps=self.cooldown_steps,
+      num_train_steps=num_train_steps,
     )
     adam = optax.adam(schedule, b1=self.adam_b1, b2=self.adam_b2, eps=self.adam_eps)
     if self.grad_clip_norm > 0:
