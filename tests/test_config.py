@@ -108,10 +108,6 @@ def test_every_field_rejects_a_value_of_the_wrong_type_naming_the_field(field):
       r"config.cooldown_steps=200 is longer than the run \(config.num_train_steps=100\)",
     ),
     (
-      {"model__attention_dropout_rate": 0.1, "model__attention_impl": "xla"},
-      r"config.model.attention_dropout_rate=0.1 needs attention_impl 'auto' or 'reference'",
-    ),
-    (
       {"model__max_len": 64},
       r"config.data.max_source_length=72 is longer than config.model.max_len=64, the positions",
     ),

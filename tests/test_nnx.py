@@ -403,12 +403,13 @@ def test_the_library_docs_nnx_example_trains_a_sharded_step():
 
 
 def test_nnx_dropout_draws_a_new_mask_at_every_site_and_call_and_across_jitted_steps():
-  layer = nnx_layers.EncoderLayer(8, 2, 4, 4, 16, dropout_rate=0.5, rngs=nnx.Rngs(0))
+  rates = dict(dropout_rate=0.5, attention_dropout_rate=0.5, activation_dropout_rate=0.5)
+  layer = nnx_layers.EncoderLayer(8, 2, 4, 4, 16, **rates, rngs=nnx.Rngs(0))
   x = jnp.ones((1, 64, 8))
   dropped = lambda y: np.asarray(y == 0)
   masks = []
   original = dropout.dropout
-  try:  # Record each site's mask: the three residual sub-layers' outputs.
+  try:  # Each site's mask: attention weights, activations, both sub-layers' outputs.
     dropout.dropout = lambda y, rate, key: (
       masks.append(dropped(original(y, rate, key))) or (original(y, rate, key))
     )
@@ -416,8 +417,8 @@ def test_nnx_dropout_draws_a_new_mask_at_every_site_and_call_and_across_jitted_s
     layer(x, None, False)
   finally:
     dropout.dropout = original
-  assert len(masks) == 4 and all(m.mean() > 0.3 for m in masks)
-  assert len({m.tobytes() for m in masks}) == 4  # Two sites, two calls: four masks.
+  assert len(masks) == 8 and all(m.mean() > 0.3 for m in masks)
+  assert len({m.tobytes() for m in masks}) == 8  # Four sites, two calls: eight masks.
   step = nnx.jit(lambda layer, x: layer(x))  # Dropout as the module is set: on after making it.
   first, second = step(layer, x), step(layer, x)
   assert not np.array_equal(first, second)  # The stream advanced across the jitted calls.

@@ -4,6 +4,7 @@ timing asserted)."""
 import numpy as np
 import pytest
 
+import helpers
 from transformer_jax.tools import step_benchmark
 
 TINY = step_benchmark.Workload(
@@ -41,3 +42,17 @@ def test_run_reports_every_figure(vs):
     assert results["ours"]["decode_s"][search]["median"] > 0
   table = step_benchmark.format_table(results)
   assert "train step, median (s)" in table and ("ours/torch" in table) == bool(vs)
+
+
+def test_the_torch_model_drops_where_ours_does_at_our_rates():
+  torch = pytest.importorskip("torch")
+  from transformer_jax.tools import torch_reference  # pylint: disable=g-import-not-at-top
+
+  config = helpers.tiny_model_config(
+    dropout_rate=0.3, attention_dropout_rate=0.1, activation_dropout_rate=0.2
+  )
+  model = torch_reference._TorchTransformer(torch, config)  # pylint: disable=protected-access
+  encoder, decoder = model.core.encoder.layers, model.core.decoder.layers
+  for layer in (*encoder, *decoder):
+    assert (layer.self_attn.dropout, layer.dropout.p, layer.dropout1.p) == (0.1, 0.2, 0.3)
+  assert all(layer.multihead_attn.dropout == 0.1 for layer in decoder)

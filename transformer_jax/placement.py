@@ -29,11 +29,8 @@ from transformer_jax.sharding import (
 
 def for_platform(model_config: TransformerConfig, platform: str) -> TransformerConfig:
   """`model_config` with its attention implementation resolved for devices of `platform` ("cpu",
-  "gpu", "tpu"), so that a program compiled for a target takes the path a run there takes:
-  the reference with attention dropout, which the fused kernels lack. FieldError (owner
-  `model`) for `attention_impl='cudnn'` where cuDNN cannot run it."""
-  if model_config.attention_dropout_rate:  # The config allows only 'auto' and 'reference' then.
-    return dataclasses.replace(model_config, attention_impl="reference")
+  "gpu", "tpu"), so that a program compiled for a target takes the path a run there takes.
+  FieldError (owner `model`) for `attention_impl='cudnn'` where cuDNN cannot run it."""
   problem = implementation_problem(
     model_config.attention_impl,
     d_k=model_config.key_size,

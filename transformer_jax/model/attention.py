@@ -128,17 +128,13 @@ def dot_product_attention(
       placed on a mesh resolves it against the mesh's devices instead.
     dropout: optional function of the attention weights `[batch, heads,
       q_len, k_len]` (attention dropout). The fused kernels have none, so with
-      it "auto" takes the reference path and the others raise ValueError.
+      it the reference path runs, whatever `implementation` says.
 
   Returns:
     `[batch, q_len, heads, d_v]` in the query's dtype. Rows whose keys are all
     masked are zero.
   """
   _check_shapes(query, key, value, mask)
-  if dropout is not None and implementation not in ("auto", "reference"):
-    raise ValueError(
-      f"implementation={implementation!r} has no attention dropout; use 'auto' or 'reference'"
-    )
   backend = (
     "reference"
     if dropout is not None

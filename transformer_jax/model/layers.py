@@ -38,6 +38,14 @@ __all__ = [
 SHARED_CACHE_ENTRIES = ("static_key", "static_value", "cache_index")
 
 
+def _dropout_or_none(rate: float, deterministic: bool):
+  """A `Dropout(rate)` submodule of the module being called, as a function of one array, where it
+  drops anything; None where it does not."""
+  if rate == 0 or deterministic:
+    return None
+  return functools.partial(Dropout(rate), deterministic=False)
+
+
 def logical_param(module, name, init, shape, dtype):
   """The parameter `name` of `module`, annotated with its logical axis names (`functional.AXES`)."""
   axes = functional.AXES[name]
@@ -119,11 +127,13 @@ class MultiHeadAttention(nn.Module):
     else:
       key = project(inputs_kv, p["key"], bias("key"))
       value = project(inputs_kv, p["value"], bias("value"))
-      dropout = None
-      if self.dropout_rate and not deterministic:
-        dropout = functools.partial(Dropout(self.dropout_rate), deterministic=False)
       out = attention.dot_product_attention(
-        query, key, value, mask, implementation=self.attention_impl, dropout=dropout
+        query,
+        key,
+        value,
+        mask,
+        implementation=self.attention_impl,
+        dropout=_dropout_or_none(self.dropout_rate, deterministic),
       )
     return functional.merge_heads(out, p["out"], bias("out"), self.dtype)
 
@@ -176,9 +186,7 @@ class FeedForward(nn.Module):
       name: logical_param(self, name, inits[name], shape, self.param_dtype)
       for name, shape in (shapes | {"bo": (d_model,)}).items()
     }
-    dropout = None
-    if self.dropout_rate and not deterministic:
-      dropout = functools.partial(Dropout(self.dropout_rate), deterministic=False)
+    dropout = _dropout_or_none(self.dropout_rate, deterministic)
     return functional.feed_forward(
       x, **p, activation=self.activation, dtype=self.dtype, dropout=dropout
     )
@@ -207,8 +215,6 @@ class _LayerFields(nn.Module):
   d_v: int = 64
   d_ff: int = 2048
   dropout_rate: float = 0.1
-  attention_dropout_rate: float = 0.0
-  activation_dropout_rate: float = 0.0
   pre_norm: bool = False
   dtype: Dtype = jnp.float32
   attention_impl: attention.Implementation = "auto"
@@ -216,6 +222,8 @@ class _LayerFields(nn.Module):
   activation: str = "relu"
   norm_epsilon: float = 1e-6
   init_scheme: str = "xavier"
+  attention_dropout_rate: float = 0.0
+  activation_dropout_rate: float = 0.0
 
   # Named apart from the submodules they make: `nnx.bridge.ToNNX` finds variables by attribute.
   def _norm(self, name):

@@ -220,7 +220,9 @@ class FeedForward(nnx.Module):
 
   def __call__(self, x, deterministic: bool | None = None):
     weights = {name: getattr(self, name)[...] for name in ("wi", "bi", "wo", "bo")}
-    dropout = functools.partial(self.activation_dropout, deterministic=deterministic)
+    dropout = None
+    if self.activation_dropout.active(deterministic):
+      dropout = functools.partial(self.activation_dropout, deterministic=False)
     return functional.feed_forward(
       x, **weights, activation=self.activation, dtype=self.dtype, dropout=dropout
     )
@@ -296,10 +298,10 @@ class _Layer(nnx.Module):
     d_v: int = 64,
     d_ff: int = 2048,
     dropout_rate: float = 0.1,
-    attention_dropout_rate: float = 0.0,
-    activation_dropout_rate: float = 0.0,
     pre_norm: bool = False,
     *,
+    attention_dropout_rate: float = 0.0,
+    activation_dropout_rate: float = 0.0,
     dtype: Dtype = jnp.float32,
     param_dtype: Dtype = jnp.float32,
     attention_impl: attention.Implementation = "auto",

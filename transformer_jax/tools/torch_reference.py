@@ -5,7 +5,9 @@ embedding shared by source, target and the output projection, scaled by
 sqrt(d_model), the paper's sinusoids, label-smoothed cross entropy over
 non-padding targets, and Adam(0.9, 0.98, 1e-9) on the paper's schedule.
 torch.nn.Transformer also puts a LayerNorm after each stack, which the
-paper's post-LN model does not have (2 x 2 x d_model extra parameters).
+paper's post-LN model does not have (2 x 2 x d_model extra parameters), and
+drops attention weights and feed-forward activations at its one rate; here
+they take the config's `attention_dropout_rate` and `activation_dropout_rate`.
 """
 
 import math
@@ -89,6 +91,11 @@ def _TorchTransformer(torch, config: TransformerConfig):
         batch_first=True,
         norm_first=config.norm == "pre",
       )
+      for layer in (*self.core.encoder.layers, *self.core.decoder.layers):
+        layer.self_attn.dropout = config.attention_dropout_rate
+        if hasattr(layer, "multihead_attn"):  # A decoder layer's attention over the source.
+          layer.multihead_attn.dropout = config.attention_dropout_rate
+        layer.dropout.p = config.activation_dropout_rate
       self.dropout = nn.Dropout(config.dropout_rate)
 
     def _embed(self, ids):
