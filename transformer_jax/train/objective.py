@@ -36,9 +36,13 @@ def learning_rate_schedule(
   `warmup_steps`). With `cooldown_steps` the last that many of the run's
   `num_train_steps` updates scale the rate by `(num_train_steps - count) /
   cooldown_steps`, linearly down to `1 / cooldown_steps` at the last update.
+  `count` is the optimizer's: an update skipped for a non-finite loss does
+  not advance it, so each skip moves the cooldown one update later.
   """
   if cooldown_steps and not num_train_steps:
     raise ValueError("a cooldown needs the run's num_train_steps")
+  if cooldown_steps > (num_train_steps or 0):
+    raise ValueError(f"cooldown_steps={cooldown_steps} is longer than the run ({num_train_steps})")
 
   def schedule(count):
     rate = paper_learning_rate(count + 1, d_model=d_model, warmup_steps=warmup_steps, scale=scale)
@@ -67,7 +71,8 @@ class OptimizerSettings:
   )
   cooldown_steps: int = schema.setting(
     0,
-    "the run's last N updates take the rate linearly down to 0",
+    "the last N of the run's num_train_steps updates take the rate linearly towards 0 (the "
+    "last at 1/N of it); a resumed run with more steps moves them",
     ge=0,
     means={0: "off: the paper's schedule to the end"},
   )
