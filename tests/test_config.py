@@ -105,7 +105,7 @@ def test_every_field_rejects_a_value_of_the_wrong_type_naming_the_field(field):
     ({"model__num_heads": 7}, r"d_model=512 is not divisible by num_heads=7"),
     (
       {"num_train_steps": 100, "cooldown_steps": 200},
-      r"config.cooldown_steps=200 is longer than the run \(config.num_train_steps=100\)",
+      r"config.cooldown_steps=200 is longer than the run \(num_train_steps=100\)",
     ),
     (
       {"model__max_len": 64},

@@ -36,7 +36,9 @@ def test_a_cooldown_takes_the_last_updates_linearly_down_to_zero():
   assert float(schedule(1000)) == 0.0
   with pytest.raises(ValueError, match="cooldown needs the run's num_train_steps"):
     objective.learning_rate_schedule(d_model=d_model, warmup_steps=warmup, cooldown_steps=10)
-  with pytest.raises(ValueError, match=r"cooldown_steps=20 is longer than the run \(10\)"):
+  with pytest.raises(
+    ValueError, match=r"cooldown_steps=20 is longer than the run \(num_train_steps=10\)"
+  ):
     objective.OptimizerSettings(cooldown_steps=20).make(d_model, 10)
 
 

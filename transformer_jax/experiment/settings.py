@@ -17,7 +17,7 @@ from transformer_jax.errors import FieldError
 from transformer_jax.model.transformer import TransformerConfig
 from transformer_jax.placement import Placement
 from transformer_jax.train.loop import FitSettings
-from transformer_jax.train.objective import OptimizerSettings
+from transformer_jax.train.objective import OptimizerSettings, cooldown_problem
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,13 +82,9 @@ class Experiment:
   def __post_init__(self):
     schema.check(self, "")
     sharding.logical_rules(self.sharding_rules)
-    if self.optimizer.cooldown_steps > self.fit.num_train_steps:
-      raise FieldError(
-        "",
-        "cooldown_steps",
-        f"={self.optimizer.cooldown_steps} is longer than the run "
-        f"(config.num_train_steps={self.fit.num_train_steps})",
-      )
+    problem = cooldown_problem(self.optimizer.cooldown_steps, self.fit.num_train_steps)
+    if problem:
+      raise FieldError("", "cooldown_steps", f"={self.optimizer.cooldown_steps}{problem}")
     fields = (
       ("max_length",)
       if self.data.batch_mode == "packed"

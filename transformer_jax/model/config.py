@@ -29,6 +29,10 @@ REMAT_POLICIES = {
 }
 
 
+def _rate(default: float, help_: str):
+  return schema.setting(default, help_, ge=0, lt=1)
+
+
 def _positive_or_none(help_: str):
   return schema.setting(None, help_, ge=1, means={None: "d_model / num_heads"})
 
@@ -56,21 +60,14 @@ class TransformerConfig:
   num_heads: int = schema.setting(8, "attention heads", ge=1)
   d_k: int | None = _positive_or_none("width of each head's queries and keys")
   d_v: int | None = _positive_or_none("width of each head's values")
-  dropout_rate: float = schema.setting(
-    0.1, "dropout on sublayer outputs and embedding sums", ge=0, lt=1
-  )
-  attention_dropout_rate: float = schema.setting(
+  dropout_rate: float = _rate(0.1, "dropout on sublayer outputs and embedding sums")
+  attention_dropout_rate: float = _rate(
     0.0,
     "dropout on the attention weights (fairseq's --attention-dropout); training then runs "
     "the reference attention, whatever attention_impl says (the fused kernels have no dropout)",
-    ge=0,
-    lt=1,
   )
-  activation_dropout_rate: float = schema.setting(
-    0.0,
-    "dropout on the feed-forward's hidden activations (fairseq's --activation-dropout)",
-    ge=0,
-    lt=1,
+  activation_dropout_rate: float = _rate(
+    0.0, "dropout on the feed-forward's hidden activations (fairseq's --activation-dropout)"
   )
   max_len: int = schema.setting(
     512, "positions: the size of the positional table, the longest sequence", ge=1

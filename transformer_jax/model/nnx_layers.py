@@ -58,6 +58,11 @@ class Dropout(nnx.Module):
     """Whether a call with `deterministic` drops anything."""
     return self.rate > 0 and not (self.deterministic if deterministic is None else deterministic)
 
+  def function(self, deterministic: bool | None = None):
+    """This dropout as a function of one array where a call with `deterministic` drops anything;
+    None where it does not."""
+    return functools.partial(self, deterministic=False) if self.active(deterministic) else None
+
   def __call__(self, x, *, deterministic: bool | None = None, rngs=None):
     """`rngs`: a key, an `nnx.Rngs` or a stream, instead of the one given at construction."""
     if not self.active(deterministic):
@@ -170,9 +175,7 @@ class MultiHeadAttention(nnx.Module):
     query = self._project(inputs_q, "query")
     if not decode:
       key, value = self._project(inputs_kv, "key"), self._project(inputs_kv, "value")
-      dropout = None
-      if self.weights_dropout.active(deterministic):
-        dropout = functools.partial(self.weights_dropout, deterministic=False)
+      dropout = self.weights_dropout.function(deterministic)
       out = attention.dot_product_attention(
         query, key, value, mask, implementation=self.attention_impl, dropout=dropout
       )
@@ -220,11 +223,12 @@ class FeedForward(nnx.Module):
 
   def __call__(self, x, deterministic: bool | None = None):
     weights = {name: getattr(self, name)[...] for name in ("wi", "bi", "wo", "bo")}
-    dropout = None
-    if self.activation_dropout.active(deterministic):
-      dropout = functools.partial(self.activation_dropout, deterministic=False)
     return functional.feed_forward(
-      x, **weights, activation=self.activation, dtype=self.dtype, dropout=dropout
+      x,
+      **weights,
+      activation=self.activation,
+      dtype=self.dtype,
+      dropout=self.activation_dropout.function(deterministic),
     )
 
 

@@ -20,6 +20,14 @@ def paper_learning_rate(step, *, d_model: int, warmup_steps: int, scale: float =
   return scale * d_model**-0.5 * jnp.minimum(step**-0.5, step * warmup_steps**-1.5)
 
 
+def cooldown_problem(cooldown_steps: int, num_train_steps: int | None) -> str | None:
+  """Why a cooldown of `cooldown_steps` cannot end a run of `num_train_steps` updates, as the
+  words that follow its value in a message; or None."""
+  if num_train_steps and cooldown_steps > num_train_steps:
+    return f" is longer than the run (num_train_steps={num_train_steps})"
+  return None
+
+
 def learning_rate_schedule(
   *,
   d_model: int,
@@ -41,8 +49,9 @@ def learning_rate_schedule(
   """
   if cooldown_steps and not num_train_steps:
     raise ValueError("a cooldown needs the run's num_train_steps")
-  if cooldown_steps > (num_train_steps or 0):
-    raise ValueError(f"cooldown_steps={cooldown_steps} is longer than the run ({num_train_steps})")
+  problem = cooldown_problem(cooldown_steps, num_train_steps)
+  if problem:
+    raise ValueError(f"cooldown_steps={cooldown_steps}{problem}")
 
   def schedule(count):
     rate = paper_learning_rate(count + 1, d_model=d_model, warmup_steps=warmup_steps, scale=scale)
