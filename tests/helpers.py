@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from etils import epath
 
+import numpy_reference
 from transformer_jax import config as config_lib
 from transformer_jax import data, sharding
 from transformer_jax.checkpoints import store
@@ -161,12 +162,13 @@ def random_state(trainer: Trainer, seed: int):
   )
 
 
-def stack_layers(params, num_layers):
-  """The looped model's params in the scanned layout: layer_i subtrees stacked on axis 0."""
+def stack_layers(params):
+  """The looped model's params in the scanned layout: each stack's layer_i subtrees stacked on
+  axis 0."""
   out = {}
   for name, sub in params.items():
     if isinstance(sub, dict) and "layer_0" in sub:
-      layers = [sub[f"layer_{i}"] for i in range(num_layers)]
+      layers = numpy_reference.layers(sub)
       rest = {k: v for k, v in sub.items() if not k.startswith("layer_")}
       out[name] = {
         **rest,

@@ -96,10 +96,17 @@ def decoder_layer(params, y, encoded, self_mask, cross_mask, activation="relu", 
   )
 
 
-def transformer_logits(params, inputs, targets, num_layers, activation="relu", eps=1e-6):
-  """Logits [b, t, vocab] of the paper's post-LN model with a shared embedding: 0 is padding and
-  the decoder's start token; targets are shifted right inside. A `logits_bias` in
-  `params["embed"]` is added to the logits."""
+def layers(stack_params):
+  """A stack's `layer_0`, `layer_1`, ... parameters, in order (as many as there are)."""
+  return [
+    stack_params[f"layer_{i}"] for i in range(sum(k.startswith("layer_") for k in stack_params))
+  ]
+
+
+def transformer_logits(params, inputs, targets, activation="relu", eps=1e-6):
+  """Logits [b, t, vocab] of the paper's post-LN model with a shared embedding, through every layer
+  `params` has: 0 is padding and the decoder's start token; targets are shifted right inside. A
+  `logits_bias` in `params["embed"]` is added to the logits."""
   embedding = np.asarray(params["embed"]["embedding"], np.float64)
   d_model = embedding.shape[1]
 
@@ -112,18 +119,18 @@ def transformer_logits(params, inputs, targets, num_layers, activation="relu", e
   real_in, real_out = inputs != 0, targets != 0
   causal = np.tril(np.ones((targets.shape[1],) * 2, bool))
   x = embed(inputs)
-  for i in range(num_layers):
+  for layer in layers(params["encoder"]):
     x = encoder_layer(
-      params["encoder"][f"layer_{i}"],
+      layer,
       x,
       real_in[:, None, :, None] & real_in[:, None, None, :],
       activation=activation,
       eps=eps,
     )
   y = embed(np.pad(targets, ((0, 0), (1, 0)))[:, :-1])
-  for i in range(num_layers):
+  for layer in layers(params["decoder"]):
     y = decoder_layer(
-      params["decoder"][f"layer_{i}"],
+      layer,
       y,
       x,
       causal & real_out[:, None, :, None] & real_out[:, None, None, :],

@@ -238,6 +238,7 @@ PACKED = dict(
     ({"norm": "pre", "positional": "learned", "logits_bias": True}, True),
     ({"attention_bias": True, "init": "fairseq", "norm_epsilon": 1e-5}, True),
     ({"attention_dropout_rate": 0.1, "activation_dropout_rate": 0.3}, True),
+    ({"num_layers": 3, "num_decoder_layers": 1}, True),
   ],
 )
 def test_the_transformer_matches_linen_in_training_with_dropout(overrides, packed, monkeypatch):
@@ -265,10 +266,11 @@ def test_the_transformer_matches_linen_in_training_with_dropout(overrides, packe
     assert float(jnp.abs(no_dropout - want).max()) > 1e-3  # Dropout was on.
 
 
-def test_parameters_go_both_ways_the_scanned_layout_included():
+@pytest.mark.parametrize("decoder_depth", [None, 3])
+def test_parameters_go_both_ways_the_scanned_layout_included(decoder_depth):
   with jax.enable_x64(True):
     batch = (PACKED["inputs"], PACKED["targets"])
-    config = tiny_config(dropout_rate=0.0)
+    config = tiny_config(dropout_rate=0.0, num_decoder_layers=decoder_depth)
     linen, params, twin = linen_and_twin(config, batch)
     assert jax.tree.all(jax.tree.map(jnp.array_equal, nt.linen_params(twin), params))
     scanned_linen = Transformer(dataclasses.replace(config, scan_layers=True))

@@ -60,3 +60,16 @@ def test_train_flops_counts_each_weight_a_token_meets_and_each_attention_pair():
   per_pair = 2 * 4 * (8 + 12)  # FLOPs of Q K^T and weights V for 4 heads, in one layer.
   pairs = 1000 * 10 + 600 * (8 + 10)  # Encoder self, decoder self and cross attention.
   assert with_attention - flops == 3 * 2 * per_pair * pairs  # Training, 2 layers.
+
+
+def test_train_flops_counts_each_stack_at_its_own_depth():
+  # The model above with 3 encoder layers and 1 decoder layer.
+  config = tiny_model_config(d_k=8, d_v=12, num_layers=3, num_decoder_layers=1)
+  per_source_token = 3 * (5120 + 4096) + 2560  # Encoder layers; one decoder's keys/values.
+  per_target_token = (5120 + 2560 + 4096) + 40 * 32
+  flops = objective.train_flops(
+    config, source_tokens=1000, target_tokens=600, source_length=10, target_length=8
+  )
+  per_pair = 2 * 4 * (8 + 12)  # FLOPs of one (query, key) pair in one layer.
+  pairs = 3 * 1000 * 10 + 600 * (8 + 10)  # Three encoder layers' pairs; one decoder layer's.
+  assert flops == 3 * (2 * (per_source_token * 1000 + per_target_token * 600) + per_pair * pairs)

@@ -90,10 +90,10 @@ def train_spm(sentences, vocab_size):
 OPUS_MT_GENERATION = dict(num_beams=4, max_length=16, renormalize_logits=True)
 
 
-def marian_directory(path, corpus, *, activation="swish", seed=0, eos_bias=1.3):
-  """A random MarianMTModel and its tokenizer files saved in `path`, with OPUS-MT's generation
-  settings (forced EOS, pad never generated, renormalized log-probabilities, beam 4); returns
-  the model."""
+def marian_directory(path, corpus, *, activation="swish", seed=0, eos_bias=1.3, **layers):
+  """A random MarianMTModel (TINY, with `layers` such as decoder_layers=1) and its tokenizer files
+  saved in `path`, with OPUS-MT's generation settings (forced EOS, pad never generated,
+  renormalized log-probabilities, beam 4); returns the model."""
   sources, targets = corpus
   protos = {"source.spm": train_spm(sources, 120), "target.spm": train_spm(targets, 100)}
   pieces = []
@@ -110,7 +110,7 @@ def marian_directory(path, corpus, *, activation="swish", seed=0, eos_bias=1.3):
   (path / "vocab.json").write_text(json.dumps(vocab))
   size = len(vocab)
   config = transformers.MarianConfig(
-    **TINY,
+    **{**TINY, **layers},
     vocab_size=size,
     decoder_vocab_size=size,
     activation_function=activation,
@@ -184,11 +184,17 @@ def test_logits_equal_hugging_face_on_padded_batches(imported, corpus):
   assert difference <= 1e-5
 
 
-def test_a_relu_model_imports_with_equal_logits(tmp_path, corpus):
-  hf = marian_directory(tmp_path / "marian", corpus, activation="relu", seed=1)
+def test_a_relu_model_with_a_deeper_encoder_imports_with_equal_logits(tmp_path, corpus):
+  hf = marian_directory(
+    tmp_path / "marian", corpus, activation="relu", seed=1, encoder_layers=3, decoder_layers=1
+  )
   result = convert.import_marian(str(tmp_path / "marian"), Workdir(str(tmp_path / "work")))
   config = config_lib.parse(config_lib.load_file(result["config"]))
-  assert config.model.activation == "relu"
+  assert (config.model.activation, config.model.num_layers, config.model.decoder_depth) == (
+    "relu",
+    3,
+    1,
+  )
   hf_tokenizer = transformers.MarianTokenizer.from_pretrained(str(tmp_path / "marian"))
   assert (
     logits_difference(hf, hf_tokenizer, tmp_path / "work", config, corpus[0][6:10], corpus[1][6:10])
@@ -444,9 +450,14 @@ def test_export_refuses_a_model_marian_cannot_represent(overrides, field):
     marian.marian_config(model, vocab_size=model.vocab_size, pad_id=9, eos_id=0)
 
 
-def test_the_dropout_rates_go_to_marian_and_back():
+def test_the_dropout_rates_and_the_depths_go_to_marian_and_back():
   model = helpers.tiny_model_config(
-    norm_epsilon=1e-5, dropout_rate=0.2, attention_dropout_rate=0.1, activation_dropout_rate=0.3
+    norm_epsilon=1e-5,
+    dropout_rate=0.2,
+    attention_dropout_rate=0.1,
+    activation_dropout_rate=0.3,
+    num_layers=3,
+    num_decoder_layers=1,
   )
   config = marian.marian_config(model, vocab_size=model.vocab_size, pad_id=9, eos_id=0)
   assert (config["dropout"], config["attention_dropout"], config["activation_dropout"]) == (
@@ -454,11 +465,13 @@ def test_the_dropout_rates_go_to_marian_and_back():
     0.1,
     0.3,
   )
+  assert (config["encoder_layers"], config["decoder_layers"]) == (3, 1)
   names = {0: "</s>", 9: "<pad>"}
   vocab = {names.get(i, f"p{i}"): i for i in range(model.vocab_size)}
   fields = marian.model_fields(config, vocab)
   rates = ("dropout_rate", "attention_dropout_rate", "activation_dropout_rate")
   assert [fields[name] for name in rates] == [0.2, 0.1, 0.3]
+  assert (fields["num_layers"], fields["num_decoder_layers"]) == (3, 1)
 
 
 def edited_copy(source, target, **config_changes):
@@ -472,7 +485,7 @@ def edited_copy(source, target, **config_changes):
 @pytest.mark.parametrize(
   "changes, message",
   [
-    (dict(decoder_layers=3), "config.json.decoder_layers=3 differs from encoder_layers=2"),
+    (dict(decoder_ffn_dim=64), "config.json.decoder_ffn_dim=64 differs from encoder_ffn_dim=32"),
     (
       dict(share_encoder_decoder_embeddings=False),
       "config.json.share_encoder_decoder_embeddings=False: only models with embeddings shared",

@@ -247,7 +247,7 @@ def test_cached_steps_match_teacher_forcing_including_beam_reorders(
   model, variables = tiny_model(seed=1)
   if scan_layers:  # The cache then leads with a layers axis.
     model = Transformer(dataclasses.replace(model.config, scan_layers=True))
-    variables = {"params": stack_layers(variables["params"], 2)}
+    variables = {"params": stack_layers(variables["params"])}
   rng = np.random.default_rng(0)
   inputs = jnp.array([[2, 3, 4, 2, 0], [4, 4, 0, 0, 0]])
   k = 3

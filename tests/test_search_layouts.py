@@ -70,7 +70,7 @@ def test_sharded_beam_search_keeps_every_sentence_on_its_device():
 def test_beam_search_over_scanned_layers_equals_looped_layers():
   model, variables = tiny_model(eos_bias=2.0, seed=3, vocab=16)
   scanned = Transformer(dataclasses.replace(model.config, scan_layers=True))
-  params = stack_layers(nn.meta.unbox(variables["params"]), model.config.num_layers)
+  params = stack_layers(nn.meta.unbox(variables["params"]))
   want = search_lib.beam_search(model, variables, SOURCES_16, beam_size=4, max_len=24, max_extra=12)
   got = search_lib.beam_search(
     scanned, {"params": params}, SOURCES_16, beam_size=4, max_len=24, max_extra=12

@@ -49,10 +49,15 @@ def test_the_torch_model_drops_where_ours_does_at_our_rates():
   from transformer_jax.tools import torch_reference  # pylint: disable=g-import-not-at-top
 
   config = helpers.tiny_model_config(
-    dropout_rate=0.3, attention_dropout_rate=0.1, activation_dropout_rate=0.2
+    dropout_rate=0.3,
+    attention_dropout_rate=0.1,
+    activation_dropout_rate=0.2,
+    num_layers=3,
+    num_decoder_layers=1,
   )
   model = torch_reference._TorchTransformer(torch, config)  # pylint: disable=protected-access
   encoder, decoder = model.core.encoder.layers, model.core.decoder.layers
+  assert (len(encoder), len(decoder)) == (3, 1)
   for layer in (*encoder, *decoder):
     assert (layer.self_attn.dropout, layer.dropout.p, layer.dropout1.p) == (0.1, 0.2, 0.3)
   assert all(layer.multihead_attn.dropout == 0.1 for layer in decoder)

@@ -84,7 +84,13 @@ def test_count_params_equals_a_real_init(row):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-  "overrides", [dict(norm="pre"), dict(attention_bias=True), dict(logits_bias=True, d_k=5, d_v=3)]
+  "overrides",
+  [
+    dict(norm="pre"),
+    dict(attention_bias=True),
+    dict(logits_bias=True, d_k=5, d_v=3),
+    dict(num_layers=3, num_decoder_layers=1),
+  ],
 )
 def test_count_params_with_options_equals_a_real_init(overrides):
   model, variables = make(**overrides)
@@ -157,6 +163,7 @@ def test_every_table3_row_has_a_preset_with_its_values():
   [
     (dict(d_model=510, num_heads=8), "d_k"),
     (dict(num_layers=0), "num_layers"),
+    (dict(num_decoder_layers=0), "num_decoder_layers"),
     (dict(d_ff=-4), "d_ff"),
     (dict(vocab_size=2.5), "vocab_size"),
     (dict(d_k=0), "d_k"),
@@ -184,15 +191,23 @@ def test_bad_config_values_raise_naming_the_field(overrides, field):
 
 
 @pytest.mark.slow
-def test_float64_logits_equal_the_float64_numpy_formula():
+@pytest.mark.parametrize("depths", [(2, None), (3, 1)])
+def test_float64_logits_equal_the_float64_numpy_formula(depths):
+  encoder_depth, decoder_depth = depths
   with jax.enable_x64(True):
-    model, variables = make(dtype="float64")
+    model, variables = make(
+      dtype="float64", num_layers=encoder_depth, num_decoder_layers=decoder_depth
+    )
     inputs = np.array([[5, 6, 7, 8, 1, 0], [9, 4, 1, 0, 0, 0]], np.int32)
     targets = np.array([[3, 4, 5, 1], [6, 1, 0, 0]], np.int32)
     logits = model.apply(variables, inputs, targets)
     assert logits.dtype == jnp.float64
     params = jax.tree.map(np.asarray, nn.meta.unbox(variables["params"]))
-  want = ref.transformer_logits(params, inputs, targets, TINY["num_layers"])
+  assert (len(ref.layers(params["encoder"])), len(ref.layers(params["decoder"]))) == (
+    encoder_depth,
+    decoder_depth or encoder_depth,
+  )
+  want = ref.transformer_logits(params, inputs, targets)
   real = targets != 0
   np.testing.assert_allclose(np.asarray(logits)[real], want[real], rtol=1e-12, atol=1e-12)
 
@@ -213,7 +228,7 @@ def test_float64_logits_with_biases_activation_and_epsilon_equal_the_numpy_formu
     targets = np.array([[3, 4, 5, 1], [6, 1, 0, 0]], np.int32)
     logits = model.apply(variables, inputs, targets)
     params = jax.tree.map(np.asarray, variables["params"])
-  want = ref.transformer_logits(params, inputs, targets, TINY["num_layers"], activation, 1e-5)
+  want = ref.transformer_logits(params, inputs, targets, activation, 1e-5)
   real = targets != 0
   np.testing.assert_allclose(np.asarray(logits)[real], want[real], rtol=1e-12, atol=1e-12)
 
@@ -351,9 +366,10 @@ def incremental_logits(model, variables, inputs, targets):
 
 @pytest.mark.slow
 def test_scanned_layers_equal_looped_layers_in_training_and_decoding():
-  model, variables = make(num_layers=3)
-  scanned = Transformer(TransformerConfig(**{**TINY, "num_layers": 3, "scan_layers": True}))
-  params = stack_layers(nn.meta.unbox(variables["params"]), 3)
+  depths = {"num_layers": 3, "num_decoder_layers": 2}
+  model, variables = make(**depths)
+  scanned = Transformer(TransformerConfig(**{**TINY, **depths, "scan_layers": True}))
+  params = stack_layers(nn.meta.unbox(variables["params"]))
   shapes = jax.eval_shape(scanned.init, jax.random.key(0), tokens(0, 1, 4), tokens(1, 1, 4))
   assert jax.tree_util.tree_map(jnp.shape, params) == jax.tree_util.tree_map(
     jnp.shape, nn.meta.unbox(shapes["params"])

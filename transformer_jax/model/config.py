@@ -52,7 +52,12 @@ class TransformerConfig:
   """
 
   vocab_size: int | None = None
-  num_layers: int = schema.setting(6, "layers of the encoder and of the decoder", ge=1)
+  num_layers: int = schema.setting(
+    6, "layers of the encoder, and of the decoder unless num_decoder_layers says", ge=1
+  )
+  num_decoder_layers: int | None = schema.setting(
+    None, "layers of the decoder", ge=1, means={None: "num_layers"}
+  )
   d_model: int = schema.setting(
     512, "width of the residual stream (sin/cos pairs: even)", ge=1, multiple_of=2
   )
@@ -144,6 +149,16 @@ class TransformerConfig:
     return self.vocab_size
 
   @property
+  def encoder_depth(self) -> int:
+    """Layers of the encoder: `num_layers`."""
+    return self.num_layers
+
+  @property
+  def decoder_depth(self) -> int:
+    """Layers of the decoder in use: `num_decoder_layers`, or `num_layers`."""
+    return self.num_layers if self.num_decoder_layers is None else self.num_decoder_layers
+
+  @property
   def key_size(self) -> int:
     """The width of each head's queries and keys in use: `d_k`, or d_model / num_heads."""
     return self.d_model // self.num_heads if self.d_k is None else self.d_k
@@ -156,7 +171,12 @@ class TransformerConfig:
   def record(self) -> dict:
     """The settings as a JSON-ready dict, with the head widths in use (`key_size`, `value_size`)
     beside `d_k` and `d_v`, which may be None: what benchmark records keep."""
-    return {**dataclasses.asdict(self), "key_size": self.key_size, "value_size": self.value_size}
+    return {
+      **dataclasses.asdict(self),
+      "key_size": self.key_size,
+      "value_size": self.value_size,
+      "decoder_depth": self.decoder_depth,
+    }
 
   @property
   def compute_dtype(self):
@@ -245,7 +265,7 @@ def count_params(config: TransformerConfig) -> int:
   encoder_layer = attention_params + feed_forward + 2 * norm
   decoder_layer = 2 * attention_params + feed_forward + 3 * norm
   vocab = config.known_vocab_size()
-  total = config.num_layers * (encoder_layer + decoder_layer) + vocab * d
+  total = config.encoder_depth * encoder_layer + config.decoder_depth * decoder_layer + vocab * d
   if config.positional == "learned":
     total += 2 * config.max_len * d
   if config.norm == "pre":

@@ -33,14 +33,14 @@ from transformer_jax.model.transformer import (
 
 
 class _Stack(nnx.Module):
-  """Positions, dropout, `num_layers` layers (attributes `layer_0`...), and pre-LN's final norm;
+  """Positions, dropout, `depth` layers (attributes `layer_0`...), and pre-LN's final norm;
   the token embedding is the model's, passed in."""
 
-  def __init__(self, cfg: TransformerConfig, layer_cls, rngs: nnx.Rngs):
-    self.num_layers, self.pre_norm = cfg.num_layers, cfg.norm == "pre"
+  def __init__(self, cfg: TransformerConfig, depth: int, layer_cls, rngs: nnx.Rngs):
+    self.num_layers, self.pre_norm = depth, cfg.norm == "pre"
     self.positions = PositionalEncoding(cfg.max_len, cfg.d_model, cfg.positional, rngs=rngs)
     self.dropout = Dropout(cfg.dropout_rate, rngs=rngs)
-    for i in range(cfg.num_layers):
+    for i in range(depth):
       setattr(self, f"layer_{i}", layer_cls(cfg.d_model, **layer_settings(cfg), rngs=rngs))
     if self.pre_norm:
       self.final_norm = LayerNorm(cfg.d_model, epsilon=cfg.norm_epsilon, dtype=cfg.compute_dtype)
@@ -111,8 +111,8 @@ class Transformer(nnx.Module):
       dtype=cfg.compute_dtype,
       rngs=rngs,
     )
-    self.encoder = Encoder(cfg, EncoderLayer, rngs)
-    self.decoder = Decoder(cfg, DecoderLayer, rngs)
+    self.encoder = Encoder(cfg, cfg.encoder_depth, EncoderLayer, rngs)
+    self.decoder = Decoder(cfg, cfg.decoder_depth, DecoderLayer, rngs)
 
   def encode(self, inputs, inputs_segmentation=None, inputs_position=None, *, train=None):
     """Source ids `[b, s]` -> encoder output `[b, s, d_model]`."""
@@ -190,7 +190,8 @@ def linen_params(model: nnx.Module, scanned: bool | None = None) -> dict:
   if not scanned:
     return params
   for stack in ("encoder", "decoder"):
-    layers = [params[stack].pop(f"layer_{i}") for i in range(model.config.num_layers)]
+    depth = getattr(model, stack).num_layers
+    layers = [params[stack].pop(f"layer_{i}") for i in range(depth)]
     params[stack]["layers"] = {"layer": jax.tree.map(lambda *xs: jnp.stack(xs), *layers)}
   return params
 
@@ -202,7 +203,7 @@ def load_linen_params(model: nnx.Module, params: dict) -> None:
   if isinstance(model, Transformer):
     for stack in ("encoder", "decoder"):
       scanned = params[stack].pop("layers", None)
-      for i in range(model.config.num_layers if scanned else 0):
+      for i in range(getattr(model, stack).num_layers if scanned else 0):
         params[stack][f"layer_{i}"] = jax.tree.map(lambda x, i=i: x[i], scanned["layer"])
   state = nnx.state(model, nnx.Param)
   nnx.replace_by_pure_dict(state, params)

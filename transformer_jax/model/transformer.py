@@ -104,8 +104,8 @@ class _ScanStep(nn.Module):
     return self.layer(**self.kwargs, name="layer")(x, *args, *self.static), None
 
 
-def _stack_layers(cfg: TransformerConfig, layer_cls, x, args: tuple, static: tuple):
-  """Applies num_layers layers to x: a Python loop, or nn.scan; with remat if asked.
+def _stack_layers(cfg: TransformerConfig, depth: int, layer_cls, x, args: tuple, static: tuple):
+  """Applies `depth` layers to x: a Python loop, or nn.scan; with remat if asked.
 
   `args` are arrays shared by every layer; `static` are Python values (flags).
   """
@@ -118,7 +118,7 @@ def _stack_layers(cfg: TransformerConfig, layer_cls, x, args: tuple, static: tup
     )
   kwargs = layer_settings(cfg)
   if not cfg.scan_layers:
-    for i in range(cfg.num_layers):
+    for i in range(depth):
       x = layer_cls(**kwargs, name=f"layer_{i}")(x, *args, *static)
     return x
   scanned = nn.scan(
@@ -126,7 +126,7 @@ def _stack_layers(cfg: TransformerConfig, layer_cls, x, args: tuple, static: tup
     variable_axes={"params": 0, "cache": 0},
     split_rngs={"params": True, "dropout": True},
     in_axes=nn.broadcast,
-    length=cfg.num_layers,
+    length=depth,
     metadata_params={nn.PARTITION_NAME: "layers"},
   )
   x, _ = scanned(layer_cls, kwargs, static, name="layers")(x, *args)
@@ -159,7 +159,7 @@ def _final_norm(cfg: TransformerConfig, x):
 
 
 class Encoder(nn.Module):
-  """Embedding, positions, dropout, N encoder layers: ids `[b, s]` -> `[b, s, d_model]`."""
+  """Embedding, positions, dropout, the encoder layers: ids `[b, s]` -> `[b, s, d_model]`."""
 
   config: TransformerConfig
   embed: Embed
@@ -169,12 +169,12 @@ class Encoder(nn.Module):
     cfg = self.config
     x = _embed_positions(cfg, self.embed, inputs, positions, deterministic)
     mask = encoder_mask(inputs, segmentation)
-    x = _stack_layers(cfg, EncoderLayer, x, (mask,), (deterministic,))
+    x = _stack_layers(cfg, cfg.encoder_depth, EncoderLayer, x, (mask,), (deterministic,))
     return _final_norm(cfg, x)
 
 
 class Decoder(nn.Module):
-  """Shifted targets through N decoder layers to logits `[b, t, vocab]` (float32).
+  """Shifted targets through the decoder layers to logits `[b, t, vocab]` (float32).
 
   In `decode=True` mode `targets` is the previous output token `[b, 1]` and
   `positions` its position `[b, 1]`; no shift is applied.
@@ -203,7 +203,12 @@ class Decoder(nn.Module):
     decoder_inputs = targets if decode else shift_right(targets, targets_segmentation)
     y = _embed_positions(cfg, self.embed, decoder_inputs, positions, deterministic)
     y = _stack_layers(
-      cfg, DecoderLayer, y, (encoded, self_mask, cross_mask), (deterministic, decode)
+      cfg,
+      cfg.decoder_depth,
+      DecoderLayer,
+      y,
+      (encoded, self_mask, cross_mask),
+      (deterministic, decode),
     )
     logits = self.embed.attend(_final_norm(cfg, y))
     return nn.with_logical_constraint(logits, ("batch", "length", "vocab"))

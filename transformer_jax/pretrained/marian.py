@@ -45,7 +45,6 @@ def model_fields(config: dict, vocab: dict) -> dict:
   """The `TransformerConfig` fields (all but vocab_size) of a Marian `config.json`; MarianError
   naming the first field this model cannot represent."""
   for a, b in (
-    ("encoder_layers", "decoder_layers"),
     ("encoder_ffn_dim", "decoder_ffn_dim"),
     ("encoder_attention_heads", "decoder_attention_heads"),
   ):
@@ -82,6 +81,7 @@ def model_fields(config: dict, vocab: dict) -> dict:
       raise _error(field, f"={config.get(field)}; vocab.json says {want}")
   return dict(
     num_layers=config["encoder_layers"],
+    num_decoder_layers=config["decoder_layers"],
     d_model=config["d_model"],
     d_ff=config["encoder_ffn_dim"],
     num_heads=config["encoder_attention_heads"],
@@ -118,15 +118,14 @@ def marian_config(model, *, vocab_size: int, pad_id: int, eos_id: int) -> dict:
   for field, ok, needed in checks:
     if not ok:
       raise FieldError("model", field, f"={getattr(model, field)!r}: a Marian model needs {needed}")
-  n = model.num_layers
   return {
     "architectures": ["MarianMTModel"],
     "model_type": "marian",
     "vocab_size": vocab_size,
     "decoder_vocab_size": vocab_size,
     "d_model": model.d_model,
-    "encoder_layers": n,
-    "decoder_layers": n,
+    "encoder_layers": model.encoder_depth,
+    "decoder_layers": model.decoder_depth,
     "encoder_ffn_dim": model.d_ff,
     "decoder_ffn_dim": model.d_ff,
     "encoder_attention_heads": model.num_heads,

@@ -92,13 +92,14 @@ EMBEDDING = "model.shared.weight"
 LOGITS_BIAS = "final_logits_bias"
 
 
-def mapping(num_layers: int, attention_bias: bool, logits_bias: bool):
-  """`[(our path, Marian name, kind)]` for every parameter of a post-LN model (layers looped)."""
+def mapping(depths: tuple[int, int], attention_bias: bool, logits_bias: bool):
+  """`[(our path, Marian name, kind)]` for every parameter of a post-LN model (layers looped) of
+  `depths` (encoder, decoder) layers."""
   entries = [(("embed", "embedding"), EMBEDDING, "embedding")]
   if logits_bias:
     entries.append((("embed", "logits_bias"), LOGITS_BIAS, "logits_bias"))
-  for stack, attentions in _ATTENTIONS.items():
-    for i in range(num_layers):
+  for (stack, attentions), depth in zip(_ATTENTIONS.items(), depths, strict=True):
+    for i in range(depth):
       ours, theirs = (stack, f"layer_{i}"), f"model.{stack}.layers.{i}"
       for sub, marian_sub in attentions:
         projections = _ATTENTION + (_ATTENTION_BIASES if attention_bias else ())
@@ -117,12 +118,12 @@ def mapping(num_layers: int, attention_bias: bool, logits_bias: bool):
   return entries
 
 
-def to_params(state: dict, *, num_layers: int, num_heads: int, token_order) -> dict:
+def to_params(state: dict, *, depths: tuple[int, int], num_heads: int, token_order) -> dict:
   """Our nested parameter dict (float32 numpy) from a Marian state dict (name -> numpy array);
   `token_order[i]` is the Marian id of our token id i."""
   d_order = d_model_order(state[EMBEDDING].shape[1])
   params = {}
-  for path, name, kind_name in mapping(num_layers, True, True):
+  for path, name, kind_name in mapping(depths, True, True):
     kind = _KINDS[kind_name]
     array = kind.to_ours(np.asarray(state[name], np.float32), num_heads)
     if kind.d_axis is not None:
@@ -137,15 +138,21 @@ def to_params(state: dict, *, num_layers: int, num_heads: int, token_order) -> d
 
 
 def to_state(
-  params, *, num_layers: int, num_heads: int, token_order, attention_bias: bool, logits_bias: bool
+  params,
+  *,
+  depths: tuple[int, int],
+  num_heads: int,
+  token_order,
+  attention_bias: bool,
+  logits_bias: bool,
 ) -> dict:
   """The Marian state dict (name -> float32 numpy) of our parameters; the biases a model lacks
   are zeros."""
   d_model = params["embed"]["embedding"].shape[1]
   inverse_d, inverse_tokens = np.argsort(d_model_order(d_model)), np.argsort(token_order)
   state = {}
-  present = {name for _, name, _ in mapping(num_layers, attention_bias, logits_bias)}
-  for path, name, kind_name in mapping(num_layers, True, True):
+  present = {name for _, name, _ in mapping(depths, attention_bias, logits_bias)}
+  for path, name, kind_name in mapping(depths, True, True):
     kind = _KINDS[kind_name]
     if name not in present:
       state[name] = _zero_bias(params, path, kind_name, d_model)

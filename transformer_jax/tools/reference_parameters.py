@@ -52,8 +52,12 @@ def parameter_shapes(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
   def norm(prefix):
     shapes.update({f"{prefix}/scale": (d,), f"{prefix}/bias": (d,)})
 
-  for stack, sublayers in (("encoder", ATTENTIONS[:1]), ("decoder", ATTENTIONS)):
-    for i in range(config.num_layers):
+  stacks = (
+    ("encoder", config.encoder_depth, ATTENTIONS[:1]),
+    ("decoder", config.decoder_depth, ATTENTIONS),
+  )
+  for stack, depth, sublayers in stacks:
+    for i in range(depth):
       layer = f"{stack}/layer_{i}"
       for name in sublayers:
         attention(f"{layer}/{name}")

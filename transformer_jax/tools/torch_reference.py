@@ -84,8 +84,8 @@ def _TorchTransformer(torch, config: TransformerConfig):
       self.core = nn.Transformer(
         d_model=config.d_model,
         nhead=config.num_heads,
-        num_encoder_layers=config.num_layers,
-        num_decoder_layers=config.num_layers,
+        num_encoder_layers=config.encoder_depth,
+        num_decoder_layers=config.decoder_depth,
         dim_feedforward=config.d_ff,
         dropout=config.dropout_rate,
         batch_first=True,

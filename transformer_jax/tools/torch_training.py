@@ -231,7 +231,7 @@ class Reference:
 
     x = embed(batch["inputs"], batch["inputs_position"])
     encoder_mask = allowed(src_seg, src_seg)
-    for i in range(cfg.num_layers):
+    for i in range(cfg.encoder_depth):
       layer = f"encoder/layer_{i}"
       x = self._sublayer(
         x,
@@ -246,7 +246,7 @@ class Reference:
     causal = torch.ones(length, length, dtype=torch.bool, device=self.device).tril()
     self_mask, cross_mask = allowed(tgt_seg, tgt_seg) & causal, allowed(tgt_seg, src_seg)
     y = embed(decoder_inputs, batch["targets_position"])
-    for i in range(cfg.num_layers):
+    for i in range(cfg.decoder_depth):
       layer = f"decoder/layer_{i}"
       y = self._sublayer(
         y,

@@ -130,19 +130,20 @@ def train_flops(
   Embedding lookups, layer norms, softmaxes and the loss are left out (under
   1% at the paper's sizes).
   """
-  d, h, n = cfg.d_model, cfg.num_heads, cfg.num_layers
+  d, h = cfg.d_model, cfg.num_heads
+  n_enc, n_dec = cfg.encoder_depth, cfg.decoder_depth
   w = weight_counts(cfg)
   self_attention = w["query"] + w["key"] + w["value"] + w["out"]
   feed_forward = w["feed_forward"]
   cross_query_out = w["query"] + w["out"]
   cross_key_value = w["key"] + w["value"]
-  per_source_token = n * (self_attention + feed_forward + cross_key_value)
+  per_source_token = n_enc * (self_attention + feed_forward) + n_dec * cross_key_value
   per_target_token = (
-    n * (self_attention + cross_query_out + feed_forward) + cfg.known_vocab_size() * d
+    n_dec * (self_attention + cross_query_out + feed_forward) + cfg.known_vocab_size() * d
   )
   weights = 2.0 * (per_source_token * source_tokens + per_target_token * target_tokens)
   per_pair = 2.0 * h * (cfg.key_size + cfg.value_size)
-  attention = (
-    n * per_pair * (source_tokens * source_length + target_tokens * (target_length + source_length))
+  attention = per_pair * (
+    n_enc * source_tokens * source_length + n_dec * target_tokens * (target_length + source_length)
   )
   return 3.0 * (weights + attention)
