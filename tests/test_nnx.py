@@ -282,8 +282,9 @@ def test_parameters_go_both_ways_the_scanned_layout_included(decoder_depth):
     np.testing.assert_allclose(linen.apply({"params": params}, *batch), want, rtol=TOLERANCE)
 
 
-def test_each_cached_step_equals_the_full_forward_and_the_searches_match_linen():
-  config = tiny_config(dropout_rate=0.0, dtype="float32")
+@pytest.mark.parametrize("decoder_depth", [None, 1])
+def test_each_cached_step_equals_the_full_forward_and_the_searches_match_linen(decoder_depth):
+  config = tiny_config(dropout_rate=0.0, dtype="float32", num_decoder_layers=decoder_depth)
   inputs = PACKED["inputs"]
   linen, params, twin = linen_and_twin(config, (inputs, PACKED["targets"]))
   # Bias EOS so that hypotheses end at different lengths.

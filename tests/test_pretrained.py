@@ -31,7 +31,8 @@ from transformer_jax.data import marian as marian_vocab
 from transformer_jax.decode import search, transformer_search
 from transformer_jax.errors import FieldError, UserError
 from transformer_jax.experiment import Checkpoint, evaluate_split, load, translate_file
-from transformer_jax.pretrained import convert, generation, marian
+from transformer_jax.model.transformer import Transformer
+from transformer_jax.pretrained import convert, generation, marian, weights
 from transformer_jax.workdir import Workdir
 
 pytestmark = [
@@ -472,6 +473,35 @@ def test_the_dropout_rates_and_the_depths_go_to_marian_and_back():
   rates = ("dropout_rate", "attention_dropout_rate", "activation_dropout_rate")
   assert [fields[name] for name in rates] == [0.2, 0.1, 0.3]
   assert (fields["num_layers"], fields["num_decoder_layers"]) == (3, 1)
+  del config["decoder_layers"]
+  with pytest.raises(UserError, match=r"^config.json.decoder_layers is missing$"):
+    marian.model_fields(config, vocab)
+
+
+def test_the_weights_of_a_deeper_encoder_go_to_marian_and_back_bit_identical():
+  model = helpers.tiny_model_config(
+    attention_bias=True, logits_bias=True, num_layers=3, num_decoder_layers=1
+  )
+  ids = np.ones((1, 3), np.int32)
+  shapes = helpers.init_module(Transformer(model), ids, ids)[1]
+  rng = np.random.default_rng(0)
+  params = jax.tree.map(lambda x: rng.standard_normal(x.shape).astype(np.float32), shapes)
+  order = rng.permutation(model.vocab_size)
+  depths = (3, 1)
+  state = weights.to_state(
+    params,
+    depths=depths,
+    num_heads=model.num_heads,
+    token_order=order,
+    attention_bias=True,
+    logits_bias=True,
+  )
+  assert "model.encoder.layers.2.fc1.weight" in state
+  assert "model.decoder.layers.0.encoder_attn.q_proj.weight" in state
+  assert not any(name.startswith("model.decoder.layers.1.") for name in state)
+  back = weights.to_params(state, depths=depths, num_heads=model.num_heads, token_order=order)
+  for want, got in zip(helpers.leaves(params), helpers.leaves(back), strict=True):
+    np.testing.assert_array_equal(got, want)
 
 
 def edited_copy(source, target, **config_changes):

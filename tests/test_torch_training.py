@@ -66,9 +66,10 @@ def test_each_stack_trains_at_its_own_depth():
     dropout_rate=0.0, norm="pre", num_layers=3, num_decoder_layers=1
   )
   ours, theirs, final, reference = _run_both(config, updates=4)
-  assert set(reference) == set(final)
   assert {name.split("/")[1] for name in final if name.startswith("decoder/layer_")} == {"layer_0"}
   np.testing.assert_allclose(ours, theirs, rtol=2e-5)
+  for name, value in reference.items():
+    np.testing.assert_allclose(final[name], value, atol=2e-3, err_msg=name)
 
 
 def test_the_comparison_sees_a_different_label_smoothing():

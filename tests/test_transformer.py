@@ -155,6 +155,7 @@ def test_every_table3_row_has_a_preset_with_its_values():
   assert TransformerConfig.preset("base", vocab_size=100, dtype="bfloat16").vocab_size == 100
   record = TransformerConfig.preset("base").record()  # What benchmark JSON files keep.
   assert (record["d_k"], record["key_size"], record["value_size"]) == (None, 64, 64)
+  assert (record["num_decoder_layers"], record["decoder_depth"]) == (None, 6)
   assert json.loads(json.dumps(record))["num_heads"] == 8
 
 

@@ -29,7 +29,8 @@ class ConfigError(UserError, ValueError):
 
 
 def _config_dict(values: dict) -> ml_collections.ConfigDict:
-  """`values` as a ConfigDict; a None default becomes an integer placeholder (d_k, d_v)."""
+  """`values` as a ConfigDict; a None default becomes an integer placeholder (d_k, d_v,
+  num_decoder_layers)."""
   return ml_collections.ConfigDict(
     {
       name: _config_dict(value)

@@ -45,7 +45,8 @@ class TransformerConfig:
   an experiment: its vocabulary sets it when the model is placed
   (`Experiment.placement`); None until then, and a model needs it. d_k and d_v
   are settings (None: d_model / num_heads); `key_size` and `value_size` are
-  the widths in use. `scan_layers` runs the layers through `nn.scan` (one compiled
+  the widths in use; so `num_decoder_layers` (None: num_layers) and
+  `decoder_depth`. `scan_layers` runs the layers through `nn.scan` (one compiled
   layer, params stacked on a leading "layers" axis). `attention_bias`,
   `logits_bias`, `activation`, `norm_epsilon` and `init` serve models and
   recipes from elsewhere (Marian, fairseq).
@@ -170,7 +171,8 @@ class TransformerConfig:
 
   def record(self) -> dict:
     """The settings as a JSON-ready dict, with the head widths in use (`key_size`, `value_size`)
-    beside `d_k` and `d_v`, which may be None: what benchmark records keep."""
+    beside `d_k` and `d_v` and the decoder's depth in use beside `num_decoder_layers`, which may be
+    None: what benchmark records keep."""
     return {
       **dataclasses.asdict(self),
       "key_size": self.key_size,

@@ -37,7 +37,7 @@ class _Stack(nnx.Module):
   the token embedding is the model's, passed in."""
 
   def __init__(self, cfg: TransformerConfig, depth: int, layer_cls, rngs: nnx.Rngs):
-    self.num_layers, self.pre_norm = depth, cfg.norm == "pre"
+    self.depth, self.pre_norm = depth, cfg.norm == "pre"
     self.positions = PositionalEncoding(cfg.max_len, cfg.d_model, cfg.positional, rngs=rngs)
     self.dropout = Dropout(cfg.dropout_rate, rngs=rngs)
     for i in range(depth):
@@ -46,7 +46,7 @@ class _Stack(nnx.Module):
       self.final_norm = LayerNorm(cfg.d_model, epsilon=cfg.norm_epsilon, dtype=cfg.compute_dtype)
 
   def layers(self):
-    return [getattr(self, f"layer_{i}") for i in range(self.num_layers)]
+    return [getattr(self, f"layer_{i}") for i in range(self.depth)]
 
   def _inputs(self, embed, ids, positions, deterministic):
     return self.dropout(self.positions(embed(ids), positions), deterministic=deterministic)
@@ -190,7 +190,7 @@ def linen_params(model: nnx.Module, scanned: bool | None = None) -> dict:
   if not scanned:
     return params
   for stack in ("encoder", "decoder"):
-    depth = getattr(model, stack).num_layers
+    depth = getattr(model, stack).depth
     layers = [params[stack].pop(f"layer_{i}") for i in range(depth)]
     params[stack]["layers"] = {"layer": jax.tree.map(lambda *xs: jnp.stack(xs), *layers)}
   return params
@@ -203,7 +203,7 @@ def load_linen_params(model: nnx.Module, params: dict) -> None:
   if isinstance(model, Transformer):
     for stack in ("encoder", "decoder"):
       scanned = params[stack].pop("layers", None)
-      for i in range(getattr(model, stack).num_layers if scanned else 0):
+      for i in range(getattr(model, stack).depth if scanned else 0):
         params[stack][f"layer_{i}"] = jax.tree.map(lambda x, i=i: x[i], scanned["layer"])
   state = nnx.state(model, nnx.Param)
   nnx.replace_by_pure_dict(state, params)

@@ -93,6 +93,7 @@ def import_marian(source: str, workdir: Workdir) -> dict:
   vocab = marian.read_tokenizer(source)
   hf_config = marian.read_json(os.path.join(source, "config.json"))
   fields = marian.model_fields(hf_config, vocab)
+  model = TransformerConfig(vocab_size=len(vocab), **preset_fields("base", **fields))
   decode = generation.decode_fields(
     marian.read_json(os.path.join(source, generation.FILE), default=hf_config),
     pad_id=vocab["<pad>"],
@@ -105,8 +106,8 @@ def import_marian(source: str, workdir: Workdir) -> dict:
   try:
     params = weights.to_params(
       state,
-      depths=(fields["num_layers"], fields["num_decoder_layers"]),
-      num_heads=fields["num_heads"],
+      depths=(model.encoder_depth, model.decoder_depth),
+      num_heads=model.num_heads,
       token_order=marian_vocab.project_order(vocab),
     )
   except KeyError as error:
@@ -128,7 +129,6 @@ def import_marian(source: str, workdir: Workdir) -> dict:
       vocab_size=len(vocab),
     ),
   )
-  model = TransformerConfig(vocab_size=len(vocab), **preset_fields("base", **fields))
   placement = Placement.data_parallel(model)
   placed = jax.device_put(params, placement.param_shardings)
   manager = store.make_params_manager(workdir.checkpoints)

@@ -41,9 +41,23 @@ def read_json(path: str, default=None):
     raise MarianError(str(error)) from None
 
 
+# The config.json fields that model_fields reads without a default.
+_REQUIRED = (
+  "d_model",
+  "encoder_layers",
+  "decoder_layers",
+  "encoder_ffn_dim",
+  "encoder_attention_heads",
+  "max_position_embeddings",
+)
+
+
 def model_fields(config: dict, vocab: dict) -> dict:
   """The `TransformerConfig` fields (all but vocab_size) of a Marian `config.json`; MarianError
   naming the first field this model cannot represent."""
+  for field in _REQUIRED:
+    if field not in config:
+      raise _error(field, " is missing")
   for a, b in (
     ("encoder_ffn_dim", "decoder_ffn_dim"),
     ("encoder_attention_heads", "decoder_attention_heads"),
@@ -81,7 +95,9 @@ def model_fields(config: dict, vocab: dict) -> dict:
       raise _error(field, f"={config.get(field)}; vocab.json says {want}")
   return dict(
     num_layers=config["encoder_layers"],
-    num_decoder_layers=config["decoder_layers"],
+    num_decoder_layers=(
+      None if config["decoder_layers"] == config["encoder_layers"] else config["decoder_layers"]
+    ),
     d_model=config["d_model"],
     d_ff=config["encoder_ffn_dim"],
     num_heads=config["encoder_attention_heads"],

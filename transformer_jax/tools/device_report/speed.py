@@ -136,6 +136,7 @@ def train_speed(
     "model": {
       "d_model": cfg.d_model,
       "num_layers": cfg.num_layers,
+      "num_decoder_layers": cfg.decoder_depth,
       "heads": cfg.num_heads,
       "d_ff": cfg.d_ff,
       "vocab_size": cfg.vocab_size,
