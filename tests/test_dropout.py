@@ -51,18 +51,48 @@ def _mix32(h):
   return h ^ (h >> np.uint32(16))
 
 
-def test_bits_are_the_hash_of_the_flat_index_which_wraps_past_two_to_the_32():
-  # 3 x 2^31 elements: row 2 starts at index 2^32, which wraps to row 0's indices. XLA
-  # computes only the slice asked for, so nothing of that size is materialized.
+def _sliced_bits(key, shape, columns):
+  """`hashed_bits(key, shape)[:, columns]`; XLA computes only the slice asked for, so nothing of
+  `shape`'s size is materialized."""
+  return np.asarray(jax.jit(lambda k: dropout.hashed_bits(k, shape)[:, columns])(key))
+
+
+def test_up_to_two_to_the_32_elements_the_bits_are_the_hash_of_the_flat_index():
+  # 2 x 2^31 elements: the last index is 2^32 - 1.
   key = jax.random.key(5)
-  bits = np.asarray(jax.jit(lambda k: dropout.hashed_bits(k, (3, 2**31))[:, :64])(key))
   seeds = np.asarray(jax.random.bits(key, (2,), jnp.uint32))
-  index = (np.arange(3, dtype=np.uint64)[:, None] * 2**31 + np.arange(64)) % 2**32
+  for columns in (slice(0, 64), slice(2**31 - 64, 2**31)):
+    bits = _sliced_bits(key, (2, 2**31), columns)
+    index = np.arange(2, dtype=np.uint64)[:, None] * 2**31 + np.arange(2**31)[columns]
+    with np.errstate(over="ignore"):
+      expected = _mix32(_mix32(index.astype(np.uint32) ^ seeds[0]) + seeds[1])
+    np.testing.assert_array_equal(bits, expected)
+
+
+def test_past_two_to_the_32_elements_the_leading_index_is_hashed_too_and_nothing_repeats():
+  # 3 x 2^31 elements: row 2 starts at flat index 2^32, where one word of index would wrap to
+  # row 0's. The leading axis's index is the second word.
+  key = jax.random.key(5)
+  bits = _sliced_bits(key, (3, 2**31), slice(0, 4096))
+  seeds = np.asarray(jax.random.bits(key, (2,), jnp.uint32))
+  row, column = np.arange(3, dtype=np.uint32)[:, None], np.arange(4096, dtype=np.uint32)
   with np.errstate(over="ignore"):
-    expected = _mix32(_mix32(index.astype(np.uint32) ^ seeds[0]) + seeds[1])
-  np.testing.assert_array_equal(bits, expected)
-  np.testing.assert_array_equal(bits[2], bits[0])
-  assert not np.array_equal(bits[1], bits[0])
+    trailing = _mix32(_mix32(column ^ seeds[0]) + seeds[1])
+    leading = _mix32(_mix32(row ^ seeds[1]) + seeds[0])
+    np.testing.assert_array_equal(bits, _mix32(trailing ^ leading))
+  for a, b in ((0, 1), (0, 2), (1, 2)):
+    assert np.mean(bits[a] == bits[b]) < 0.01
+    assert abs(np.mean((bits[a] < 2**31) & (bits[b] < 2**31)) - 0.25) < 0.03, "independent rows"
+
+
+def test_shapes_at_the_limits_of_two_words():
+  key = jax.random.key(0)
+  # One leading axis of size 1 over 2^32 trailing elements: still one word.
+  assert jax.eval_shape(lambda k: dropout.hashed_bits(k, (1, 2**32)), key).shape == (1, 2**32)
+  assert jax.eval_shape(lambda k: dropout.hashed_bits(k, (2**32, 2, 2**31)), key).ndim == 3
+  for shape in ((2**33,), (2**32 + 1, 2**32)):
+    with pytest.raises(ValueError, match=r"^dropout over shape .* more than 2\^32 elements"):
+      dropout.hashed_bits(key, shape)
 
 
 def test_same_key_same_mask_other_key_independent_mask():

@@ -1,5 +1,7 @@
 """Dropout whose keep decisions hash each element's index: fused by XLA, equal on any sharding."""
 
+import math
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -14,21 +16,52 @@ def _mix32(h):
   return h ^ (h >> 16)
 
 
+_WORD = 2**32
+
+
 def hashed_bits(key, shape):
   """uint32 bits for every element of `shape`: a hash of the element's index and two words of `key`.
 
   Elementwise integer arithmetic on an iota, so XLA fuses it into its
   consumer (and recomputes it in the backward pass) instead of materializing
   a random array as `jax.random.bits` does; the result is the same on any
-  sharding of `shape` (the index is global). Indices wrap past 2^32 elements.
+  sharding of `shape` (the index is global). An array of more than 2^32
+  elements hashes its index as two words, the trailing axes' index (under
+  2^32) and the leading axes' (e.g. [batch, heads] of attention weights
+  [batch, heads, q, k]), so its bits do not repeat.
   """
   seeds = jax.random.bits(key, (2,), jnp.uint32)
+  split = _split(shape)
+  bits = _mix32(_mix32(_flat_index(shape, range(split, len(shape))) ^ seeds[0]) + seeds[1])
+  if split == 0:
+    return bits
+  leading = _flat_index(shape, range(split))
+  return _mix32(bits ^ _mix32(_mix32(leading ^ seeds[1]) + seeds[0]))
+
+
+def _split(shape) -> int:
+  """The first axis of the trailing axes that hold at most 2^32 elements together (0 for an array
+  that does); ValueError where the axes before it hold more than 2^32 too."""
+  split, trailing = len(shape), 1
+  while split > 0 and trailing * shape[split - 1] <= _WORD:
+    split -= 1
+    trailing *= shape[split]
+  if math.prod(shape[:split]) > _WORD:
+    raise ValueError(
+      f"dropout over shape {tuple(shape)}: its leading axes or one axis hold more than 2^32 "
+      "elements, more than its hash's two 32-bit words of index cover"
+    )
+  return split
+
+
+def _flat_index(shape, axes: range):
+  """Every element's row-major index (uint32) over `axes` of `shape`."""
   index = jnp.zeros(shape, jnp.uint32)
   stride = 1
-  for axis in reversed(range(len(shape))):
-    index = index + jax.lax.broadcasted_iota(jnp.uint32, shape, axis) * jnp.uint32(stride % 2**32)
+  for axis in reversed(axes):
+    index = index + jax.lax.broadcasted_iota(jnp.uint32, shape, axis) * jnp.uint32(stride % _WORD)
     stride *= shape[axis]
-  return _mix32(_mix32(index ^ seeds[0]) + seeds[1])
+  return index
 
 
 def dropout(x, rate: float, key):
