@@ -63,7 +63,9 @@ def test_up_to_two_to_the_32_elements_the_bits_are_the_hash_of_the_flat_index():
   seeds = np.asarray(jax.random.bits(key, (2,), jnp.uint32))
   for columns in (slice(0, 64), slice(2**31 - 64, 2**31)):
     bits = _sliced_bits(key, (2, 2**31), columns)
-    index = np.arange(2, dtype=np.uint64)[:, None] * 2**31 + np.arange(2**31)[columns]
+    index = np.arange(2, dtype=np.uint64)[:, None] * 2**31 + np.arange(
+      columns.start, columns.stop, dtype=np.uint64
+    )
     with np.errstate(over="ignore"):
       expected = _mix32(_mix32(index.astype(np.uint32) ^ seeds[0]) + seeds[1])
     np.testing.assert_array_equal(bits, expected)
@@ -85,14 +87,39 @@ def test_past_two_to_the_32_elements_the_leading_index_is_hashed_too_and_nothing
     assert abs(np.mean((bits[a] < 2**31) & (bits[b] < 2**31)) - 0.25) < 0.03, "independent rows"
 
 
-def test_shapes_at_the_limits_of_two_words():
+def test_each_word_is_the_flat_index_of_its_own_axes_and_a_trailing_word_reaches_two_to_the_32():
+  key = jax.random.key(6)
+  seeds = np.asarray(jax.random.bits(key, (2,), jnp.uint32))
+
+  def expected(leading, trailing):
+    with np.errstate(over="ignore"):
+      low = _mix32(_mix32(trailing.astype(np.uint32) ^ seeds[0]) + seeds[1])
+      return _mix32(low ^ _mix32(_mix32(leading.astype(np.uint32) ^ seeds[1]) + seeds[0]))
+
+  # Two leading axes: their own flat index 3 * i + j, not the array's.
+  bits = np.asarray(jax.jit(lambda k: dropout.hashed_bits(k, (2, 3, 2**31))[:, :, :64])(key))
+  leading = (3 * np.arange(2)[:, None] + np.arange(3))[:, :, None]
+  np.testing.assert_array_equal(bits, expected(leading, np.arange(64)))
+  # A trailing word over exactly 2^32 elements: its last index is 2^32 - 1.
+  bits = _sliced_bits(key, (2, 2**32), slice(2**32 - 64, 2**32))
+  trailing = np.arange(2**32 - 64, 2**32, dtype=np.uint64)
+  np.testing.assert_array_equal(bits, expected(np.arange(2)[:, None], trailing))
+
+
+def test_where_the_axes_split_and_which_shapes_are_refused():
+  split = dropout._split  # pylint: disable=protected-access
+  assert [split(s) for s in [(), (4, 5), (1, 2**32), (3, 2**31), (2**32, 2, 2**31)]] == [
+    0,
+    0,
+    0,
+    1,
+    1,
+  ]
+  assert split((0, 2**33)) >= 0 and split((2**33, 0)) == 0  # Empty arrays are not refused.
   key = jax.random.key(0)
-  # One leading axis of size 1 over 2^32 trailing elements: still one word.
-  assert jax.eval_shape(lambda k: dropout.hashed_bits(k, (1, 2**32)), key).shape == (1, 2**32)
-  assert jax.eval_shape(lambda k: dropout.hashed_bits(k, (2**32, 2, 2**31)), key).ndim == 3
   for shape in ((2**33,), (2**32 + 1, 2**32)):
     with pytest.raises(ValueError, match=r"^dropout over shape .* more than 2\^32 elements"):
-      dropout.hashed_bits(key, shape)
+      jax.eval_shape(lambda k, shape=shape: dropout.hashed_bits(k, shape), key)
 
 
 def test_same_key_same_mask_other_key_independent_mask():

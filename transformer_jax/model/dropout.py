@@ -28,7 +28,8 @@ def hashed_bits(key, shape):
   sharding of `shape` (the index is global). An array of more than 2^32
   elements hashes its index as two words, the trailing axes' index (under
   2^32) and the leading axes' (e.g. [batch, heads] of attention weights
-  [batch, heads, q, k]), so its bits do not repeat.
+  [batch, heads, q, k]), so its masks do not repeat. ValueError for a shape with
+  an axis, or leading axes together, of more than 2^32 elements.
   """
   seeds = jax.random.bits(key, (2,), jnp.uint32)
   split = _split(shape)
@@ -40,16 +41,18 @@ def hashed_bits(key, shape):
 
 
 def _split(shape) -> int:
-  """The first axis of the trailing axes that hold at most 2^32 elements together (0 for an array
-  that does); ValueError where the axes before it hold more than 2^32 too."""
+  """The first of the most trailing axes that hold at most 2^32 elements together (0 for any
+  array of at most 2^32 elements); ValueError where the axes before it hold more than 2^32."""
   split, trailing = len(shape), 1
   while split > 0 and trailing * shape[split - 1] <= _WORD:
     split -= 1
     trailing *= shape[split]
   if math.prod(shape[:split]) > _WORD:
     raise ValueError(
-      f"dropout over shape {tuple(shape)}: its leading axes or one axis hold more than 2^32 "
-      "elements, more than its hash's two 32-bit words of index cover"
+      f"dropout over shape {tuple(shape)}: the leading axes {tuple(shape[:split])} hold more "
+      "than 2^32 elements (the hash takes the index as two 32-bit words, one for the trailing "
+      f"axes {tuple(shape[split:])}, one for the leading ones); reshape so that no axis, and no "
+      "leading axes together, hold more than 2^32 elements"
     )
   return split
 
