@@ -1,4 +1,5 @@
-"""The shared SentencePiece BPE vocabulary on the tiny embedded corpus, and the pipeline with it."""
+"""The shared SentencePiece vocabulary (BPE; unigram on request) on the tiny embedded corpus, and
+the pipeline with it."""
 
 import dataclasses
 import io
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 from etils import epath
+from sentencepiece import sentencepiece_model_pb2
 
 from transformer_jax import data
 from transformer_jax.conventions import EOS_ID, PAD_ID, UNK_ID
@@ -38,6 +40,26 @@ def test_trained_once_saved_in_the_vocabulary_directory_with_the_fixed_ids(setup
   sp = spm.SentencePieceProcessor(model_file=path)
   assert [sp.id_to_piece(i) for i in range(3)] == ["<pad>", "</s>", "<unk>"]
   assert (PAD_ID, EOS_ID, UNK_ID) == (0, 1, 2) and sp.bos_id() == -1
+
+
+def _model_type(path):
+  model = sentencepiece_model_pb2.ModelProto()
+  model.ParseFromString(epath.Path(path).read_bytes())
+  return model.trainer_spec.model_type
+
+
+def test_a_unigram_vocabulary_is_trained_on_request_beside_the_bpe_one(setup):
+  c, vocab_dir, bpe = setup
+  unigram = data.get_tokenizer(dataclasses.replace(c, vocab_model="unigram"), vocab_dir)
+  assert unigram.path == os.path.join(vocab_dir, "embedded_tiny-en-sy-400-unigram.model")
+  assert _model_type(unigram.path) == sentencepiece_model_pb2.TrainerSpec.UNIGRAM
+  assert _model_type(bpe.path) == sentencepiece_model_pb2.TrainerSpec.BPE
+  assert unigram.vocab_size == 400 and unigram.digest != bpe.digest
+  sp = spm.SentencePieceProcessor(model_file=unigram.path)
+  assert [sp.id_to_piece(i) for i in range(3)] == ["<pad>", "</s>", "<unk>"]
+  for src, tgt in embedded.generate_corpus(1, TINY)["test"][:20]:
+    for text in (src, tgt):
+      assert unigram.decode(unigram.encode(text)) == text
 
 
 def test_round_trip_on_both_sides_of_unseen_pairs(setup):
@@ -97,7 +119,11 @@ def test_trains_on_a_bounded_evenly_spaced_sample(setup):
 @pytest.mark.parametrize(
   "sample_size, logged",
   [
-    (5, "on 5 of the 2000 train pairs of embedded_tiny (10 sentences)"),
+    (
+      5,
+      "a 400-token SentencePiece bpe vocabulary on 5 of the 2000 train pairs of embedded_tiny "
+      "(10 sentences)",
+    ),
     (200_000, "on 2000 of the 2000 train pairs of embedded_tiny (4000 sentences)"),
   ],
 )
@@ -108,7 +134,9 @@ def test_the_log_gives_the_sample_actually_trained_on(
   c = dataclasses.replace(c, tokenizer_sample_size=sample_size)
   seen = []
   monkeypatch.setattr(
-    tokenizer_lib, "train_model", lambda sentences, size: seen.extend(sentences) or tok.model_proto
+    tokenizer_lib,
+    "train_model",
+    lambda sentences, size, model_type: seen.extend(sentences) or tok.model_proto,
   )
   with caplog.at_level(logging.INFO):
     data.get_tokenizer(c, str(tmp_path))

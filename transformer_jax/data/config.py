@@ -18,6 +18,7 @@ DATASETS = {
 }
 BATCH_MODES = ("tokens", "packed", "padded")
 OVERLONG = ("drop", "truncate")
+VOCAB_MODELS = ("bpe", "unigram")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,15 +43,22 @@ class DataConfig:
   eval_split: str = schema.setting("validation", "split evaluated during training")
   vocab_size: int = schema.setting(
     1000,
-    "shared SentencePiece BPE vocabulary (paper: 37000 EN-DE, 32000 EN-FR); a size the "
+    "shared SentencePiece vocabulary (paper: 37000 EN-DE, 32000 EN-FR); a size the "
     "training text cannot fill (or its characters do not fit) stops the run, naming the "
     "largest (smallest) size that works",
     ge=16,
   )
+  vocab_model: str = schema.setting(
+    "bpe",
+    "the vocabulary a run trains: bpe (byte-pair merges, as the paper's) or unigram (a unigram "
+    "language model's pieces); an existing vocabulary loads whatever its model",
+    choices=VOCAB_MODELS,
+  )
   vocab_path: str = schema.setting(
     "",
     "SentencePiece model, or a directory of Marian files source.spm, target.spm, "
-    "vocab.json ('' = <workdir>/vocab/<dataset>-<langs>-<size>.model)",
+    "vocab.json ('' = <workdir>/vocab/<dataset>-<langs>-<size>.model, "
+    "<dataset>-<langs>-<size>-unigram.model for unigram)",
   )
   tokenizer_sample_size: int = schema.setting(
     200_000, "at most this many training pairs (evenly spaced) train the vocabulary", ge=1

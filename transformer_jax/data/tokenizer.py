@@ -1,4 +1,5 @@
-"""SentencePiece BPE with one vocabulary shared by source and target.
+"""SentencePiece (BPE, or a unigram model with `data.vocab_model`), one vocabulary shared by source
+and target.
 
 Ids (`transformer_jax.conventions`): PAD_ID = 0 (also the decoder's start
 token), EOS_ID = 1, UNK_ID = 2, no BOS. `encode` (sources) and
@@ -85,8 +86,8 @@ _TOO_LARGE = re.compile(r"Vocabulary size too high \(\d+\)\. Please set it to a 
 _TOO_SMALL = re.compile(r"Vocabulary size is smaller than required_chars\. \d+ vs (\d+)")
 
 
-def train_model(sentences, vocab_size):
-  """Serialized SentencePiece BPE model trained on an iterable of strings.
+def train_model(sentences, vocab_size, model_type="bpe"):
+  """Serialized SentencePiece model (`model_type` bpe or unigram) trained on an iterable of strings.
 
   FieldError naming `data.vocab_size` and the largest (or smallest) size that
   works when the text does not fit `vocab_size` tokens.
@@ -99,7 +100,7 @@ def train_model(sentences, vocab_size):
         model_writer=buffer,
         logstream=quiet,
         vocab_size=vocab_size,
-        model_type="bpe",
+        model_type=model_type,
         character_coverage=1.0,
         pad_id=PAD_ID,
         eos_id=EOS_ID,
@@ -128,13 +129,15 @@ def train_model(sentences, vocab_size):
 
 
 def default_vocab_path(c: DataConfig, vocab_dir):
-  """<vocab_dir>/<dataset>-<languages>-<vocab size>.model (same for both directions)."""
+  """<vocab_dir>/<dataset>-<languages>-<vocab size>.model (same for both directions; unigram
+  vocabularies end in -unigram.model)."""
   name = re.sub(r"[^A-Za-z0-9_.]+", "_", c.name)
   if c.name == "text":
     prefix = fileio.absolute(c.text_train)
     name += "_" + hashlib.sha1(prefix.encode()).hexdigest()[:8]
   langs = "-".join(sorted((c.source_lang, c.target_lang)))
-  return os.path.join(vocab_dir, f"{name}-{langs}-{c.vocab_size}.model")
+  kind = "" if c.vocab_model == "bpe" else f"-{c.vocab_model}"
+  return os.path.join(vocab_dir, f"{name}-{langs}-{c.vocab_size}{kind}.model")
 
 
 def _training_sentences(source, n):
@@ -164,16 +167,18 @@ def get_tokenizer(c: DataConfig, vocab_dir):
     source = sources.open_split(c, c.train_split)
     sample = min(len(source), c.tokenizer_sample_size)
     log.info(
-      "Training a %d-token SentencePiece BPE vocabulary on %d of the %d %s pairs "
+      "Training a %d-token SentencePiece %s vocabulary on %d of the %d %s pairs "
       "of %s (%d sentences)",
       c.vocab_size,
+      c.vocab_model,
       sample,
       len(source),
       c.train_split,
       c.name,
       2 * sample,
     )
-    _save(train_model(_training_sentences(source, sample), c.vocab_size), path)
+    proto = train_model(_training_sentences(source, sample), c.vocab_size, c.vocab_model)
+    _save(proto, path)
     log.info("Saved the vocabulary to %s", path)
   return load_tokenizer(c, vocab_dir)
 
