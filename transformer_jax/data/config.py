@@ -60,6 +60,15 @@ class DataConfig:
     "vocab.json ('' = <workdir>/vocab/<dataset>-<langs>-<size>.model, "
     "<dataset>-<langs>-<size>-unigram.model for unigram)",
   )
+  bpe_dropout: float = schema.setting(
+    0.0,
+    "BPE-dropout of the training text: every epoch segments each pair anew, each merge of the "
+    "BPE vocabulary skipped with this probability (0.1 in its paper); evaluation and decoding "
+    "keep the deterministic segmentation",
+    ge=0,
+    lt=1,
+    means={0: "off: one deterministic segmentation, as the paper's"},
+  )
   tokenizer_sample_size: int = schema.setting(
     200_000, "at most this many training pairs (evenly spaced) train the vocabulary", ge=1
   )

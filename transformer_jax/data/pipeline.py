@@ -16,9 +16,12 @@ The training stream, deterministic from the seed:
      into length buckets, 'packed' mode packs them first-fit-decreasing into
      rows; the batches are shuffled; every host keeps its rows of every batch.
      As plans depend on lengths only, all hosts agree on each step's shape
-     while reading disjoint pairs.
+     while reading disjoint pairs. With `data.bpe_dropout`, every host first
+     samples the window's segmentations (`bpe_dropout.PairSampler`, from the
+     seed and the window) and plans on their lengths.
   3. A Grain flat-map yields one plan per step; the host then reads, tokenizes
-     and lays out its pairs. The iterator state is (window, batch in window).
+     (unless sampled) and lays out its pairs. The iterator state is (window,
+     batch in window).
 """
 
 import dataclasses
@@ -30,8 +33,8 @@ import grain
 import numpy as np
 
 from transformer_jax.conventions import BATCH_KEYS
+from transformer_jax.data import bpe_dropout, sources
 from transformer_jax.data import lengths as lengths_lib
-from transformer_jax.data import sources
 from transformer_jax.data.config import DataConfig
 from transformer_jax.errors import FieldError
 
@@ -95,13 +98,15 @@ class Plan:
   """One host's part of one batch: which pairs go in which row.
 
   ids[i] (a pair index in the split) goes into row rows[i]; pairs sharing a row
-  are packed in the order given.
+  are packed in the order given. examples[i], when given, are its (source, target) token ids
+  (sampled segmentations); otherwise the pairs are tokenized as they are read.
   """
 
   length: int
   num_rows: int
   ids: np.ndarray
   rows: np.ndarray
+  examples: tuple | None = None
 
 
 def layout(examples, rows, num_rows, length):
@@ -127,25 +132,37 @@ def layout(examples, rows, num_rows, length):
 
 
 class _Planner:
-  """Window of pair positions -> this host's Plans of the window's global batches."""
+  """Window of pair positions -> this host's Plans of the window's global batches.
 
-  def __init__(self, lengths, ids, seed, shard_index, shard_count):
+  With a `sampler` (`bpe_dropout.PairSampler`), every host samples the whole window's segmentations
+  and plans on their lengths; each Plan then carries its pairs' tokens.
+  """
+
+  def __init__(self, lengths, ids, seed, shard_index, shard_count, sampler=None):
     self.lengths, self.ids, self.seed = lengths, ids, seed
     self.shard_index, self.shard_count = shard_index, shard_count
+    self.sampler = sampler
 
   def __call__(self, window_index, positions):
     ids = self.ids[positions]
     rng = np.random.default_rng([self.seed, window_index])
-    batches = self.global_batches(ids, self.lengths[ids], rng)
-    return [self.host_part(batches[i]) for i in rng.permutation(len(batches))]
+    if self.sampler is None:
+      examples, lengths = None, self.lengths[ids]
+    else:
+      examples = self.sampler(window_index, ids)
+      lengths = np.array([(len(s), len(t)) for s, t in examples], np.int64).reshape(-1, 2)
+    # Batches hold positions in the window; host_part turns them into pair ids.
+    batches = self.global_batches(np.arange(len(ids)), lengths, rng)
+    return [self.host_part(batches[i], ids, examples) for i in rng.permutation(len(batches))]
 
-  def host_part(self, batch):
-    """The rows of `batch` = (length, num_rows, ids, rows) that belong to this host."""
-    length, num_rows, ids, rows = batch
+  def host_part(self, batch, ids, examples):
+    """The rows of `batch` = (length, num_rows, window positions, rows) that belong to this host."""
+    length, num_rows, members, rows = batch
     local = num_rows // self.shard_count
     lo = self.shard_index * local
     mine = (rows >= lo) & (rows < lo + local)
-    return Plan(length, local, ids[mine], rows[mine] - lo)
+    kept = None if examples is None else tuple(examples[i] for i in members[mine])
+    return Plan(length, local, ids[members[mine]], rows[mine] - lo, kept)
 
   def global_batches(self, ids, lengths, rng):
     raise NotImplementedError
@@ -227,7 +244,9 @@ class _Build:
     self.source, self.tokenizer, self.caps = source, tokenizer, caps
 
   def __call__(self, plan):
-    examples = lengths_lib.tokenize_pairs(self.tokenizer, self.source.pairs(plan.ids), self.caps)
+    examples = plan.examples
+    if examples is None:
+      examples = lengths_lib.tokenize_pairs(self.tokenizer, self.source.pairs(plan.ids), self.caps)
     return layout(examples, plan.rows, plan.num_rows, plan.length)
 
 
@@ -283,8 +302,17 @@ def make_train_loader(c: DataConfig, tokenizer, *, seed, shard_index, shard_coun
       f"No training pair of {c.name} fits data.max_source_length / data.max_target_length."
     )
   lengths = np.minimum(lengths, caps)
+  sampler = None
+  if c.bpe_dropout:
+    sampler = bpe_dropout.PairSampler(source, tokenizer, c.bpe_dropout, caps, int(seed))
+    log.info("BPE-dropout %g: every epoch segments the training pairs anew.", c.bpe_dropout)
   common = dict(
-    lengths=lengths, ids=ids, seed=int(seed), shard_index=shard_index, shard_count=shard_count
+    lengths=lengths,
+    ids=ids,
+    seed=int(seed),
+    shard_index=shard_index,
+    shard_count=shard_count,
+    sampler=sampler,
   )
   if c.batch_mode in ("tokens", "padded"):
     planner = _TokenPlanner(
