@@ -156,6 +156,8 @@ def test_every_table3_row_has_a_preset_with_its_values():
   record = TransformerConfig.preset("base").record()  # What benchmark JSON files keep.
   assert (record["d_k"], record["key_size"], record["value_size"]) == (None, 64, 64)
   assert (record["num_decoder_layers"], record["decoder_depth"]) == (None, 6)
+  assert TransformerConfig.preset("base", num_layers=7, num_decoder_layers=2).depths == (7, 2)
+  assert TransformerConfig.preset("base").depths == (6, 6)
   assert json.loads(json.dumps(record))["num_heads"] == 8
 
 

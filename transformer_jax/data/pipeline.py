@@ -164,7 +164,8 @@ class _Planner:
     kept = None if examples is None else tuple(examples[i] for i in members[mine])
     return Plan(length, local, ids[members[mine]], rows[mine] - lo, kept)
 
-  def global_batches(self, ids, lengths, rng):
+  def global_batches(self, positions, lengths, rng):
+    """[(length, rows, window positions, row of each)] of the window's global batches."""
     raise NotImplementedError
 
 
@@ -180,12 +181,12 @@ class _TokenPlanner(_Planner):
     super().__init__(**kwargs)
     self.buckets, self.rows_per_bucket = np.asarray(buckets), rows_per_bucket
 
-  def global_batches(self, ids, lengths, rng):
+  def global_batches(self, positions, lengths, rng):
     del rng
     bucket = np.searchsorted(self.buckets, lengths.max(axis=1))
-    batches, carry = [], ids[:0]
+    batches, carry = [], positions[:0]
     for b, length in enumerate(self.buckets):
-      members = np.concatenate([carry, ids[bucket == b]])
+      members = np.concatenate([carry, positions[bucket == b]])
       rows = self.rows_per_bucket[b]
       full = len(members) // rows * rows
       for start in range(0, full, rows):
@@ -205,10 +206,10 @@ class _PackPlanner(_Planner):
     super().__init__(**kwargs)
     self.max_length, self.batch_size = max_length, batch_size
 
-  def global_batches(self, ids, lengths, rng):
+  def global_batches(self, positions, lengths, rng):
     order = np.argsort(-lengths.max(axis=1), kind="stable")
-    free = np.empty((len(ids), 2), np.int64)  # free tokens (source, target) per row
-    row_of = np.empty(len(ids), np.int64)
+    free = np.empty((len(positions), 2), np.int64)  # free tokens (source, target) per row
+    row_of = np.empty(len(positions), np.int64)
     num_rows = 0
     for i in order:
       ok = (free[:num_rows, 0] >= lengths[i, 0]) & (free[:num_rows, 1] >= lengths[i, 1])
@@ -220,11 +221,11 @@ class _PackPlanner(_Planner):
       row_of[i] = row
     # Shuffle the rows, then cut them into batches; pairs keep their packing order.
     new_row = rng.permutation(num_rows)[row_of[order]]
-    ids = ids[order]
+    positions = positions[order]
     batches = []
     for start in range(0, num_rows, self.batch_size):
       mine = (new_row >= start) & (new_row < start + self.batch_size)
-      batches.append((self.max_length, self.batch_size, ids[mine], new_row[mine] - start))
+      batches.append((self.max_length, self.batch_size, positions[mine], new_row[mine] - start))
     return batches
 
 
@@ -285,8 +286,12 @@ def make_train_loader(c: DataConfig, tokenizer, *, seed, shard_index, shard_coun
   if not (isinstance(seed, (int, np.integer)) and 0 <= seed < 2**32):
     raise ValueError(f"seed={seed!r}: need an integer in [0, 2**32).")
   source = sources.open_split(c, c.train_split)
-  lengths = lengths_lib.pair_lengths(source, tokenizer, c.num_workers)
   caps = np.array([c.max_source_length, c.max_target_length])
+  sampler = None
+  if c.bpe_dropout:  # A vocabulary it cannot use stops here, before the length table.
+    sampler = bpe_dropout.PairSampler(source, tokenizer, c.bpe_dropout, caps, int(seed))
+    log.info("BPE-dropout %g: every epoch segments the training pairs anew.", c.bpe_dropout)
+  lengths = lengths_lib.pair_lengths(source, tokenizer, c.num_workers)
   overlong = (lengths > caps).any(axis=1)
   log.info(
     "%s: %d of %d training pairs exceed %d source / %d target tokens: %s.",
@@ -302,10 +307,6 @@ def make_train_loader(c: DataConfig, tokenizer, *, seed, shard_index, shard_coun
       f"No training pair of {c.name} fits data.max_source_length / data.max_target_length."
     )
   lengths = np.minimum(lengths, caps)
-  sampler = None
-  if c.bpe_dropout:
-    sampler = bpe_dropout.PairSampler(source, tokenizer, c.bpe_dropout, caps, int(seed))
-    log.info("BPE-dropout %g: every epoch segments the training pairs anew.", c.bpe_dropout)
   common = dict(
     lengths=lengths,
     ids=ids,

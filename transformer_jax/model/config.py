@@ -160,6 +160,11 @@ class TransformerConfig:
     return self.num_layers if self.num_decoder_layers is None else self.num_decoder_layers
 
   @property
+  def depths(self) -> tuple[int, int]:
+    """(`encoder_depth`, `decoder_depth`)."""
+    return self.encoder_depth, self.decoder_depth
+
+  @property
   def key_size(self) -> int:
     """The width of each head's queries and keys in use: `d_k`, or d_model / num_heads."""
     return self.d_model // self.num_heads if self.d_k is None else self.d_k

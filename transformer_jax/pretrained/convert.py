@@ -106,7 +106,7 @@ def import_marian(source: str, workdir: Workdir) -> dict:
   try:
     params = weights.to_params(
       state,
-      depths=(model.encoder_depth, model.decoder_depth),
+      depths=model.depths,
       num_heads=model.num_heads,
       token_order=marian_vocab.project_order(vocab),
     )
@@ -162,7 +162,7 @@ def export_marian(
   params = jax.device_get(loaded.params)
   state = weights.to_state(
     params,
-    depths=(model.encoder_depth, model.decoder_depth),
+    depths=model.depths,
     num_heads=model.num_heads,
     token_order=order,
     attention_bias=model.attention_bias,

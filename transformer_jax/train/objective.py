@@ -131,7 +131,7 @@ def train_flops(
   1% at the paper's sizes).
   """
   d, h = cfg.d_model, cfg.num_heads
-  n_enc, n_dec = cfg.encoder_depth, cfg.decoder_depth
+  n_enc, n_dec = cfg.depths
   w = weight_counts(cfg)
   self_attention = w["query"] + w["key"] + w["value"] + w["out"]
   feed_forward = w["feed_forward"]
