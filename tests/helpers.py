@@ -23,6 +23,7 @@ import grain
 import jax
 import jax.numpy as jnp
 import numpy as np
+import orbax.checkpoint as ocp
 from etils import epath
 
 import numpy_reference
@@ -531,3 +532,23 @@ def code_block(path: str, after: str) -> str:
   """The first python code block of the repository's file `path` after the text `after`."""
   text = (pathlib.Path(__file__).resolve().parents[1] / path).read_text()
   return re.search(r"```python\n(.*?)```", text.split(after, 1)[1], re.DOTALL)[1]
+
+
+def assert_loader_resumes(make, tmp_path, before: int, after: int) -> None:
+  """A Grain iterator of `make()` saved through Orbax after `before` batches, restored into a fresh
+  one, yields the `after` batches the saved one would have."""
+  it = iter(make())
+  for _ in range(before):
+    next(it)
+  manager = ocp.CheckpointManager(tmp_path / "ckpt")
+  manager.save(before, args=ocp.args.Composite(data=grain.checkpoint.CheckpointSave(it)))
+  manager.wait_until_finished()
+  expected = [next(it) for _ in range(after)]
+  it.close()
+  fresh = iter(make())
+  manager.restore(before, args=ocp.args.Composite(data=grain.checkpoint.CheckpointRestore(fresh)))
+  got = [next(fresh) for _ in range(after)]
+  fresh.close()
+  for a, b in zip(expected, got, strict=True):
+    for key in BATCH_KEYS:
+      np.testing.assert_array_equal(a[key], b[key])

@@ -6,12 +6,11 @@ import dataclasses
 import io
 import random
 
-import grain
 import numpy as np
-import orbax.checkpoint as ocp
 import pytest
 import sentencepiece as spm
 
+import helpers
 from transformer_jax import data
 from transformer_jax.conventions import BATCH_KEYS, EOS_ID
 from transformer_jax.data import bpe_dropout, sources
@@ -173,21 +172,7 @@ def test_resume_through_orbax_reads_the_same_samples(corpus, tmp_path, workers):
   c, _, tokenizer = corpus
   c = dataclasses.replace(c, window=40, num_workers=workers)
   make = lambda: data.make_train_loader(c, tokenizer, seed=6, shard_index=0, shard_count=1)
-  it = iter(make())
-  for _ in range(9):  # crosses windows of 40 pairs
-    next(it)
-  manager = ocp.CheckpointManager(tmp_path / "ckpt")
-  manager.save(9, args=ocp.args.Composite(data=grain.checkpoint.CheckpointSave(it)))
-  manager.wait_until_finished()
-  expected = [next(it) for _ in range(12)]
-  it.close()
-  fresh = iter(make())
-  manager.restore(9, args=ocp.args.Composite(data=grain.checkpoint.CheckpointRestore(fresh)))
-  got = [next(fresh) for _ in range(12)]
-  fresh.close()
-  for a, b in zip(expected, got):
-    for key in BATCH_KEYS:
-      np.testing.assert_array_equal(a[key], b[key])
+  helpers.assert_loader_resumes(make, tmp_path, before=9, after=12)  # crosses windows of 40 pairs
 
 
 def test_a_sample_over_the_caps_falls_back_to_the_plain_segmentation(corpus):

@@ -8,13 +8,12 @@ the word to the id, so every token names the pair it came from.
 import dataclasses
 import logging
 
-import grain
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+import helpers
 from transformer_jax import data
 from transformer_jax.conventions import BATCH_KEYS, EOS_ID
 from transformer_jax.data import pipeline
@@ -228,22 +227,7 @@ def test_host_shards_are_disjoint_and_make_up_the_global_batch(corpus, mode):
 def test_resume_through_orbax_sees_the_same_batches(corpus, tmp_path, mode, workers):
   c = config(corpus, batch_mode=mode, num_workers=workers, window=64)
   make = lambda: data.make_train_loader(c, WordIds(), seed=8, shard_index=0, shard_count=1)
-  it = iter(make())
-  for _ in range(7):  # crosses windows of 64 pairs
-    next(it)
-  manager = ocp.CheckpointManager(tmp_path / "ckpt")
-  manager.save(7, args=ocp.args.Composite(data=grain.checkpoint.CheckpointSave(it)))
-  manager.wait_until_finished()
-  expected = [next(it) for _ in range(10)]
-  it.close()
-
-  fresh = iter(make())
-  manager.restore(7, args=ocp.args.Composite(data=grain.checkpoint.CheckpointRestore(fresh)))
-  got = [next(fresh) for _ in range(10)]
-  fresh.close()
-  for a, b in zip(expected, got):
-    for key in BATCH_KEYS:
-      np.testing.assert_array_equal(a[key], b[key])
+  helpers.assert_loader_resumes(make, tmp_path, before=7, after=10)  # crosses windows of 64 pairs
 
 
 def test_eval_batches_cover_the_split_in_order_without_dropping(corpus):
