@@ -144,6 +144,17 @@ def test_every_epoch_reads_every_pair_once_in_a_new_segmentation(corpus):
   assert sum(reads[0] != plain[i] for i, reads in seen.items()) > N // 2
 
 
+@pytest.mark.parametrize("sides,sampled", [("source", 0), ("target", 1)])
+def test_one_side_sampled_the_other_as_the_vocabulary_segments_it(corpus, sides, sampled):
+  c, pairs, tokenizer = corpus
+  c = dataclasses.replace(c, bpe_dropout_sides=sides)
+  loader = data.make_train_loader(c, tokenizer, seed=4, shard_index=0, shard_count=1)
+  seen = by_pair(read(loader, 20), pairs, tokenizer)
+  plain = {i: [ids + [EOS_ID] for ids in tokenizer.encode_batch(pairs[i])] for i in seen}
+  assert all(r[1 - sampled] == plain[i][1 - sampled] for i, reads in seen.items() for r in reads)
+  assert sum(reads[0][sampled] != plain[i][sampled] for i, reads in seen.items()) > len(seen) // 2
+
+
 def test_no_sampling_tokenizes_as_the_vocabulary_does(corpus):
   c, pairs, tokenizer = corpus
   c = dataclasses.replace(c, bpe_dropout=0.0)

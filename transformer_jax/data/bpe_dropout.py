@@ -110,13 +110,14 @@ class BpeDropout:
 
 
 class PairSampler:
-  """(window index, pair ids) -> [(source ids, target ids)], EOS appended, under BPE-dropout `p`.
+  """(window index, pair ids) -> [(source ids, target ids)], EOS appended, under BPE-dropout `p`
+  on `sides` (0 source, 1 target; the other side keeps its deterministic segmentation).
 
   A pair whose sample is longer than `caps` = (max source, max target) on either side gets its
   deterministic segmentation instead (cut to `caps`, as over-long pairs are when they are kept).
   """
 
-  def __init__(self, source, tokenizer, p, caps, seed):
+  def __init__(self, source, tokenizer, p, caps, seed, sides=(0, 1)):
     name = tokenizer.path or "this vocabulary"
     if not hasattr(tokenizer, "model_proto"):
       _refuse(p, f"{name} is not one SentencePiece model (a Marian vocabulary)")
@@ -125,12 +126,22 @@ class PairSampler:
     except ValueError as error:
       _refuse(p, f"{name}: {error}")
     self.source, self.tokenizer, self.p, self.caps, self.seed = source, tokenizer, p, caps, seed
+    self.sides = sides
 
   def __call__(self, window_index, ids):
     pairs = list(self.source.pairs(ids))
     rng = random.Random(int(np.random.SeedSequence([self.seed, window_index]).generate_state(1)[0]))
+    plain = [
+      None if side in self.sides else self.tokenizer.encode_batch([pair[side] for pair in pairs])
+      for side in (0, 1)
+    ]
     examples = [
-      tuple(self.dropout.encode(text, self.p, rng) + [EOS_ID] for text in pair) for pair in pairs
+      tuple(
+        (self.dropout.encode(text, self.p, rng) if plain[side] is None else plain[side][k])
+        + [EOS_ID]
+        for side, text in enumerate(pair)
+      )
+      for k, pair in enumerate(pairs)
     ]
     overlong = [
       i for i, (s, t) in enumerate(examples) if len(s) > self.caps[0] or len(t) > self.caps[1]

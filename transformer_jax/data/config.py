@@ -19,6 +19,7 @@ DATASETS = {
 BATCH_MODES = ("tokens", "packed", "padded")
 OVERLONG = ("drop", "truncate")
 VOCAB_MODELS = ("bpe", "unigram")
+BPE_DROPOUT_SIDES = {"both": (0, 1), "source": (0,), "target": (1,)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +69,12 @@ class DataConfig:
     ge=0,
     lt=1,
     means={0: "off: one deterministic segmentation, as the paper's"},
+  )
+  bpe_dropout_sides: str = schema.setting(
+    "both",
+    "the sides of a training pair that data.bpe_dropout segments anew: both (as its paper), "
+    "source or target; the other keeps its deterministic segmentation",
+    choices=BPE_DROPOUT_SIDES,
   )
   tokenizer_sample_size: int = schema.setting(
     200_000, "at most this many training pairs (evenly spaced) train the vocabulary", ge=1

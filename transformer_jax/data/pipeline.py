@@ -35,7 +35,7 @@ import numpy as np
 from transformer_jax.conventions import BATCH_KEYS
 from transformer_jax.data import bpe_dropout, sources
 from transformer_jax.data import lengths as lengths_lib
-from transformer_jax.data.config import DataConfig
+from transformer_jax.data.config import BPE_DROPOUT_SIDES, DataConfig
 from transformer_jax.errors import FieldError
 
 log = logging.getLogger(__name__)
@@ -289,8 +289,13 @@ def make_train_loader(c: DataConfig, tokenizer, *, seed, shard_index, shard_coun
   caps = np.array([c.max_source_length, c.max_target_length])
   sampler = None
   if c.bpe_dropout:  # A vocabulary it cannot use stops here, before the length table.
-    sampler = bpe_dropout.PairSampler(source, tokenizer, c.bpe_dropout, caps, int(seed))
-    log.info("BPE-dropout %g: every epoch segments the training pairs anew.", c.bpe_dropout)
+    sides = BPE_DROPOUT_SIDES[c.bpe_dropout_sides]
+    sampler = bpe_dropout.PairSampler(source, tokenizer, c.bpe_dropout, caps, int(seed), sides)
+    log.info(
+      "BPE-dropout %g on %s: every epoch segments the training pairs anew.",
+      c.bpe_dropout,
+      "both sides" if len(sides) == 2 else f"the {c.bpe_dropout_sides} side",
+    )
   lengths = lengths_lib.pair_lengths(source, tokenizer, c.num_workers)
   overlong = (lengths > caps).any(axis=1)
   log.info(
