@@ -552,3 +552,19 @@ def assert_loader_resumes(make, tmp_path, before: int, after: int) -> None:
   for a, b in zip(expected, got, strict=True):
     for key in BATCH_KEYS:
       np.testing.assert_array_equal(a[key], b[key])
+
+
+def text_data_config(root, **fields) -> data.DataConfig:
+  """The 'text' dataset of files <root>/train.{xx,yy} and <root>/dev.{xx,yy}: batch rows in pairs,
+  512 tokens a batch, and `fields`."""
+  return data.DataConfig(
+    name="text",
+    source_lang="xx",
+    target_lang="yy",
+    text_train=str(root / "train"),
+    text_validation=str(root / "dev"),
+    data_dir=str(root / "tfds"),
+    batch_multiple=2,
+    tokens_per_batch=512,
+    **fields,
+  )

@@ -35,19 +35,12 @@ def corpus(tmp_path_factory):
   for split in ("train", "dev"):
     for side, lang in enumerate(("xx", "yy")):
       (root / f"{split}.{lang}").write_text("".join(p[side] + "\n" for p in pairs))
-  c = data.DataConfig(
-    name="text",
-    source_lang="xx",
-    target_lang="yy",
-    text_train=str(root / "train"),
-    text_validation=str(root / "dev"),
-    data_dir=str(root / "tfds"),
+  c = helpers.text_data_config(
+    root,
     vocab_size=200,
     max_source_length=80,
     max_target_length=80,
-    batch_multiple=2,
     window=N,  # one epoch per window
-    tokens_per_batch=512,
     bpe_dropout=0.2,
   )
   tokenizer = tokenizer_lib.get_tokenizer(c, str(root / "vocab"))

@@ -55,18 +55,11 @@ def corpus(tmp_path_factory):
       for i in range(n):
         fx.write(" ".join([str(i + 3)] * src_len[i]) + "\n")
         fy.write(" ".join([str(i + 3)] * tgt_len[i]) + "\n")
-  c = data.DataConfig(
-    name="text",
-    source_lang="xx",
-    target_lang="yy",
-    text_train=str(root / "train"),
-    text_validation=str(root / "dev"),
-    data_dir=str(root / "tfds"),
+  c = helpers.text_data_config(
+    root,
     max_source_length=63,
     max_target_length=63,
-    batch_multiple=2,
     window=N - 5,  # one epoch of the pairs that are not over-long
-    tokens_per_batch=512,
     batch_size=8,
     max_length=64,
   )
