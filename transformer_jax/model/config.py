@@ -104,6 +104,13 @@ class TransformerConfig:
     "matmul outputs) or full (keeps each layer's input)",
     choices=REMAT_POLICIES,
   )
+  loss_chunk: int = schema.setting(
+    0,
+    "the output layer and the loss over chunks of this many target positions of every row, "
+    "each chunk's logits made again in the backward: no [positions, vocab] array in memory",
+    ge=0,
+    means={0: "all positions at once"},
+  )
   attention_bias: bool = schema.setting(False, "biases on the Q, K, V and output projections")
   logits_bias: bool = schema.setting(False, "a [vocab] bias on the logits")
   activation: str = schema.setting("relu", "feed-forward nonlinearity", choices=ACTIVATIONS)

@@ -17,9 +17,9 @@ class Embed(nn.Module):
   """One token embedding shared by source, target and the pre-softmax projection.
 
   `__call__`: ids `[batch, length]` -> `[batch, length, d_model]`, scaled by
-  sqrt(d_model). `attend`: `[batch, length, d_model]` -> float32 logits
-  `[batch, length, vocab_size]` through the same matrix, plus a `[vocab_size]`
-  bias with `logits_bias` (the paper has none).
+  sqrt(d_model). `attend`: `[batch, length, d_model]` -> logits `[batch, length,
+  vocab_size]` in `dtype` through the same matrix, plus a `[vocab_size]` bias with
+  `logits_bias` (the paper has none).
   """
 
   vocab_size: int

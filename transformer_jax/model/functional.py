@@ -173,14 +173,13 @@ def embed(embedding, ids, dtype):
 
 
 def logits(embedding, bias, x, dtype):
-  """`[b, l, d]` -> logits `[b, l, vocab]` through the shared embedding (+ `bias`), in float32
-  or wider."""
-  out = jnp.einsum(
-    "bld,vd->blv",
-    x.astype(dtype),
-    embedding.astype(dtype),
-    preferred_element_type=jnp.promote_types(dtype, jnp.float32),
-  )
+  """`[b, l, d]` -> logits `[b, l, vocab]` through the shared embedding (+ `bias`), in `dtype`.
+
+  The logits of a bfloat16 model are bfloat16 (the matmul accumulates in float32 and rounds
+  once): half the bytes of float32 through the output layer and the loss, whose arithmetic
+  (`loss.cross_entropy`) and the searches' log-softmax are float32 or wider.
+  """
+  out = jnp.einsum("bld,vd->blv", x.astype(dtype), embedding.astype(dtype))
   return out if bias is None else out + bias.astype(out.dtype)
 
 

@@ -4,12 +4,14 @@ Pure functions of (model, params, batch). The train step differentiates
 `loss_sums`; evaluation (validation loss, perplexity) adds it up over a split.
 """
 
+import functools
 import math
 from collections.abc import Mapping
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from transformer_jax.conventions import BATCH_KEYS
 
@@ -17,24 +19,63 @@ LOSS_SUMS = ("loss", "nll", "tokens", "source_tokens")  # What `loss_sums` retur
 
 
 def cross_entropy(logits, targets, label_smoothing: float):
-  """Per-token losses from logits `[batch, length, vocab]` and targets `[batch, length]`.
+  """Per-token losses from logits `[..., vocab]` (any float dtype) and targets `[...]`.
 
-  Returns `(smoothed, nll)`, both float32 `[batch, length]`. `nll` is
+  Returns `(smoothed, nll)`, `[...]` in float32 (float64 for float64 logits),
+  whatever the logits' dtype: the arithmetic is float32 or wider. `nll` is
   `-log p(target)`. `smoothed` is the cross entropy against the smoothed
   target distribution: `1 - eps` on the target and `eps / (vocab - 1)` on each
   other token. It is not shifted by that distribution's entropy (its minimum
   is the entropy, not 0); perplexity comes from `nll` instead.
+
+  Every term is a reduction over the vocabulary of the logits or of their
+  exponentials (the target's logit picked by comparing an iota with it, not a
+  gather), which XLA fuses into few passes over the logits; the gradient is an
+  elementwise function of the logits, `p - q` for the smoothed target `q`.
   """
-  logits = logits.astype(jnp.float32)
+  logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
   vocab = logits.shape[-1]
   log_z = jax.nn.logsumexp(logits, axis=-1)
-  nll = log_z - jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+  is_target = (
+    lax.broadcasted_iota(targets.dtype, logits.shape, logits.ndim - 1) == targets[..., None]
+  )
+  nll = log_z - jnp.sum(jnp.where(is_target, logits, 0), axis=-1)
   if label_smoothing == 0:
     return nll, nll
   # Sum over all tokens of -log p = vocab * log_z - sum(logits).
   others = vocab * (log_z - jnp.mean(logits, axis=-1)) - nll
   smoothed = (1 - label_smoothing) * nll + label_smoothing / (vocab - 1) * others
   return smoothed, nll
+
+
+def _summed(logits, targets, weights, label_smoothing: float):
+  """`(loss, nll)`: `cross_entropy` summed over the positions where `weights` is 1."""
+  smoothed, nll = cross_entropy(logits, targets, label_smoothing)
+  return jnp.sum(smoothed * weights), jnp.sum(nll * weights)
+
+
+def _chunked_sums(output_layer, features, targets, weights, label_smoothing: float, chunk: int):
+  """`_summed` of `output_layer(features)` over chunks of `chunk` target positions of every row,
+  one after another (`lax.scan`), each chunk's logits made again in the backward pass: no
+  `[rows, length, vocab]` array exists. The positions padded to a whole chunk weigh 0."""
+  rows, length = targets.shape
+  count = -(-length // chunk)
+  pad = count * chunk - length
+
+  def chunks(x):  # [rows, length, ...] -> [count, rows, chunk, ...]
+    x = jnp.pad(x, ((0, 0), (0, pad)) + ((0, 0),) * (x.ndim - 2))
+    return jnp.moveaxis(x.reshape(rows, count, chunk, *x.shape[2:]), 1, 0)
+
+  @jax.checkpoint
+  def chunk_sums(h, t, w):
+    return _summed(output_layer(h), t, w, label_smoothing)
+
+  def add_chunk(total, xs):
+    return jax.tree.map(jnp.add, total, chunk_sums(*xs)), None
+
+  zero = jnp.zeros((), jnp.promote_types(features.dtype, jnp.float32))
+  sums, _ = lax.scan(add_chunk, (zero, zero), (chunks(features), chunks(targets), chunks(weights)))
+  return sums
 
 
 def loss_sums(
@@ -49,19 +90,33 @@ def loss_sums(
 
   Returns a dict of float32 scalars: `loss` (smoothed cross entropy), `nll`,
   `tokens` (target tokens, `targets_segmentation > 0`) and `source_tokens`.
-  Dropout is on when `dropout_key` is given.
+  Dropout is on when `dropout_key` is given. With the model's `loss_chunk`
+  shorter than the targets, the output layer and the loss run chunk by chunk
+  (`_chunked_sums`).
   """
-  logits = model.apply(
-    {"params": params},
+  variables = {"params": params}
+  chunk = model.config.loss_chunk
+  chunked = 0 < chunk < batch["targets"].shape[1]
+  out = model.apply(
+    variables,
     *(batch[k] for k in BATCH_KEYS),
     train=dropout_key is not None,
+    features=chunked,
     rngs=None if dropout_key is None else {"dropout": dropout_key},
   )
-  smoothed, nll = cross_entropy(logits, batch["targets"], label_smoothing)
   weights = (batch["targets_segmentation"] > 0).astype(jnp.float32)
+  if chunked:
+    output_layer = functools.partial(model.apply, variables, method=model.logits)
+    smoothed, nll = _chunked_sums(
+      output_layer, out, batch["targets"], weights, label_smoothing, chunk
+    )
+  else:
+    smoothed, nll = _summed(out, batch["targets"], weights, label_smoothing)
+  # float32 sums, also of a float64 model (whose gradients stay float64: a cast's cotangent is
+  # cast back).
   return {
-    "loss": jnp.sum(smoothed * weights),
-    "nll": jnp.sum(nll * weights),
+    "loss": smoothed.astype(jnp.float32),
+    "nll": nll.astype(jnp.float32),
     "tokens": jnp.sum(weights),
     "source_tokens": jnp.sum(batch["inputs_segmentation"] > 0).astype(jnp.float32),
   }

@@ -88,8 +88,7 @@ class Decoder(_Stack):
     y = self._inputs(embed, decoder_inputs, positions, deterministic)
     for layer in self.layers():
       y = layer(y, encoded, self_mask, cross_mask, deterministic, decode)
-    logits = embed.attend(self._output(y))
-    return nn.with_logical_constraint(logits, ("batch", "length", "vocab"))
+    return self._output(y)
 
 
 def _deterministic(train: bool | None) -> bool | None:
@@ -132,11 +131,13 @@ class Transformer(nnx.Module):
     *,
     train=None,
     decode=False,
+    features=False,
   ):
     """Encoder output and targets `[b, t]` -> logits `[b, t, vocab]` (targets shifted inside;
-    with `decode`, one step of previous tokens at `targets_position`, after `init_cache`)."""
+    with `decode`, one step of previous tokens at `targets_position`, after `init_cache`); with
+    `features`, the decoder's output before the output layer, `[b, t, d_model]`."""
     check_tokens("targets", targets, self.config.max_len)
-    return self.decoder(
+    out = self.decoder(
       self.embed,
       encoded,
       inputs,
@@ -147,6 +148,12 @@ class Transformer(nnx.Module):
       deterministic=_deterministic(train),
       decode=decode,
     )
+    return out if features else self.logits(out)
+
+  def logits(self, features):
+    """The output layer: the decoder's features `[b, t, d_model]` -> logits `[b, t, vocab]` in
+    the compute dtype, through the shared embedding."""
+    return nn.with_logical_constraint(self.embed.attend(features), ("batch", "length", "vocab"))
 
   def __call__(
     self,
@@ -158,8 +165,10 @@ class Transformer(nnx.Module):
     targets_position=None,
     *,
     train=None,
+    features=False,
   ):
-    """Teacher-forced forward pass: logits `[b, t, vocab]` for predicting `targets`."""
+    """Teacher-forced forward pass: logits `[b, t, vocab]` for predicting `targets` (with
+    `features`, the decoder's output before the output layer)."""
     encoded = self.encode(inputs, inputs_segmentation, inputs_position, train=train)
     return self.decode(
       encoded,
@@ -169,6 +178,7 @@ class Transformer(nnx.Module):
       targets_position,
       inputs_segmentation,
       train=train,
+      features=features,
     )
 
   def init_cache(self, encoded, rows: int, max_len: int):

@@ -174,7 +174,8 @@ class Encoder(nn.Module):
 
 
 class Decoder(nn.Module):
-  """Shifted targets through the decoder layers to logits `[b, t, vocab]` (float32).
+  """Shifted targets through the decoder layers: features `[b, t, d_model]`, which the shared
+  embedding turns into logits (`Transformer.logits`).
 
   In `decode=True` mode `targets` is the previous output token `[b, 1]` and
   `positions` its position `[b, 1]`; no shift is applied.
@@ -210,8 +211,7 @@ class Decoder(nn.Module):
       (encoded, self_mask, cross_mask),
       (deterministic, decode),
     )
-    logits = self.embed.attend(_final_norm(cfg, y))
-    return nn.with_logical_constraint(logits, ("batch", "length", "vocab"))
+    return _final_norm(cfg, y)
 
 
 class Transformer(nn.Module):
@@ -247,10 +247,12 @@ class Transformer(nn.Module):
     *,
     train=False,
     decode=False,
+    features=False,
   ):
-    """Encoder output and targets `[b, t]` -> logits `[b, t, vocab]` (targets shifted inside)."""
+    """Encoder output and targets `[b, t]` -> logits `[b, t, vocab]` (targets shifted inside);
+    with `features`, the decoder's output before the output layer, `[b, t, d_model]`."""
     check_tokens("targets", targets, self.config.max_len)
-    return self.decoder(
+    out = self.decoder(
       encoded,
       inputs,
       targets,
@@ -260,6 +262,13 @@ class Transformer(nn.Module):
       deterministic=not train,
       decode=decode,
     )
+    return out if features else self.logits(out)
+
+  def logits(self, features):
+    """The output layer: the decoder's features `[b, t, d_model]` -> logits `[b, t, vocab]` in
+    the compute dtype, through the shared embedding."""
+    logits = self.embed.attend(features)
+    return nn.with_logical_constraint(logits, ("batch", "length", "vocab"))
 
   def __call__(
     self,
@@ -271,8 +280,10 @@ class Transformer(nn.Module):
     targets_position=None,
     *,
     train=False,
+    features=False,
   ):
-    """Teacher-forced forward pass: logits `[b, t, vocab]` for predicting `targets`."""
+    """Teacher-forced forward pass: logits `[b, t, vocab]` for predicting `targets` (with
+    `features`, the decoder's output before the output layer)."""
     encoded = self.encode(inputs, inputs_segmentation, inputs_position, train=train)
     return self.decode(
       encoded,
@@ -282,4 +293,5 @@ class Transformer(nn.Module):
       targets_position,
       inputs_segmentation,
       train=train,
+      features=features,
     )
