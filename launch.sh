@@ -13,6 +13,11 @@
 #                                        or GPU machine (v5e-8, v5p-128, 8xh100, ...) on this CPU:
 #                                        per-device memory, cost, fit (needs the tpu or cuda
 #                                        extra: .venv/bin/pip install -e '.[tpu,cuda]')
+#   ./launch.sh kernels --config=FILE[:VARIANT] [--target=1xh100] [--change=TEXT]
+#                                        the train step compiled for a GPU on this CPU: kernels,
+#                                        HBM bytes and roofline floor read off its optimized HLO,
+#                                        as a row of docs/performance.md's table (estimates; python
+#                                        -m transformer_jax.tools.kernel_row)
 #   ./launch.sh inspect --workdir=DIR [--verify]
 #                                        list a work directory's checkpoints; --verify reads each
 #                                        back and checks it (python -m
@@ -153,6 +158,10 @@ case "$mode" in
   inspect)
     setup
     exec "$PY" -m transformer_jax.tools.inspect_checkpoints "$@"
+    ;;
+  kernels)
+    setup
+    exec "$PY" -m transformer_jax.tools.kernel_row "$@"
     ;;
   import|export)
     setup

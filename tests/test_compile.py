@@ -294,6 +294,7 @@ def test_the_report_has_every_program_and_the_documented_fields(small_report):
     "prefetch_calls",
     "cudnn_attention_calls",
     "refused",
+    "kernels",
     "model_flops_per_device",
     "compiler_estimate",
     "estimate_basis",
@@ -301,6 +302,7 @@ def test_the_report_has_every_program_and_the_documented_fields(small_report):
   }
   for program in record["programs"]:
     assert set(program) == documented
+    assert program["kernels"] is None  # Read for GPU programs only (tests/test_kernels.py).
   train = record["programs"][0]
   assert train["fits"] and train["compiler_estimate"]["step_seconds"] > 0
   assert 0 < train["compiler_estimate"]["mfu"] < 1

@@ -12,11 +12,18 @@ result only when it is at least the time the compiler's own FLOPs take at
 the chip's peak (a roofline, which no program can beat). The caller drops the
 estimate of a program built around a loop (scanned layers, gradient
 accumulation, a search): XLA's cost analysis counts a loop's body once.
+
+For a GPU target, where the cost analysis is empty, `kernels` holds what the
+optimized HLO says of the kernels the program launches, their bytes, FLOPs and
+roofline floor (`kernels.py`: estimates read off the compiler's output).
 """
 
 import dataclasses
 import re
 import time
+
+from transformer_jax.compile import kernels, thunks
+from transformer_jax.compile.targets import Chip
 
 _PREFETCH = re.compile(r'custom_call_target="ConcatBitcast"')
 _CUDNN_ATTENTION = re.compile(r'custom_call_target="__cudnn\$fmha')
@@ -43,6 +50,7 @@ class ProgramCost:
   prefetch_calls: int
   cudnn_attention_calls: int  # cuDNN fused attention kernels, forward and backward
   refused: str = ""  # The compiler's own out-of-memory error: then only temp_bytes is known.
+  kernels: dict | None = None  # GPU targets: `kernels.summary` of the optimized HLO
 
   @property
   def total_bytes(self) -> int:
@@ -104,21 +112,30 @@ def refused_cost(message: str, seconds: float) -> ProgramCost | None:
   )
 
 
-def compile_and_measure(lowered, compiler_options=None) -> ProgramCost:
-  """The `ProgramCost` of a `jax.stages.Lowered`, timing its compile."""
+def compile_and_measure(lowered, compiler_options=None, chip: Chip | None = None) -> ProgramCost:
+  """The `ProgramCost` of a `jax.stages.Lowered`, timing its compile. For a GPU `chip`, the
+  compiler's launch grids are read from a dump of its output (`thunks.py`) and the kernels
+  summed up against the chip's peak and bandwidth."""
   start = time.perf_counter()
+  grids = None
   try:
-    compiled = lowered.compile(compiler_options) if compiler_options else lowered.compile()
+    if chip is not None and chip.platform == "gpu":
+      compiled, grids = thunks.compile_with_grids(lowered, compiler_options)
+    else:
+      compiled = lowered.compile(compiler_options) if compiler_options else lowered.compile()
   except Exception as error:  # pylint: disable=broad-except  # XLA's errors are JaxRuntimeError.
     refused = refused_cost(str(error), time.perf_counter() - start)
     if refused is None:
       raise
     return refused
-  return measure_compiled(compiled, time.perf_counter() - start)
+  return measure_compiled(compiled, time.perf_counter() - start, chip, grids)
 
 
-def measure_compiled(compiled, compile_seconds: float) -> ProgramCost:
-  """The `ProgramCost` of a `jax.stages.Compiled` that took `compile_seconds` to compile."""
+def measure_compiled(
+  compiled, compile_seconds: float, chip: Chip | None = None, grids: dict | None = None
+) -> ProgramCost:
+  """The `ProgramCost` of a `jax.stages.Compiled` that took `compile_seconds` to compile; for a
+  GPU `chip`, with its kernels (launch grids from `grids`, else `kernels.py`'s rule)."""
   memory = compiled.memory_analysis()
   cost = compiled.cost_analysis() or {}
   if isinstance(cost, list):  # Older JAX: one dict per module.
@@ -136,4 +153,11 @@ def measure_compiled(compiled, compile_seconds: float) -> ProgramCost:
     optimal_seconds=cost.get("optimal_seconds"),
     prefetch_calls=len(_PREFETCH.findall(text)),
     cudnn_attention_calls=cudnn_attention_calls(text),
+    kernels=kernel_summary(text, chip, grids) if chip and chip.platform == "gpu" else None,
   )
+
+
+def kernel_summary(hlo_text: str, chip: Chip, grids: dict | None = None) -> dict:
+  """`kernels.summary` of a GPU program's optimized HLO text on `chip`."""
+  found, loops = kernels.read_kernels(hlo_text, grids)
+  return kernels.summary(found, loops, chip.peak_flops, chip.memory_bandwidth, grids is not None)

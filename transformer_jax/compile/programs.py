@@ -151,7 +151,7 @@ def _compile(target: targets.Target, lower: Callable):
   """
   lowered = lower()
   try:
-    return analysis.compile_and_measure(lowered), ""
+    return analysis.compile_and_measure(lowered, chip=target.chip), ""
   except jax.errors.JaxRuntimeError as error:
     message = str(error)
     if "cuDNN not found" in message:
@@ -160,7 +160,9 @@ def _compile(target: targets.Target, lower: Callable):
       ) from None
     if target.platform != "gpu" or _TRITON_TILING not in message:
       raise
-  cost = analysis.compile_and_measure(lowered, {"xla_gpu_enable_triton_gemm": False})
+  cost = analysis.compile_and_measure(
+    lowered, {"xla_gpu_enable_triton_gemm": False}, chip=target.chip
+  )
   return cost, "compiled with Triton GEMMs off (no tiling without autotuning)"
 
 

@@ -16,6 +16,8 @@ _COLUMNS = (
   "est. tokens/s",
   "est. MFU",
 )
+# GPU targets: the kernels read off the optimized HLO (kernels.py), estimates all.
+_GPU_COLUMNS = ("kernels", "1x1x1 grid", "HBM GB", "est. floor ms")
 
 
 def _gib(value) -> str:
@@ -26,9 +28,26 @@ def _maybe(value, spec: str) -> str:
   return "-" if value is None else format(value, spec)
 
 
+def _kernel_cells(kernels: dict | None) -> tuple[str, ...]:
+  if not kernels:
+    return ("-",) * len(_GPU_COLUMNS)
+  return (
+    f"{kernels['kernels']:,}",
+    f"{kernels['one_block_kernels']:,}",
+    f"{kernels['bytes'] / 1e9:.1f}",
+    f"{kernels['floor_seconds'] * 1e3:.1f}",
+  )
+
+
+def columns(record: dict) -> tuple[str, ...]:
+  """The table's header: the GPU columns only for a GPU target."""
+  return _COLUMNS + (_GPU_COLUMNS if record["target"]["platform"] == "gpu" else ())
+
+
 def rows(record: dict) -> list[tuple[str, ...]]:
   """One row of strings per program of a report record (`Report.record()`)."""
   usable = record["target"]["usable_bytes"]
+  gpu = record["target"]["platform"] == "gpu"
   out = []
   for p in record["programs"]:
     estimate = p["compiler_estimate"] or {}
@@ -50,6 +69,7 @@ def rows(record: dict) -> list[tuple[str, ...]]:
         _maybe(estimate.get("tokens_per_second"), ",.0f"),
         _maybe(estimate.get("mfu"), ".1%"),
       )
+      + (_kernel_cells(p.get("kernels")) if gpu else ())
     )
   return out
 
@@ -66,8 +86,9 @@ def format_report(record: dict) -> str:
     f"{_gib(params['state_bytes_total'])} GiB, {_gib(params['state_bytes_per_device'])} GiB "
     f"per device; batches read by {record['data_shards']} host(s)",
   ]
-  table = [_COLUMNS, *rows(record)]
-  widths = [max(len(row[i]) for row in table) for i in range(len(_COLUMNS))]
+  header = columns(record)
+  table = [header, *rows(record)]
+  widths = [max(len(row[i]) for row in table) for i in range(len(header))]
   for row in table:
     lines.append(
       "  ".join(
@@ -76,6 +97,12 @@ def format_report(record: dict) -> str:
     )
   bases = sorted({p["estimate_basis"] for p in record["programs"]})
   lines.append("estimates (est.): " + "; ".join(bases))
+  if record["target"]["platform"] == "gpu":
+    lines.append(
+      "kernels, 1x1x1 grid, HBM GB (operands + outputs of every kernel) and est. floor ms "
+      "(each kernel at peak FLOP/s or memory bandwidth): read off the optimized HLO, "
+      "estimates, not measurements"
+    )
   lines.append(f"compiled {len(record['programs'])} programs in {record['compile_seconds']:.0f} s")
   largest = record["largest_batch"]
   if largest is not None:
