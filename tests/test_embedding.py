@@ -61,3 +61,36 @@ def test_embedding_is_shared_and_scaled():
   logits = embed.apply(variables, x, method=embed.attend)
   assert logits.dtype == jnp.float32
   np.testing.assert_allclose(logits, x @ table.T, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_padded_vocabulary_gives_the_same_logits_and_gradients_in_float64(bias):
+  """The output matmul over a table padded to 16 rows (11 -> 16) gives the unpadded logits and
+  gradients (to float64 rounding); the parameters keep the real vocabulary; the matmul sees the padded one."""
+  ids = np.array([[1, 5, 0], [10, 2, 2]])
+  with jax.enable_x64(True):
+    plain = embedding.Embed(vocab_size=11, d_model=8, logits_bias=bias, dtype=jnp.float64)
+    padded = embedding.Embed(
+      vocab_size=11, d_model=8, logits_bias=bias, dtype=jnp.float64, vocab_multiple=16
+    )
+    variables, params = init(plain, ids)
+    assert jax.tree.map(jnp.shape, init(padded, ids)[1]) == jax.tree.map(jnp.shape, params)
+    params = jax.tree.map(lambda p: p + 0.5 if p.ndim == 1 else p, params)  # A nonzero bias.
+    x = jnp.asarray(randn(4, 2, 3, 8), jnp.float64)
+
+    def attend(module, p):
+      return module.apply({"params": p}, x, method=module.attend)
+
+    def loss(module, p):
+      return jnp.sum(jnp.sin(attend(module, p)))
+
+    assert attend(padded, params).shape == (2, 3, 11)
+    np.testing.assert_allclose(attend(padded, params), attend(plain, params), rtol=1e-13)
+    for g, w in zip(
+      jax.tree.leaves(jax.grad(lambda p: loss(padded, p))(params)),
+      jax.tree.leaves(jax.grad(lambda p: loss(plain, p))(params)),
+    ):
+      np.testing.assert_allclose(g, w, rtol=1e-13)
+    jaxpr = jax.make_jaxpr(lambda p: attend(padded, p))(params)
+  dot = next(e for e in jaxpr.jaxpr.eqns if e.primitive.name == "dot_general")
+  assert dot.outvars[0].aval.shape == (2, 3, 16)

@@ -235,7 +235,7 @@ PACKED = dict(
   "overrides, packed",
   [
     ({}, False),
-    ({"norm": "pre", "positional": "learned", "logits_bias": True}, True),
+    ({"norm": "pre", "positional": "learned", "logits_bias": True, "vocab_multiple": 16}, True),
     ({"attention_bias": True, "init": "fairseq", "norm_epsilon": 1e-5}, True),
     ({"attention_dropout_rate": 0.1, "activation_dropout_rate": 0.3}, True),
     ({"num_layers": 3, "num_decoder_layers": 1}, True),

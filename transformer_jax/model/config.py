@@ -111,6 +111,14 @@ class TransformerConfig:
     ge=0,
     means={0: "all positions at once"},
   )
+  vocab_multiple: int = schema.setting(
+    1,
+    "the output layer's matmul over the vocabulary padded with zero rows to a multiple of "
+    "this (whole GEMM tiles on a GPU: 128), the padded logits sliced off at once: parameters, "
+    "checkpoints, the loss and the searches see the real vocabulary",
+    ge=1,
+    means={1: "no padding"},
+  )
   attention_bias: bool = schema.setting(False, "biases on the Q, K, V and output projections")
   logits_bias: bool = schema.setting(False, "a [vocab] bias on the logits")
   activation: str = schema.setting("relu", "feed-forward nonlinearity", choices=ACTIVATIONS)

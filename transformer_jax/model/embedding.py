@@ -19,7 +19,8 @@ class Embed(nn.Module):
   `__call__`: ids `[batch, length]` -> `[batch, length, d_model]`, scaled by
   sqrt(d_model). `attend`: `[batch, length, d_model]` -> logits `[batch, length,
   vocab_size]` in `dtype` through the same matrix, plus a `[vocab_size]` bias with
-  `logits_bias` (the paper has none).
+  `logits_bias` (the paper has none); its matmul over the table padded to a multiple
+  of `vocab_multiple` rows (`functional.logits`).
   """
 
   vocab_size: int
@@ -27,6 +28,7 @@ class Embed(nn.Module):
   logits_bias: bool = False
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
+  vocab_multiple: int = 1
 
   def setup(self):
     self.embedding = logical_param(
@@ -45,7 +47,10 @@ class Embed(nn.Module):
     return functional.embed(self.embedding, ids, self.dtype)
 
   def attend(self, x):
-    return functional.logits(self.embedding, self.bias if self.logits_bias else None, x, self.dtype)
+    bias = self.bias if self.logits_bias else None
+    return functional.logits(
+      self.embedding, bias, x, self.dtype, vocab_multiple=self.vocab_multiple
+    )
 
 
 class PositionalEncoding(nn.Module):

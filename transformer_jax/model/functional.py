@@ -172,14 +172,21 @@ def embed(embedding, ids, dtype):
   return x * jnp.asarray(np.sqrt(embedding.shape[1]), dtype)
 
 
-def logits(embedding, bias, x, dtype):
+def logits(embedding, bias, x, dtype, *, vocab_multiple: int = 1):
   """`[b, l, d]` -> logits `[b, l, vocab]` through the shared embedding (+ `bias`), in `dtype`.
 
   The logits of a bfloat16 model are bfloat16 (the matmul accumulates in float32 and rounds
   once): half the bytes of float32 through the output layer and the loss, whose arithmetic
-  (`loss.cross_entropy`) and the searches' log-softmax are float32 or wider.
+  (`loss.cross_entropy`) and the searches' log-softmax are float32 or wider. With
+  `vocab_multiple`, the matmul runs over the table padded with zero rows to a multiple of it
+  (whole GEMM tiles on a GPU) and the padded columns are sliced off at once.
   """
-  out = jnp.einsum("bld,vd->blv", x.astype(dtype), embedding.astype(dtype))
+  vocab = embedding.shape[0]
+  table = embedding.astype(dtype)
+  padded = -(-vocab // vocab_multiple) * vocab_multiple
+  if padded != vocab:
+    table = jnp.pad(table, ((0, padded - vocab), (0, 0)))
+  out = jnp.einsum("bld,vd->blv", x.astype(dtype), table)[..., :vocab]
   return out if bias is None else out + bias.astype(out.dtype)
 
 

@@ -234,7 +234,8 @@ class FeedForward(nnx.Module):
 
 class Embed(nnx.Module):
   """The shared token embedding: `__call__` ids -> `[b, l, d_model]` times sqrt(d_model);
-  `attend` `[b, l, d_model]` -> logits `[b, l, vocab]` through the same matrix (+ a bias)."""
+  `attend` `[b, l, d_model]` -> logits `[b, l, vocab]` through the same matrix (+ a bias), its
+  matmul over the table padded to a multiple of `vocab_multiple` rows (`functional.logits`)."""
 
   def __init__(
     self,
@@ -244,9 +245,10 @@ class Embed(nnx.Module):
     logits_bias: bool = False,
     dtype: Dtype = jnp.float32,
     param_dtype: Dtype = jnp.float32,
+    vocab_multiple: int = 1,
     rngs: nnx.Rngs,
   ):
-    self.dtype = dtype
+    self.dtype, self.vocab_multiple = dtype, vocab_multiple
     init = functional.embedding_init(d_model)
     self.embedding = _param("embedding", init, rngs, (vocab_size, d_model), param_dtype)
     zeros = nnx.initializers.zeros
@@ -261,7 +263,9 @@ class Embed(nnx.Module):
 
   def attend(self, x):
     bias = None if self.logits_bias is None else self.logits_bias[...]
-    return functional.logits(self.embedding[...], bias, x, self.dtype)
+    return functional.logits(
+      self.embedding[...], bias, x, self.dtype, vocab_multiple=self.vocab_multiple
+    )
 
 
 class PositionalEncoding(nnx.Module):

@@ -108,6 +108,7 @@ class Transformer(nnx.Module):
       cfg.d_model,
       logits_bias=cfg.logits_bias,
       dtype=cfg.compute_dtype,
+      vocab_multiple=cfg.vocab_multiple,
       rngs=rngs,
     )
     self.encoder = Encoder(cfg, cfg.encoder_depth, EncoderLayer, rngs)

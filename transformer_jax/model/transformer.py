@@ -226,7 +226,11 @@ class Transformer(nn.Module):
   def setup(self):
     cfg = self.config
     self.embed = Embed(
-      cfg.known_vocab_size(), cfg.d_model, cfg.logits_bias, dtype=cfg.compute_dtype
+      cfg.known_vocab_size(),
+      cfg.d_model,
+      cfg.logits_bias,
+      dtype=cfg.compute_dtype,
+      vocab_multiple=cfg.vocab_multiple,
     )
     self.encoder = Encoder(cfg, self.embed)
     self.decoder = Decoder(cfg, self.embed)
