@@ -280,3 +280,45 @@ def test_the_compile_report_of_a_gpu_target_has_the_kernels():
   assert "est. floor ms" in table.columns(report)
   cells = dict(zip(table.columns(report), table.rows(report)[0]))
   assert cells["kernels"] == f"{s['kernels']:,}" and cells["HBM GB"] == f"{s['bytes'] / 1e9:.1f}"
+
+
+def test_the_report_table_shows_the_kernels_and_names_loops_of_unknown_trips():
+  found, loops = kernels.read_kernels(MODULE)
+  summary = kernels.summary(found, loops, 989e12, 3.35e12, grids_known=False)
+  chip = targets.CHIPS["h100"]
+  program = {
+    "name": "train 8x32",
+    "kind": "train",
+    "compile_seconds": 1.0,
+    **dict.fromkeys(("argument_bytes", "temp_bytes", "code_bytes", "total_bytes"), 0),
+    "refused": "",
+    "fits": True,
+    "flops": None,
+    "model_flops_per_device": None,
+    "compiler_estimate": None,
+    "estimate_basis": "the compiler gives no cost estimate for this target",
+    "kernels": summary,
+  }
+  record = {
+    "target": {
+      "name": "1xh100",
+      "topology": "1x1x1",
+      "chips": 1,
+      "chip": chip.name,
+      "hosts": 1,
+      "platform": "gpu",
+      "usable_bytes": chip.usable_bytes,
+      "memory_bytes": chip.memory_bytes,
+      "peak_flops": chip.peak_flops,
+      "source": chip.source,
+    },
+    "parameters": {"count": 1, "state_bytes_total": 12, "state_bytes_per_device": 12},
+    **{"mesh": {}, "sharding_rules": "dp", "attention": "cudnn", "data_shards": 1},
+    **{"programs": [program], "compile_seconds": 1.0, "largest_batch": None},
+  }
+  text = table.format_report(record)
+  assert "est. floor ms" in text and "estimates, not measurements" in text
+  assert "train 8x32: 1 loop(s) of unknown trip count, each body counted once" in text
+  cells = dict(zip(table.columns(record), table.rows(record)[0]))
+  assert cells["kernels"] == "33" and cells["1x1x1 grid"] == "15"
+  assert cells["est. floor ms"] == f"{summary['floor_seconds'] * 1e3:.1f}"

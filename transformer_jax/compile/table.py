@@ -103,6 +103,12 @@ def format_report(record: dict) -> str:
       "(each kernel at peak FLOP/s or memory bandwidth): read off the optimized HLO, "
       "estimates, not measurements"
     )
+    for p in record["programs"]:
+      unknown = [x for x in (p.get("kernels") or {}).get("loops", []) if x["trips"] is None]
+      if unknown:
+        lines.append(
+          f"{p['name']}: {len(unknown)} loop(s) of unknown trip count, each body counted once"
+        )
   lines.append(f"compiled {len(record['programs'])} programs in {record['compile_seconds']:.0f} s")
   largest = record["largest_batch"]
   if largest is not None:
