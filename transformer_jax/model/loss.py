@@ -28,22 +28,28 @@ def cross_entropy(logits, targets, label_smoothing: float):
   other token. It is not shifted by that distribution's entropy (its minimum
   is the entropy, not 0); perplexity comes from `nll` instead.
 
-  Every term is a reduction over the vocabulary of the logits or of their
-  exponentials (the target's logit picked by comparing an iota with it, not a
-  gather), which XLA fuses into few passes over the logits; the gradient is an
-  elementwise function of the logits, `p - q` for the smoothed target `q`.
+  Two passes over the logits: their maximum, then one reduction of the
+  shifted exponentials, the target's logit (picked by comparing an iota with
+  it, not a gather) and the logits' sum together; the gradient is one
+  elementwise pass, `p - q` for the smoothed target `q`.
   """
   logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
   vocab = logits.shape[-1]
-  log_z = jax.nn.logsumexp(logits, axis=-1)
+  shift = lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
   is_target = (
     lax.broadcasted_iota(targets.dtype, logits.shape, logits.ndim - 1) == targets[..., None]
   )
-  nll = log_z - jnp.sum(jnp.where(is_target, logits, 0), axis=-1)
+  # One reduction over the vocabulary for every sum: one pass over the logits after the max.
+  terms = [jnp.exp(logits - shift), jnp.where(is_target, logits, 0)]
+  if label_smoothing:
+    terms.append(logits)
+  sums = jnp.sum(jnp.stack(terms, axis=-1), axis=-2)
+  log_z = shift[..., 0] + jnp.log(sums[..., 0])
+  nll = log_z - sums[..., 1]
   if label_smoothing == 0:
     return nll, nll
   # Sum over all tokens of -log p = vocab * log_z - sum(logits).
-  others = vocab * (log_z - jnp.mean(logits, axis=-1)) - nll
+  others = vocab * log_z - sums[..., 2] - nll
   smoothed = (1 - label_smoothing) * nll + label_smoothing / (vocab - 1) * others
   return smoothed, nll
 
