@@ -202,6 +202,65 @@ def test_sources_come_from_the_metadata_or_the_stack_frames():
   assert k["batched"].source == "" and k["sum"].op_name == "jit(step)/add"
 
 
+# XLA's joined Q/K/V GEMM and the fusions that copy its parts out, cut down: a slice of a
+# third, a dynamic slice through a bitcast (its start an operand read whole), three slices of
+# one operand in one fusion, and an operand read both by a slice and by an add.
+SLICES = r"""HloModule jit_slices, is_scheduled=true
+
+%third (p0: bf16[64,96]) -> bf16[64,32] {
+  %p0 = bf16[64,96]{1,0} parameter(0)
+  ROOT %s = bf16[64,32]{1,0} slice(%p0), slice={[0:64], [32:64]}
+}
+
+%row (p0.1: s32[], p1.1: bf16[64,96]) -> bf16[1,3,32] {
+  %p1.1 = bf16[64,96]{1,0} parameter(1)
+  %p0.1 = s32[] parameter(0)
+  %b = bf16[64,3,32]{2,1,0} bitcast(%p1.1)
+  %zero = s32[] constant(0)
+  ROOT %d = bf16[1,3,32]{2,1,0} dynamic-slice(%b, %p0.1, %zero, %zero), dynamic_slice_sizes={1,3,32}
+}
+
+%split (p0.2: bf16[64,96]) -> (bf16[64,32], bf16[64,32], bf16[64,32]) {
+  %p0.2 = bf16[64,96]{1,0} parameter(0)
+  %q = bf16[64,32]{1,0} slice(%p0.2), slice={[0:64], [0:32]}
+  %k = bf16[64,32]{1,0} slice(%p0.2), slice={[0:64], [32:64]}
+  %v = bf16[64,32]{1,0} slice(%p0.2), slice={[0:64], [64:96]}
+  ROOT %t = (bf16[64,32]{1,0}, bf16[64,32]{1,0}, bf16[64,32]{1,0}) tuple(%q, %k, %v)
+}
+
+%mixed (p0.3: bf16[64,96], p1.3: bf16[64,96]) -> bf16[64,96] {
+  %p0.3 = bf16[64,96]{1,0} parameter(0)
+  %p1.3 = bf16[64,96]{1,0} parameter(1)
+  %left = bf16[64,32]{1,0} slice(%p0.3), slice={[0:64], [0:32]}
+  %sum = bf16[64,96]{1,0} add(%p0.3, %p1.3)
+  ROOT %out = bf16[64,96]{1,0} multiply(%sum, %sum)
+}
+
+ENTRY %main (qkv: bf16[64,96], i: s32[], other: bf16[64,96]) -> bf16[64,32] {
+  %qkv = bf16[64,96]{1,0} parameter(0)
+  %i = s32[] parameter(1)
+  %other = bf16[64,96]{1,0} parameter(2)
+  %key = bf16[64,32]{1,0} fusion(%qkv), kind=kLoop, calls=%third
+  %one = bf16[1,3,32]{2,1,0} fusion(%i, %qkv), kind=kLoop, calls=%row
+  %parts = (bf16[64,32]{1,0}, bf16[64,32]{1,0}, bf16[64,32]{1,0}) fusion(%qkv), kind=kLoop, calls=%split
+  %both = bf16[64,96]{1,0} fusion(%qkv, %other), kind=kLoop, calls=%mixed
+  %twice = bf16[64,96]{1,0} fusion(%qkv, %qkv), kind=kLoop, calls=%mixed
+  ROOT %copied = bf16[64,32]{1,0} copy(%key)
+}
+"""  # noqa: E501
+
+
+def test_an_operand_read_only_through_slices_counts_the_sliced_bytes():
+  k = _by_name(kernels.read_kernels(SLICES)[0])
+  part, whole = 64 * 32 * 2, 64 * 96 * 2
+  assert k["key"].bytes == part + part  # the third it reads, the third it writes
+  assert k["one"].bytes == 4 + 96 * 2 + 96 * 2  # the start whole, one row through the bitcast
+  assert k["parts"].bytes == 3 * part + 3 * part  # three thirds: the whole operand, once
+  assert k["both"].bytes == whole + whole + whole  # the add reads all of it
+  assert k["twice"].bytes == whole + whole  # one operand, sliced and added: whole, once
+  assert k["copied"].bytes == 2 * part
+
+
 def test_the_summary_adds_up_launches_and_takes_the_roofline_floor_per_kernel():
   found, loops = kernels.read_kernels(MODULE)
   peak, bandwidth = 1e12, 1e9  # FLOP/s, bytes/s: every kernel here is bound by its bytes

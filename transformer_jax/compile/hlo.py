@@ -101,6 +101,7 @@ class Instruction:
   opcode: str
   operands: tuple[str, ...]  # the names of the instructions it reads
   attributes: dict[str, str]  # key -> the value's text (`{...}`, `"..."`, `%name`, ...)
+  arguments: str = ""  # the text between its opcode's parentheses (`0` of `parameter(0)`)
 
   def attribute(self, key: str) -> str:
     return self.attributes.get(key, "")
@@ -147,12 +148,13 @@ def parse_instruction(line: str) -> Instruction | None:
     return None
   open_at = opcode.end()
   close_at = _closing(rest, open_at)
-  operands = tuple(_OPERAND.findall(rest[open_at + 1 : close_at - 1]))
+  arguments = rest[open_at + 1 : close_at - 1]
+  operands = tuple(_OPERAND.findall(arguments))
   attributes = {}
   for part in _split_top_level(rest[close_at:].lstrip(", ")):
     key, _, value = part.partition("=")
     attributes[key.strip()] = value.strip()
-  return Instruction(name, shape, opcode[0], operands, attributes)
+  return Instruction(name, shape, opcode[0], operands, attributes, arguments.strip())
 
 
 @dataclasses.dataclass
@@ -163,6 +165,18 @@ class Computation:
 
   def __post_init__(self):
     self.by_name = {i.name: i for i in self.instructions}
+    self.users = {}  # name -> the instructions that read it, in order
+    for instruction in self.instructions:
+      for operand in dict.fromkeys(instruction.operands):
+        self.users.setdefault(operand, []).append(instruction)
+
+  def parameters(self) -> dict[int, Instruction]:
+    """The computation's parameters by number (`parameter(N)`)."""
+    return {
+      int(i.arguments): i
+      for i in self.instructions
+      if i.opcode == "parameter" and i.arguments.isdigit()
+    }
 
   def shape_of(self, name: str) -> str:
     instruction = self.by_name.get(name)

@@ -13,10 +13,16 @@ the condition), else once each with the condition, and said so (`loops`).
 Called computations and conditional branches count once each, every branch.
 
 Per kernel:
-* bytes: its operands' and its outputs' shapes (element type sizes; a tuple
-  summed; the scratch workspace that a custom call returns last, a `u8`/`s8`
-  array, left out). An operand read in part (a slice, a gather) counts whole,
-  and so does an output updated in place.
+* bytes: its distinct operands' and its outputs' shapes (element type sizes; a
+  tuple summed; the scratch workspace that a custom call returns last, a
+  `u8`/`s8` array, left out). One rule for an operand read in part: a fusion's
+  operand that its fused computation reads only through `slice` and
+  `dynamic-slice` instructions (as their sliced operand, directly or through
+  bitcasts) counts the bytes of those slices' outputs, summed, at most the
+  operand's (the `wrapped_slice` copies of Q, K and V out of a joined GEMM's
+  output). Any other read counts the operand whole: one sliced after other
+  work (a reduce, a convert), gathered, or read by a called computation, and
+  an output updated in place.
 * FLOPs: 2·M·N·K of each dot in it (every batch dimension counted; from the
   shapes and the dot dimension numbers, or the GEMM custom call's
   `dot_dimension_numbers`), 2 per multiply-add of a convolution, and for
@@ -193,6 +199,41 @@ def _one_block_by_rule(instruction: hlo.Instruction, category: str) -> bool:
   return all(math.prod(dims) <= ONE_BLOCK_ELEMENTS for _, dims in hlo.arrays(instruction.shape))
 
 
+def _sliced_bytes(fused: hlo.Computation, name: str) -> int | None:
+  """The bytes of the slices through which alone a fused computation reads the value `name`
+  (looking through bitcasts), or None where anything else reads it."""
+  users = fused.users.get(name, [])
+  total = 0
+  for user in users:
+    if user.opcode == "bitcast":
+      inner = _sliced_bytes(fused, user.name)
+      if inner is None:
+        return None
+      total += inner
+    elif user.opcode in ("slice", "dynamic-slice") and user.operands[0] == name:
+      total += hlo.shape_bytes(user.shape)
+    else:
+      return None
+  return total if users else None
+
+
+def _operand_bytes(instruction: hlo.Instruction, computation, module: hlo.Module) -> int:
+  """The bytes a kernel reads: each distinct operand whole, except a fusion's operand that its
+  computation reads only through slices (`slice`, `dynamic-slice`, through bitcasts): the
+  sliced regions' bytes, at most the operand's."""
+  whole = {name: hlo.shape_bytes(computation.shape_of(name)) for name in instruction.operands}
+  fused = [module.computations.get(c) for c in instruction.called("calls")]
+  if instruction.opcode != "fusion" or len(fused) != 1 or fused[0] is None:
+    return sum(whole.values())
+  read = dict.fromkeys(whole, 0)
+  parameters = fused[0].parameters()
+  for number, name in enumerate(instruction.operands):
+    parameter = parameters.get(number)
+    sliced = None if parameter is None else _sliced_bytes(fused[0], parameter.name)
+    read[name] += whole[name] if sliced is None else sliced
+  return sum(min(read[name], whole[name]) for name in whole)
+
+
 @dataclasses.dataclass
 class _Reader:
   module: hlo.Module
@@ -233,9 +274,7 @@ class _Reader:
     else:
       flops = 0.0
     category = _category(instruction, flops)
-    operand_bytes = sum(
-      hlo.shape_bytes(computation.shape_of(name)) for name in dict.fromkeys(instruction.operands)
-    )
+    operand_bytes = _operand_bytes(instruction, computation, self.module)
     if category == "copy":
       output_bytes = operand_bytes
     else:
