@@ -1,11 +1,14 @@
 """Attention and masks against a numpy float64 rendering of the paper's formula."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import numpy_reference
+from transformer_jax.compile import targets
 from transformer_jax.model import attention
 
 pytestmark = pytest.mark.device
@@ -223,3 +226,77 @@ def test_cached_attention_of_grouped_query_rows_reads_each_cached_row_for_its_gr
   assert got.shape == (6, 1, 3, 8) and relative_error(got, want) < 1e-5
   with pytest.raises(ValueError, match="multiple"):
     attention.cached_attention(q[:5], cache_k, cache_v, mask)
+
+
+@pytest.mark.parametrize("implementation", ["fused", "xla", "reference"])
+def test_is_causal_is_the_causal_mask_folded_in(implementation):
+  """`is_causal` gives what a causal mask ANDed into `mask` gives, against the float64 formula,
+  rows left with no key (row 0 of example 0 may attend only to later keys) zero, gradients
+  finite."""
+  q, k, v = random_qkv(20, q_len=6, k_len=6)
+  mask = random_mask(21, q_len=6, k_len=6)
+  mask[..., 1:, 0] = True
+  mask[0, :, 0] = [False, True, True, False, False, False]
+  causal = np.asarray(attention.causal_mask(6))
+  for m in (None, mask):
+    folded = causal if m is None else causal & m
+    want = numpy_reference.softmax_attention(q, k, v, folded)
+    got = attention.dot_product_attention(q, k, v, m, is_causal=True, implementation=implementation)
+    assert relative_error(got, want) < 1e-5
+  np.testing.assert_array_equal(got[0, 0], 0.0)
+  grads = jax.grad(
+    lambda q, k, v: jnp.sum(
+      attention.dot_product_attention(q, k, v, mask, is_causal=True, implementation=implementation)
+      ** 2
+    ),
+    argnums=(0, 1, 2),
+  )(q, k, v)
+  assert all(np.all(np.isfinite(g)) for g in grads)
+  with pytest.raises(ValueError, match="as many queries as keys"):
+    attention.dot_product_attention(*random_qkv(22), is_causal=True)
+
+
+def _cudnn_attention_calls(mask: bool, is_causal: bool) -> list[tuple[str, str, str]]:
+  """(target, mask type, outputs) of every cuDNN attention call of the gradient of a bfloat16
+  attention compiled for an H100 on this CPU."""
+  device = targets.compile_devices(targets.parse_target("1xh100"))[0]
+  sharding = jax.sharding.SingleDeviceSharding(device)
+  qkv = jax.ShapeDtypeStruct((2, 128, 4, 64), jnp.bfloat16, sharding=sharding)
+  boolean = jax.ShapeDtypeStruct((2, 1, 128, 128), jnp.bool_, sharding=sharding)
+
+  def loss(q, k, v, m):
+    out = attention.dot_product_attention(
+      q, k, v, m if mask else None, is_causal=is_causal, implementation="cudnn"
+    )
+    return jnp.sum(out.astype(jnp.float32))
+
+  grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+  text = grad.lower(qkv, qkv, qkv, boolean).compile().as_text()
+  found = []
+  for line in text.splitlines():
+    if target := re.search(r'custom_call_target="(__cudnn\$fmha[^"]*)"', line):
+      outputs = line.split("=", 1)[1].split(" custom-call(")[0]
+      found.append((target[1], re.search(r"mask_type[^A-Z]*([A-Z_]+)", line)[1], outputs))
+  return found
+
+
+@pytest.mark.skipif(
+  not any(targets.installed(m) for m in targets.CUDA_PLUGINS) or jax.default_backend() != "cpu",
+  reason="needs the cuda extra (jax CUDA plugin) and the CPU backend",
+)
+def test_cudnn_takes_its_causal_path_and_only_a_mask_brings_a_bias_gradient():
+  """On an H100 `is_causal` is cuDNN's CAUSAL mask type, forward and backward. A boolean mask
+  travels as a bias, whose gradient cuDNN writes in the backward (jax 0.10.2's public API has
+  no packed-segment path); with no mask the backward writes only dQ, dK, dV."""
+  plain = _cudnn_attention_calls(mask=False, is_causal=True)
+  assert [(t, m) for t, m, _ in plain] == [
+    ("__cudnn$fmhaSoftmax", "CAUSAL"),
+    ("__cudnn$fmhaSoftmaxBackward", "CAUSAL"),
+  ]
+  assert plain[1][2].count("bf16[2,4,128,64]") == 3 and "bf16[2,1,128,128]" not in plain[1][2]
+  masked = _cudnn_attention_calls(mask=True, is_causal=True)
+  assert [(t, m) for t, m, _ in masked] == [
+    ("__cudnn$fmhaScaleBiasSoftmax", "CAUSAL"),
+    ("__cudnn$fmhaScaleBiasSoftmaxBackward", "CAUSAL"),
+  ]
+  assert "bf16[2,1,128,128]" in masked[1][2]  # The bias gradient.

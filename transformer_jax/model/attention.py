@@ -109,7 +109,14 @@ def cached_attention(query, key_cache, value_cache, mask=None):
 
 
 def dot_product_attention(
-  query, key, value, mask=None, *, implementation: Implementation = "auto", dropout=None
+  query,
+  key,
+  value,
+  mask=None,
+  *,
+  is_causal: bool = False,
+  implementation: Implementation = "auto",
+  dropout=None,
 ):
   """Scaled dot-product attention, `softmax(Q K^T / sqrt(d_k)) V`.
 
@@ -119,6 +126,9 @@ def dot_product_attention(
     value: `[batch, k_len, heads, d_v]`.
     mask: optional boolean, broadcastable to `[batch, heads, q_len, k_len]`;
       True where attention is allowed.
+    is_causal: query i attends only to keys 0..i as well (q_len == k_len):
+      the kernel's own causal path (cuDNN's skips the blocks above the
+      diagonal) instead of a causal mask folded into `mask`.
     implementation: "fused" uses `jax.nn.dot_product_attention` (cuDNN flash
       attention on GPU for half-precision inputs, XLA elsewhere) and needs
       d_k == d_v; "xla" and "cudnn" pick its backend whatever the platform;
@@ -135,6 +145,10 @@ def dot_product_attention(
     masked are zero.
   """
   _check_shapes(query, key, value, mask)
+  if is_causal and query.shape[1] != key.shape[1]:
+    raise ValueError(
+      f"is_causal needs as many queries as keys; got {query.shape[1]} and {key.shape[1]}"
+    )
   backend = (
     "reference"
     if dropout is not None
@@ -147,6 +161,8 @@ def dot_product_attention(
     )
   )
   if backend == "reference":
+    if is_causal:
+      mask = combine_masks(causal_mask(query.shape[1]), mask)
     weights = attention_weights(query, key, mask)
     if dropout is not None:
       weights = dropout(weights)
@@ -155,11 +171,15 @@ def dot_product_attention(
   if mask is not None:
     mask = jnp.asarray(mask, jnp.bool_)
     mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
-  out = jax.nn.dot_product_attention(query, key, value, mask=mask, implementation=backend)
+  out = jax.nn.dot_product_attention(
+    query, key, value, mask=mask, is_causal=is_causal, implementation=backend
+  )
   if mask is None:
-    return out
+    return out  # Every query has a key (causal: itself).
   # The fused kernel spreads a fully masked row uniformly; the paper's -inf
   # masking leaves nothing to attend to, so such rows are zero here.
+  if is_causal:
+    mask = combine_masks(causal_mask(query.shape[1]), mask)
   has_key = jnp.any(mask, axis=-1)  # [batch|1, heads|1, q_len]
   has_key = jnp.moveaxis(has_key, 1, 2)[..., None]  # [batch|1, q_len, heads|1, 1]
   return jnp.where(has_key, out, jnp.zeros((), out.dtype))

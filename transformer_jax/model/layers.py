@@ -86,7 +86,14 @@ class MultiHeadAttention(nn.Module):
 
   @nn.compact
   def __call__(
-    self, inputs_q, inputs_kv, mask=None, *, decode: bool = False, deterministic: bool = True
+    self,
+    inputs_q,
+    inputs_kv,
+    mask=None,
+    *,
+    is_causal: bool = False,
+    decode: bool = False,
+    deterministic: bool = True,
   ):
     d_in, d_kv = inputs_q.shape[-1], inputs_kv.shape[-1]
     d_out = self.out_features or d_in
@@ -132,6 +139,7 @@ class MultiHeadAttention(nn.Module):
         key,
         value,
         mask,
+        is_causal=is_causal,
         implementation=self.attention_impl,
         dropout=_dropout_or_none(self.dropout_rate, deterministic),
       )
@@ -286,8 +294,9 @@ class DecoderLayer(_LayerFields):
   """Masked self-attention, attention over the encoder output, then feed-forward.
 
   `x`: `[batch, t_len, d_model]`; `encoded`: `[batch, s_len, d_model]`;
-  `self_mask` broadcastable to `[batch, heads, t_len, t_len]` (causal and
-  padding), `cross_mask` to `[batch, heads, t_len, s_len]`. With
+  `self_mask` broadcastable to `[batch, heads, t_len, t_len]` (padding or
+  packed segments; the layer adds the causal mask, through the attention's
+  `is_causal`), `cross_mask` to `[batch, heads, t_len, s_len]`. With
   `decode=True` it runs one position at a time over a "cache" collection
   (see `MultiHeadAttention`); the cache supplies the causal mask then.
   """
@@ -308,7 +317,9 @@ class DecoderLayer(_LayerFields):
     feed_forward = self._feed_forward()
     x = block(
       x,
-      lambda y: self_attend(y, y, self_mask, decode=decode, deterministic=deterministic),
+      lambda y: self_attend(
+        y, y, self_mask, is_causal=True, decode=decode, deterministic=deterministic
+      ),
       norm=self._norm("self_attention_norm"),
     )
     x = block(

@@ -170,14 +170,27 @@ class MultiHeadAttention(nnx.Module):
     self.static_value = SentenceCache(self._project(inputs_kv, "value", head_major=True))
 
   def __call__(
-    self, inputs_q, inputs_kv, mask=None, *, decode: bool = False, deterministic: bool | None = None
+    self,
+    inputs_q,
+    inputs_kv,
+    mask=None,
+    *,
+    is_causal: bool = False,
+    decode: bool = False,
+    deterministic: bool | None = None,
   ):
     query = self._project(inputs_q, "query")
     if not decode:
       key, value = self._project(inputs_kv, "key"), self._project(inputs_kv, "value")
       dropout = self.weights_dropout.function(deterministic)
       out = attention.dot_product_attention(
-        query, key, value, mask, implementation=self.attention_impl, dropout=dropout
+        query,
+        key,
+        value,
+        mask,
+        is_causal=is_causal,
+        implementation=self.attention_impl,
+        dropout=dropout,
       )
     elif self.static_key is not None:
       out = attention.cached_attention(query, self.static_key[...], self.static_value[...], mask)
@@ -363,7 +376,8 @@ class EncoderLayer(_Layer):
 
 
 class DecoderLayer(_Layer):
-  """Masked self-attention, attention over the encoder output, then feed-forward."""
+  """Masked self-attention, attention over the encoder output, then feed-forward; the layer adds
+  the causal mask to `self_mask` (padding or packed segments), as the Linen layer does."""
 
   def __init__(self, d_model: int, *args, **kwargs):
     super().__init__(d_model, *args, attentions=("self_attention", "cross_attention"), **kwargs)
@@ -380,7 +394,9 @@ class DecoderLayer(_Layer):
     block, feed_forward = self._block(deterministic), self._feed_forward(deterministic)
     attend = dict(decode=decode, deterministic=deterministic)
     x = block(
-      x, lambda y: self.self_attention(y, y, self_mask, **attend), norm=self.self_attention_norm
+      x,
+      lambda y: self.self_attention(y, y, self_mask, is_causal=True, **attend),
+      norm=self.self_attention_norm,
     )
     x = block(
       x,

@@ -54,22 +54,20 @@ def encoder_mask(inputs, segmentation=None):
 def decoder_masks(
   inputs, targets, inputs_segmentation, targets_segmentation, positions, *, decode: bool
 ):
-  """The decoder's (self-attention, cross-attention) masks: causal and padding (or packed
-  segments); with `decode` (one step, the cache masks unseen positions) no self-attention mask,
-  and `positions` are required."""
+  """The decoder's (self-attention, cross-attention) masks: padding (or packed segments), the
+  causal mask left to the self-attention's `is_causal` (the decoder layer's); with `decode` (one
+  step, the cache masks unseen positions) no self-attention mask, and `positions` are required."""
   if decode:
     if positions is None:
       raise ValueError("decode=True needs the position of the step being decoded, [b, 1]")
     key_real = (inputs != PAD_ID) if inputs_segmentation is None else (inputs_segmentation != 0)
     return None, key_real[:, None, None, :]
-  causal = attention.causal_mask(targets.shape[1])
   if targets_segmentation is None:
-    self_mask = attention.combine_masks(causal, attention.padding_mask(targets, targets))
-    return self_mask, attention.padding_mask(targets, inputs)
-  self_mask = attention.combine_masks(
-    causal, attention.segment_mask(targets_segmentation, targets_segmentation)
+    return attention.padding_mask(targets, targets), attention.padding_mask(targets, inputs)
+  return (
+    attention.segment_mask(targets_segmentation, targets_segmentation),
+    attention.segment_mask(targets_segmentation, inputs_segmentation),
   )
-  return self_mask, attention.segment_mask(targets_segmentation, inputs_segmentation)
 
 
 def layer_settings(config: TransformerConfig) -> dict[str, Any]:
