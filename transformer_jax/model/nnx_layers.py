@@ -170,14 +170,7 @@ class MultiHeadAttention(nnx.Module):
     self.static_value = SentenceCache(self._project(inputs_kv, "value", head_major=True))
 
   def __call__(
-    self,
-    inputs_q,
-    inputs_kv,
-    mask=None,
-    *,
-    is_causal: bool = False,
-    decode: bool = False,
-    deterministic: bool | None = None,
+    self, inputs_q, inputs_kv, mask=None, *, is_causal=False, decode=False, deterministic=None
   ):
     query = self._project(inputs_q, "query")
     if not decode:
@@ -376,8 +369,8 @@ class EncoderLayer(_Layer):
 
 
 class DecoderLayer(_Layer):
-  """Masked self-attention, attention over the encoder output, then feed-forward; the layer adds
-  the causal mask to `self_mask` (padding or packed segments), as the Linen layer does."""
+  """Causal self-attention (`self_mask`: padding or packed segments), attention over the encoder
+  output, then feed-forward."""
 
   def __init__(self, d_model: int, *args, **kwargs):
     super().__init__(d_model, *args, attentions=("self_attention", "cross_attention"), **kwargs)
