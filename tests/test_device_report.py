@@ -10,22 +10,47 @@ import time
 import pytest
 
 import helpers
+from transformer_jax.compile import targets
 from transformer_jax.tools.device_report import (
   correctness,
   largest,
-  markdown,
+  markdown_time,
   op_times,
   speed,
   stage,
 )
 from transformer_jax.tools.device_report import plan as plan_lib
-from transformer_jax.tools.device_report.runner import Runner
+from transformer_jax.tools.device_report.runner import RESERVE_SECONDS, Runner
 
 STAGE_FILES = [f"{s}.json" for s in plan_lib.STAGES]
 
 
 def _steps(out: pathlib.Path, stage_name: str) -> dict:
   return json.loads((out / f"{stage_name}.json").read_text())["steps"]
+
+
+def _check_back_to_back_matmul_and_floor(record: dict, plan) -> None:
+  """A dry run's train step: its steps back to back, the matmul before and after its timing, and
+  its executable's kernels and roofline floor (at the target's chip: a CPU has no datasheet)."""
+  chained = record["back_to_back"]
+  assert chained["steps"] == plan.chained_steps and chained["seconds"] > 0
+  assert chained["step_seconds"] == pytest.approx(chained["seconds"] / chained["steps"])
+  assert chained["target_tokens_per_second"] == pytest.approx(
+    record["target_tokens"] / chained["step_seconds"]
+  )
+  assert record["matmul_size"] == plan.matmul_size
+  assert record["matmul_flops_per_second"] > 0 and record["matmul_after_flops_per_second"] > 0
+  kernels = record["predicted_kernels"]
+  assert kernels["chip"] == targets.CHIPS["h100"].name and "1xh100" in kernels["chip_basis"]
+  assert kernels["program"] == "the executable that ran (cpu)"
+  assert "not a measurement" in kernels["basis"]
+  assert kernels["kernels"] > 0 and kernels["bytes"] > 0 and kernels["floor_seconds"] > 0
+  assert kernels["flops"] >= 0 and kernels["gemms"] > 0
+  median = record["step_seconds"]["median"]
+  assert record["measured_over_floor"] == pytest.approx(median / kernels["floor_seconds"])
+  assert record["back_to_back_over_floor"] == pytest.approx(
+    chained["step_seconds"] / kernels["floor_seconds"]
+  )
 
 
 @pytest.mark.slow
@@ -77,10 +102,27 @@ def test_the_cpu_dry_run_runs_every_stage_and_reports_them(tmp_path):
     assert record["mfu_vs_spec"] is None and record["peak_bytes"] is None  # Not on a CPU.
     assert record["predicted_local"]["total_bytes"] > 0
     assert all(math.isfinite(loss) for loss in record["loss_first_last"])
+    _check_back_to_back_matmul_and_floor(record, tiny)
+    if name not in tiny.profiled:
+      assert "op_times" not in record
+      continue
     ops = record["op_times"]  # On a CPU, the host's events that name an XLA op.
     assert ops["traced_steps"] == tiny.profile_steps and ops["sources"][0].startswith("/host:CPU")
     assert ops["busy_seconds_per_step"] > 0 and ops["ops"] and ops["distinct_ops"] > 0
     assert sum(op["share_of_busy"] for op in ops["ops"]) <= 1 + 1e-9
+    # Nearly all of the busy time is in kernels of the program that ran, each beside its floor.
+    assert 0.5 < ops["matched_share"] <= 1 + 1e-9
+    assert sum(g["seconds_per_step"] for g in ops["groups"]) == pytest.approx(
+      ops["busy_seconds_per_step"]
+    )
+    matched = [op for op in ops["ops"] if op["predicted"]]
+    assert matched and all(op["predicted"]["floor_seconds"] > 0 for op in matched)
+    assert all(
+      op["over_floor"] == pytest.approx(op["seconds_per_step"] / op["predicted"]["floor_seconds"])
+      for op in matched
+    )
+    assert ops["by_source"] and any(".py:" in s["source"] for s in ops["by_source"])
+  assert set(tiny.profiled) < set(speeds)
   assert speeds["base_xla"]["model"]["attention"] == "xla"
   assert speeds["base_remat"]["model"]["remat"] == "full"
   assert speeds["big"]["model"]["d_model"] == speeds["base"]["model"]["d_model"] == 32
@@ -91,6 +133,7 @@ def test_the_cpu_dry_run_runs_every_stage_and_reports_them(tmp_path):
   else:
     program = prediction["compile"]["programs"]["base"]
     assert program["name"] == f"train {tiny.rows}x{tiny.length}" and program["total_bytes"] > 0
+    assert program["kernels"]["floor_seconds"] > 0  # The compile mode's floor, beside the run's.
   assert prediction["largest"]["status"] == "not applicable"
 
   decoding = _steps(out, "decoding")["decoding"]
@@ -116,7 +159,14 @@ def test_the_cpu_dry_run_runs_every_stage_and_reports_them(tmp_path):
   ):
     assert row in report, row
   assert "test BLEU" in report and "Tests marked `device`:" in report
-  assert "### Where `base`'s step goes" in report
+  assert "### Where `base`'s step goes" in report and "### Where `big`'s step goes" in report
+  assert "| group | ops | ms per step |" in report and "| source line | ops |" in report
+  assert "## Train steps beside their predicted kernels and roofline floor" in report
+  (floor,) = [line for line in report.splitlines() if line.startswith("| base | 8x32 |")]
+  median = speeds["base"]["step_seconds"]["median"] * 1e3
+  assert floor.startswith(f"| base | 8x32 | {median:.1f} |")  # Beside its floor's row (est.).
+  if prediction["compile"]["status"] == "ok":  # The compile mode's floor, and the ratio to it.
+    assert floor.split("|")[-2].strip() != "-"
   assert "===== end_to_end" in (out / "log.txt").read_text()
 
 
@@ -190,7 +240,7 @@ def test_the_largest_batch_alone_says_that_it_needs_the_prediction_step(tmp_path
   result = stage.Result(tmp_path / "largest.json", time.monotonic() + 60)
   largest.run(plan, plan.step("prediction:largest"), result, stage.Context(tmp_path, "1xh100"))
   record = json.loads((tmp_path / "largest.json").read_text())
-  assert record["skipped"].startswith("prediction:compile did not run in this report")
+  assert record["skipped"].startswith("neither prediction:compile nor speed:base ran")
 
 
 def test_single_steps_can_be_chosen_beside_whole_stages(tmp_path):
@@ -225,7 +275,7 @@ def test_a_failing_trace_costs_only_its_own_record(monkeypatch):
   record = speed._op_times(lambda: None, 3, compiled=None)
   assert record == {"error": "RuntimeError: no CUPTI"}
   steps = {"base": {"op_times": record, "step_seconds": {"median": 0.05}}}
-  page = "\n".join(markdown._op_times({"speed": {"steps": steps}}))
+  page = "\n".join(markdown_time.op_times({"speed": {"steps": steps}}))
   assert "`base`: the trace failed: RuntimeError: no CUPTI" in page
 
 
@@ -283,3 +333,111 @@ def test_the_full_plans_end_to_end_run_is_the_default_experiment_in_bfloat16():
   default = speed.experiment_of(spec, {})
   assert settings.model.dtype == "bfloat16" and default.model.dtype == "float32"
   assert settings.fit == default.fit and settings.data == default.data
+
+
+@pytest.mark.parametrize(
+  "rows, total, temp, limit, expected",
+  [
+    # 104 rows: 13 GiB of which 12 grow with the rows; 59 GiB: 0.9 * 104 * 58 / 12 = 452.4.
+    (104, 13 * 2**30, 12 * 2**30, 59 * 2**30, 448),
+    (104, 13 * 2**30, 12 * 2**30, 13 * 2**30, 88),  # 0.9 * 104 = 93.6 rows: below 104.
+    (104, 13 * 2**30, 12 * 2**30, 2**30, 0),  # Not even the state fits.
+    (8, 100, 0, 1000, 0),  # Nothing grows with the rows: nothing to extrapolate.
+  ],
+)
+def test_the_largest_batch_extrapolated_from_a_step_on_the_device(
+  rows, total, temp, limit, expected
+):
+  assert largest.extrapolated_rows(rows, total, temp, limit) == expected
+
+
+def _largest_without_the_fit_search(tmp_path, monkeypatch, speed_base: dict | None) -> dict:
+  """The largest-batch step's record with no fit search in the report, the device's memory limit
+  1 GiB, `speed_base` the record of speed:base (None: it did not run), speed.measure stubbed."""
+  measured = []
+  monkeypatch.setattr(speed, "measure", lambda *args, **kwargs: measured.append((args, kwargs)))
+  (tmp_path / "environment.json").write_text(json.dumps({"memory_bytes_limit": 2**30}))
+  if speed_base is not None:
+    (tmp_path / "speed_base.json").write_text(json.dumps(speed_base))
+  plan = dataclasses.replace(plan_lib.TINY, fit_search=True)
+  result = stage.Result(tmp_path / "largest.json", time.monotonic() + 60)
+  largest.run(plan, plan.step("prediction:largest"), result, stage.Context(tmp_path, "1xh100"))
+  return {"record": json.loads((tmp_path / "largest.json").read_text()), "measured": measured}
+
+
+def test_without_the_fit_search_the_largest_batch_is_extrapolated_from_speed_base(
+  tmp_path, monkeypatch
+):
+  base = {"rows": 8, "length": 32, "predicted_local": {"total_bytes": 2**28, "temp_bytes": 2**27}}
+  found = _largest_without_the_fit_search(tmp_path, monkeypatch, base)
+  record, ((args, kwargs),) = found["record"], found["measured"]
+  rows = largest.extrapolated_rows(8, 2**28, 2**27, 2**30)
+  assert rows == 48 and args[1:4] == ("base", rows, 32)  # 0.9 * 8 * 7/8 GiB / 1/8 GiB = 50.4
+  assert record["extrapolated"] == {"rows": rows, "length": 32, "limit_bytes": 2**30}
+  assert record["batch_from"].startswith("extrapolated from speed:base") and record["ran"]
+  assert (
+    kwargs["target"] == "1xh100" and kwargs["chained_steps"] == plan_lib.TINY.largest_timed_steps
+  )
+
+
+def test_the_largest_batch_with_nothing_to_go_by_is_skipped(tmp_path, monkeypatch):
+  found = _largest_without_the_fit_search(tmp_path, monkeypatch, None)
+  assert found["record"]["skipped"].startswith("neither prediction:compile nor speed:base ran")
+  assert not found["measured"]
+
+
+def test_the_floor_is_taken_at_this_devices_chip_else_at_the_targets():
+  chip, basis = speed.floor_chip("NVIDIA H200", "1xh100")
+  assert chip == targets.CHIPS["h200"] and basis == "this device's (NVIDIA H200)"
+  chip, basis = speed.floor_chip("NVIDIA H100 PCIe", "1xh100")
+  assert chip == targets.CHIPS["h100"] and "no datasheet here for NVIDIA H100 PCIe" in basis
+
+
+def test_the_full_plan_brings_back_everything_but_the_end_to_end_run_in_its_first_call():
+  full = plan_lib.FULL
+  assert set(plan_lib.EXPECTED_SECONDS) == {s.name for s in full.steps}
+  assert all(plan_lib.EXPECTED_SECONDS[s.name] <= s.cap_seconds for s in full.steps)
+  assert plan_lib.expected_until(full, "decoding") <= plan_lib.DEADLINE_SECONDS - RESERVE_SECONDS
+  assert plan_lib.expected_until(full, "correctness:tests") == sum(
+    plan_lib.EXPECTED_SECONDS.values()
+  )
+  # Traced: the steps of the paper's models, at the report's batch, after their timed figures.
+  assert full.profiled == ("base", "big") and full.chained_steps == full.timed_steps
+
+
+def test_the_floor_table_sets_each_measured_step_beside_both_predictions():
+  step = {
+    "status": "ok",
+    "rows": 104,
+    "length": 256,
+    "step_seconds": {"median": 0.0586, "min": 0.0578, "max": 0.0599},
+    "back_to_back": {"steps": 20, "step_seconds": 0.055, "target_tokens_per_second": 431_090},
+    "matmul_flops_per_second": 6.72e14,
+    "matmul_after_flops_per_second": 5.52e14,
+    "predicted_kernels": {
+      "chip": "NVIDIA H100 SXM 80GB",
+      "chip_basis": "this device's",
+      "kernels": 1367,
+      "bytes": 79.3e9,
+      "flops": 10.94e12,
+      "floor_seconds": 0.0263,
+    },
+    "measured_over_floor": 0.0586 / 0.0263,
+  }
+  records = {
+    "speed": {"steps": {"base": step}},
+    "prediction": {
+      "steps": {"compile": {"programs": {"base": {"kernels": {"floor_seconds": 0.0293}}}}}
+    },
+  }
+  lines = markdown_time.floor_rows(records)
+  assert lines[1] == "## Train steps beside their predicted kernels and roofline floor"
+  assert (
+    "floor ms (est., the executable that ran)" in lines[3] and "(est., compile mode)" in lines[3]
+  )
+  assert lines[5] == (
+    "| base | 104x256 | 58.6 | 55.0 (20) | 431,090 | 672.0, 552.0 | 1,367 | 79.3 | 10.94 | "
+    "26.3 | 2.23 | 29.3 | 2.00 |"
+  )
+  assert "NVIDIA H100 SXM 80GB (this device's)" in lines[-1] and "not measured" in lines[-1]
+  assert markdown_time.floor_rows({"speed": {"steps": {"base": {"status": "timed out"}}}}) == []

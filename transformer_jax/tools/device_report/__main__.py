@@ -10,7 +10,7 @@ import time
 from absl import app, flags
 
 from transformer_jax.tools.device_report import bundle
-from transformer_jax.tools.device_report.plan import PLANS, STAGES
+from transformer_jax.tools.device_report.plan import DEADLINE_SECONDS, PLANS, STAGES
 from transformer_jax.tools.device_report.runner import Runner
 
 _OUT = flags.DEFINE_string(
@@ -18,7 +18,7 @@ _OUT = flags.DEFINE_string(
 )
 _DEADLINE = flags.DEFINE_float(
   "deadline",
-  480.0,
+  DEADLINE_SECONDS,
   "Seconds for the whole report; each step gets at most its own cap and what is left of this.",
   lower_bound=10.0,
 )

@@ -2,24 +2,19 @@
 
 import time
 
+from transformer_jax.tools.device_report.markdown_time import (
+  VARIANT_NAMES,
+  floor_rows,
+  get,
+  number,
+  op_times,
+)
+
 GIB = 2**30
 # Goals on one H100 (docs/gpu.md says where they come from).
 GOALS = {"base": 700_000, "big": 230_000}
 MEMORY_GOAL = 0.10  # measured peak within 10% of the compile mode's prediction
 CPU_BLEU = "95.68-96.08 (2-core CPUs)"
-_VARIANT_NAMES = {
-  "base": "base",
-  "big": "big",
-  "base_xla": "base, attention=xla",
-  "base_remat": "base, remat=full",
-  "largest": "base at the largest batch",
-}
-
-
-def _number(value, spec: str = ",.0f", scale: float = 1.0) -> str:
-  if value is None or isinstance(value, str):
-    return value or "-"
-  return format(value * scale, spec)
 
 
 def _bytes(value) -> str:
@@ -29,18 +24,10 @@ def _bytes(value) -> str:
   return f"{value / GIB:.2f} GiB" if value >= GIB else f"{value / 2**20:.1f} MiB"
 
 
-def _get(record: dict | None, *path, default=None):
-  for key in path:
-    if not isinstance(record, dict) or key not in record:
-      return default
-    record = record[key]
-  return record
-
-
 def _header(records: dict, plan) -> list[str]:
-  env = _get(records, "environment", "steps", "environment") or {}
+  env = get(records, "environment", "steps", "environment") or {}
   versions = env.get("versions") or {}
-  gpus = _get(env, "nvidia_smi", "gpus") or [{}]
+  gpus = get(env, "nvidia_smi", "gpus") or [{}]
   lines = [
     "# Device report",
     "",
@@ -89,10 +76,10 @@ def _stage_table(records: dict) -> list[str]:
 
 
 def _train_rows(records: dict) -> list[str]:
-  speed = _get(records, "speed", "steps") or {}
-  largest = _get(records, "prediction", "steps", "largest")
-  predicted = _get(records, "prediction", "steps", "compile", "programs") or {}
-  target = _get(records, "prediction", "steps", "compile", "target") or "target"
+  speed = get(records, "speed", "steps") or {}
+  largest = get(records, "prediction", "steps", "largest")
+  predicted = get(records, "prediction", "steps", "compile", "programs") or {}
+  target = get(records, "prediction", "steps", "compile", "target") or "target"
   lines = [
     "",
     "## Train steps: measured beside predicted",
@@ -106,12 +93,12 @@ def _train_rows(records: dict) -> list[str]:
   for name, step in rows:
     batch = f"{step.get('rows', '?')}x{step.get('length', '?')}"
     step_s = step.get("step_seconds") or {}
-    median, low, high = (_number(step_s.get(k), ".1f", 1e3) for k in ("median", "min", "max"))
+    median, low, high = (number(step_s.get(k), ".1f", 1e3) for k in ("median", "min", "max"))
     timing = f"{median} ({low}-{high})" if step_s else "-"
     mode = (
-      _get(predicted, name, "total_bytes")
+      get(predicted, name, "total_bytes")
       if name != "largest"
-      else _get(records, "prediction", "steps", "compile", "largest_program", "total_bytes")
+      else get(records, "prediction", "steps", "compile", "largest_program", "total_bytes")
     )
     peak = step.get("peak_bytes")
     ratio = (
@@ -122,60 +109,25 @@ def _train_rows(records: dict) -> list[str]:
     )
     goal = GOALS.get(name)
     lines.append(
-      f"| {_VARIANT_NAMES.get(name, name)} | {step['status']} | {batch} | "
-      f"{_number(step.get('compile_seconds'), '.1f')} | {timing} | "
-      f"{_number(step.get('target_tokens_per_second'))} | {_number(goal)} | "
-      f"{_number(step.get('mfu_vs_measured_matmul'), '.1%')} | "
-      f"{_number(step.get('mfu_vs_spec'), '.1%')} | {_bytes(peak)} | "
-      f"{_bytes(_get(step, 'predicted_local', 'total_bytes'))} | {_bytes(mode)} | {ratio} |"
+      f"| {VARIANT_NAMES.get(name, name)} | {step['status']} | {batch} | "
+      f"{number(step.get('compile_seconds'), '.1f')} | {timing} | "
+      f"{number(step.get('target_tokens_per_second'))} | {number(goal)} | "
+      f"{number(step.get('mfu_vs_measured_matmul'), '.1%')} | "
+      f"{number(step.get('mfu_vs_spec'), '.1%')} | {_bytes(peak)} | "
+      f"{_bytes(get(step, 'predicted_local', 'total_bytes'))} | {_bytes(mode)} | {ratio} |"
     )
-  rate = next(
-    (s.get("matmul_flops_per_second") for s in speed.values() if s.get("matmul_flops_per_second")),
-    None,
-  )
   lines += [
     "",
-    f"bf16 matmul measured: {_number(rate, '.1f', 1e-12)} TFLOP/s; "
-    "target tok/s counts the batch's non-padding target tokens.",
+    "target tok/s counts the batch's non-padding target tokens; MFU vs matmul is against the bf16 "
+    "matmul measured in the step's own process right before its timing (below).",
   ]
   return lines
 
 
-def _op_times(records: dict, top: int = 10) -> list[str]:
-  """Each traced train step's busy time beside its measured time, and its costliest ops."""
-  lines = []
-  for name, record in (_get(records, "speed", "steps") or {}).items():
-    ops = record.get("op_times")
-    if not ops:
-      continue
-    step = _get(record, "step_seconds", "median")
-    if "error" in ops or "skipped" in ops:
-      why = f"failed: {ops['error']}" if "error" in ops else f"skipped: {ops['skipped']}"
-      lines += ["", f"`{name}`: the trace {why}"]
-      continue
-    lines += [
-      "",
-      f"### Where `{_VARIANT_NAMES.get(name, name)}`'s step goes",
-      "",
-      f"{ops['traced_steps']} steps traced: {ops['busy_seconds_per_step'] * 1e3:.1f} ms busy per "
-      f"step on the device, the step {_number(step, '.1f', 1e3)} ms; {ops['distinct_ops']} "
-      f"distinct ops (from {', '.join(ops['sources']) or 'nothing'}).",
-      "",
-      "| op | what | ms per step | calls per step | share of busy |",
-      "|---|---|---|---|---|",
-    ]
-    lines += [
-      f"| `{op['op'][:60]}` | {op.get('what', '')[:80]} | {op['seconds_per_step'] * 1e3:.2f} | "
-      f"{op['calls_per_step']:.0f} | {op['share_of_busy']:.1%} |"
-      for op in ops["ops"][:top]
-    ]
-  return ["", "## Where the train step's time goes", *lines] if lines else []
-
-
 def _correctness(records: dict) -> list[str]:
-  steps = _get(records, "correctness", "steps") or {}
+  steps = get(records, "correctness", "steps") or {}
   lines = ["", "## Correct on the device", ""]
-  attention = _get(steps, "attention", "attention")
+  attention = get(steps, "attention", "attention")
   if attention:
     lines.append(
       f"Fused attention ({attention['implementation']}, bf16, shape "
@@ -195,7 +147,7 @@ def _correctness(records: dict) -> list[str]:
         f"{case['empty_rows_zero'] and case['empty_rows_zero_dq']} "
         f"({case['empty_rows']} rows) | {case['finite']} |"
       )
-  tests = _get(steps, "tests", "device_tests")
+  tests = get(steps, "tests", "device_tests")
   if tests:
     counts = ", ".join(f"{v} {k}" for k, v in sorted(tests["counts"].items())) or "none ran"
     lines += [
@@ -208,7 +160,7 @@ def _correctness(records: dict) -> list[str]:
 
 def _decoding_and_end_to_end(records: dict) -> list[str]:
   lines = ["", "## Decoding and end to end", ""]
-  decoding = _get(records, "decoding", "steps", "decoding") or {}
+  decoding = get(records, "decoding", "steps", "decoding") or {}
   for name, figures in (decoding.get("searches") or {}).items():
     lines.append(
       f"- {name} of `base`, {decoding['sentences']} sentences of "
@@ -217,7 +169,7 @@ def _decoding_and_end_to_end(records: dict) -> list[str]:
       f"{figures['tokens_per_second']:,.0f} tokens/s (compile and first call "
       f"{figures['compile_and_first_seconds']:.1f} s)."
     )
-  e2e = _get(records, "end_to_end", "steps", "end_to_end") or {}
+  e2e = get(records, "end_to_end", "steps", "end_to_end") or {}
   if "bleu" in e2e:
     lines.append(
       f"- `{e2e['experiment']}` in bf16: {e2e['steps']} steps in "
@@ -239,15 +191,15 @@ def _verdict(value, goal, at_least: bool = True) -> str:
 
 def _goals(records: dict) -> list[str]:
   """Each goal of docs/gpu.md with what was measured and whether it is met (on an H100)."""
-  speed = _get(records, "speed", "steps") or {}
-  attention = _get(records, "correctness", "steps", "attention", "attention") or {}
-  predicted = _get(records, "prediction", "steps", "compile", "programs") or {}
-  kind = _get(records, "environment", "steps", "environment", "device_kind") or ""
+  speed = get(records, "speed", "steps") or {}
+  attention = get(records, "correctness", "steps", "attention", "attention") or {}
+  predicted = get(records, "prediction", "steps", "compile", "programs") or {}
+  kind = get(records, "environment", "steps", "environment", "device_kind") or ""
   lines = ["", "## Goals (one H100)", "", "| goal | measured | verdict |", "|---|---|---|"]
   for name, goal in GOALS.items():
-    tokens = _get(speed, name, "target_tokens_per_second")
+    tokens = get(speed, name, "target_tokens_per_second")
     verdict = _verdict(tokens, goal) if "H100" in kind else f"for an H100, not {kind or '?'}"
-    lines.append(f"| `{name}` at least {goal:,} target tokens/s | {_number(tokens)} | {verdict} |")
+    lines.append(f"| `{name}` at least {goal:,} target tokens/s | {number(tokens)} | {verdict} |")
   ok = attention.get("ok")
   lines.append(
     f"| fused attention equal to the reference | "
@@ -255,7 +207,7 @@ def _goals(records: dict) -> list[str]:
     f"{'not measured' if ok is None else 'met' if ok else 'not met'} |"
   )
   for name in GOALS:
-    peak, mode = _get(speed, name, "peak_bytes"), _get(predicted, name, "total_bytes")
+    peak, mode = get(speed, name, "peak_bytes"), get(predicted, name, "total_bytes")
     off = abs(peak / mode - 1) if peak and mode else None
     lines.append(
       f"| `{name}` peak memory within {MEMORY_GOAL:.0%} of the compile mode's | "
@@ -272,7 +224,8 @@ def render(records: dict, plan) -> str:
     + _stage_table(records)
     + _goals(records)
     + _train_rows(records)
-    + _op_times(records)
+    + floor_rows(records)
+    + op_times(records)
     + _correctness(records)
     + _decoding_and_end_to_end(records)
   )

@@ -79,9 +79,9 @@ def _lines(planes) -> list:
   return chosen
 
 
-def summarize(planes, steps: int, top: int = 20, described: dict | None = None) -> dict:
+def summarize(planes, steps: int, top: int | None = 20, described: dict | None = None) -> dict:
   """Seconds per step by op, most first (`top` of them), from the planes of a trace of `steps`;
-  each op with what `described` (`describe` of the program's HLO) says it is."""
+  each op with what `described` (`describe` of the program's HLO) says it is; `top` None: all."""
   described = described or {}
   seconds, calls, stat_names = collections.Counter(), collections.Counter(), set()
   sources = []

@@ -34,7 +34,9 @@ class Plan:
   length: int  # tokens per row
   timed_steps: int
   warmup_steps: int
+  chained_steps: int  # dispatched back to back after the timed ones, one wait at the end
   profile_steps: int  # traced after the timed ones, their time summed by XLA op
+  profiled: tuple[str, ...]  # the variants traced at `rows` x `length`
   largest_timed_steps: int  # at the largest batch, whose steps are several times longer
   matmul_size: int
   attention_shape: tuple[int, int, int, int]  # batch, length, heads, head size
@@ -59,11 +61,12 @@ class Plan:
     """The plan `to_json` wrote (how the runner hands it to each step's process)."""
     fields = dict(record, steps=tuple(Step(**s) for s in record["steps"]))
     fields["variants"] = {k: tuple(v) for k, v in record["variants"].items()}
-    for name in ("attention_shape", "device_test_files", "predicted", "end_to_end"):
+    for name in ("attention_shape", "device_test_files", "profiled", "predicted", "end_to_end"):
       fields[name] = tuple(fields[name])
     return cls(**fields)
 
 
+DEADLINE_SECONDS = 480.0  # the report's default deadline (--deadline)
 STAGES = ("environment", "correctness", "speed", "prediction", "decoding", "end_to_end")
 WMT14 = "experiments/wmt14.py"
 
@@ -88,15 +91,16 @@ def _steps(caps: dict) -> tuple[Step, ...]:
 # short window must bring back (the attention check, then the train steps); the tests marked
 # `device` come last, since a run of them stopped early still counts what ended. On an H100
 # (2026-11-26) base took 48 s and big 52 (20 s of compiling each), decoding 42, and the end to
-# end run 120 s to the end of its training, before decoding. The speed steps then trace a few
-# steps more (speed.MIN_PROFILE_SECONDS of the cap at least).
+# end run 120 s to the end of its training, before decoding. The speed steps of `base` and `big`
+# then trace a few steps more, when speed.MIN_PROFILE_SECONDS of the cap are left: base's cap
+# leaves that after the matmul twice, the steps back to back and reading the executable.
 FULL = Plan(
   name="full",
   steps=_steps(
     {
       "environment": 40,
       "correctness:attention": 40,
-      "speed:base": 75,
+      "speed:base": 85,
       "speed:big": 90,
       "speed:base_xla": 80,
       "speed:base_remat": 80,
@@ -112,7 +116,9 @@ FULL = Plan(
   length=256,
   timed_steps=20,
   warmup_steps=3,
+  chained_steps=20,
   profile_steps=3,
+  profiled=("base", "big"),
   largest_timed_steps=5,
   matmul_size=8192,
   attention_shape=(4, 512, 8, 64),
@@ -147,8 +153,8 @@ TINY = Plan(
     {
       "environment": 30,
       "correctness:attention": 30,
-      "speed:base": 45,
-      "speed:big": 45,
+      "speed:base": 60,  # Traced: speed.MIN_PROFILE_SECONDS left after 38 s beside a 7-8 load.
+      "speed:big": 60,
       "speed:base_xla": 45,
       "speed:base_remat": 45,
       "prediction:compile": 90,
@@ -163,7 +169,9 @@ TINY = Plan(
   length=32,
   timed_steps=3,
   warmup_steps=1,
+  chained_steps=3,
   profile_steps=2,
+  profiled=("base", "big"),
   largest_timed_steps=2,
   matmul_size=256,
   attention_shape=(2, 16, 2, 8),
@@ -202,3 +210,31 @@ TINY = Plan(
   ),
 )
 PLANS = {"full": FULL, "tiny": TINY}
+
+# What each step of the full plan is expected to hold the report on one H100, in seconds:
+# estimates, from the H100 run of 2026-11-26 (base 48 s and big 52 with 20 s of compiling each,
+# decoding 42, the end to end run 120 s to the end of its training) and what was added since
+# (3 steps traced with their export and reading, about 10 s; the matmul twice, the steps back to
+# back and the executable's kernels read, about 7 s). `prediction:compile` runs beside the others
+# from the report's start; it holds the sequence only for what is left of its cap when its turn
+# comes (at most 30 s). The device tests run until their cap.
+EXPECTED_SECONDS = {
+  "environment": 15,
+  "correctness:attention": 25,
+  "speed:base": 65,
+  "speed:big": 70,
+  "speed:base_xla": 55,
+  "speed:base_remat": 55,
+  "prediction:compile": 30,
+  "prediction:largest": 50,
+  "decoding": 45,
+  "end_to_end": 180,
+  "correctness:tests": 120,
+}
+
+
+def expected_until(plan: Plan, last: str) -> float:
+  """Seconds the full plan's steps up to and including `last` are expected to take
+  (EXPECTED_SECONDS, estimates)."""
+  names = [s.name for s in plan.steps]
+  return sum(EXPECTED_SECONDS[n] for n in names[: names.index(last) + 1])
