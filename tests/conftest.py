@@ -104,9 +104,13 @@ _STORAGE_VARIABLES = ("STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL")
 def gcs_server():
   """A Google Cloud Storage server on localhost that speaks the JSON API (`gcs_stand_in`: the
   emulator, in memory, in a thread of this process), with bucket `GCS_BUCKET`; every gs://
-  client of this process and of the processes it starts talks to it."""
+  client of this process and of the processes it starts talks to it, and each of their listings
+  asks the server (`fileio.list_stores_afresh`, as the command line does)."""
+  import fsspec  # pylint: disable=import-outside-toplevel
+
   import gcs_stand_in  # pylint: disable=import-outside-toplevel  # Only where a test needs it.
   import helpers  # pylint: disable=import-outside-toplevel  # It imports jax: after the flags.
+  from transformer_jax import fileio  # pylint: disable=import-outside-toplevel
 
   port = helpers.free_port()
   server = gcs_stand_in.create_server("localhost", port, in_memory=True, default_bucket=GCS_BUCKET)
@@ -115,13 +119,36 @@ def gcs_server():
   saved = {name: os.environ.get(name) for name in names}
   os.environ.update({name: f"http://localhost:{port}" for name in _STORAGE_VARIABLES})
   os.environ["GOOGLE_AUTH_TOKEN_FOR_TESTING"] = "tests"
+  gs_config = fsspec.config.conf.get("gs")
+  fsspec.config.conf["gs"] = dict(gs_config or {})
+  fileio.list_stores_afresh()
   yield os.environ["STORAGE_EMULATOR_HOST"]
   server.stop()
+  if gs_config is None:
+    fsspec.config.conf.pop("gs", None)
+  else:
+    fsspec.config.conf["gs"] = gs_config
   for name, value in saved.items():
     if value is None:
       os.environ.pop(name, None)
     else:
       os.environ[name] = value
+
+
+@pytest.fixture
+def absl_flags_parsed():
+  """absl's flags parsed, as the command line has them, which Grain's worker processes need
+  (`data.num_workers` > 0: docs/library.md); unparsed again after, as pytest found them."""
+  from absl import flags  # pylint: disable=import-outside-toplevel
+
+  if flags.FLAGS.is_parsed():
+    yield
+    return
+  flags.FLAGS.mark_as_parsed()
+  try:
+    yield
+  finally:
+    flags.FLAGS.unparse_flags()
 
 
 @pytest.fixture

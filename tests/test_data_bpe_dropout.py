@@ -171,6 +171,7 @@ def test_host_shards_sample_alike_and_make_up_the_global_batch(corpus):
       )
 
 
+@pytest.mark.usefixtures("absl_flags_parsed")  # Grain's worker processes read them.
 @pytest.mark.parametrize("workers", [0, 1])
 def test_resume_through_orbax_reads_the_same_samples(corpus, tmp_path, workers):
   c, _, tokenizer = corpus

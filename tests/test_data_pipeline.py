@@ -216,6 +216,7 @@ def test_host_shards_are_disjoint_and_make_up_the_global_batch(corpus, mode):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("absl_flags_parsed")  # Grain's worker processes read them.
 @pytest.mark.parametrize("mode,workers", [("tokens", 0), ("packed", 0), ("tokens", 1)])
 def test_resume_through_orbax_sees_the_same_batches(corpus, tmp_path, mode, workers):
   c = config(corpus, batch_mode=mode, num_workers=workers, window=64)

@@ -5,20 +5,23 @@ distinct random values and a data position), then the files are damaged the
 way interrupted writes, bad disks and careless hands damage them.
 """
 
+import asyncio
 import logging
 import os
 import pathlib
 import re
 import shutil
+import types
 
 import grain
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 
 from helpers import fit_batches, make_trainer, python, synthetic_batch
 from helpers import random_state as _state
-from transformer_jax.checkpoints import recovery, store
+from transformer_jax.checkpoints import reading, recovery, store
 from transformer_jax.tools import inspect_checkpoints
 from transformer_jax.train import loop
 
@@ -83,7 +86,7 @@ def _equal(a, b):
 
 
 # A failed read leaves none of Orbax's other reads of that step unfinished to end as "Exception
-# ignored" noise (`reading._reads_that_finish`).
+# ignored" noise (`reading.reads_that_finish`).
 @pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
 @pytest.mark.parametrize("damage", DAMAGE)
 def test_a_broken_newest_checkpoint_is_reported_and_the_one_before_is_used(
@@ -105,6 +108,37 @@ def test_a_broken_newest_checkpoint_is_reported_and_the_one_before_is_used(
     assert names[:2] == ["1", "2"] and names[2].startswith("3.unusable-"), names
     assert "resuming from step 2" in warnings
   assert manager.all_steps() == [1, 2]
+
+
+class _OneFailsEarly:
+  """An engine of Orbax's reads whose second read fails while the first is still pending."""
+
+  async def execute_restore(self, requests):
+    del requests
+    self.slow = asyncio.ensure_future(asyncio.sleep(60))
+    await asyncio.gather(self.slow, self._fail())
+
+  async def _fail(self):
+    raise OSError("truncated")
+
+
+def test_a_failed_read_ends_the_reads_beside_it_before_orbax_closes_its_event_loop():
+  handler = types.SimpleNamespace(_async_io_engine=_OneFailsEarly())
+  engine = reading.reads_that_finish(handler)._async_io_engine
+  loop = asyncio.new_event_loop()  # As Orbax runs a read: until it ends, then closed.
+  try:
+    with pytest.raises(OSError, match="truncated"):
+      loop.run_until_complete(engine.execute_restore([]))
+  finally:
+    loop.close()
+  assert engine.slow.cancelled()
+
+
+@pytest.mark.parametrize("handler", [ocp.StandardCheckpointHandler, ocp.PyTreeCheckpointHandler])
+def test_orbax_s_array_reads_are_where_reads_that_finish_looks(handler, caplog):
+  with caplog.at_level(logging.WARNING):
+    reading.reads_that_finish(handler())
+  assert not caplog.records, caplog.text
 
 
 def test_without_a_good_checkpoint_the_run_refuses_to_start_over_unless_asked(

@@ -256,3 +256,15 @@ def test_a_listing_in_a_bucket_shows_what_another_client_wrote_since(bucket_dir)
   assert [p.name for p in epath.Path(bucket_dir).iterdir()] == ["a"]
   ts.KvStore.open(f"{bucket_dir}/").result().write("b", b"b").result()
   assert sorted(p.name for p in epath.Path(bucket_dir).iterdir()) == ["a", "b"]
+
+
+def test_listing_afresh_is_set_by_whoever_runs_the_process_and_keeps_their_setting(monkeypatch):
+  """Importing the library leaves fsspec as it was (tests/test_process_state.py); the command
+  line, the tests' GCS server and a program of one's own turn gcsfs's listings cache off."""
+  fsspec = pytest.importorskip("fsspec")
+  monkeypatch.setattr(fsspec.config, "conf", {})
+  fileio.list_stores_afresh()
+  assert fsspec.config.conf == {"gs": {"use_listings_cache": False}}
+  monkeypatch.setattr(fsspec.config, "conf", {"gs": {"use_listings_cache": True, "token": "x"}})
+  fileio.list_stores_afresh()
+  assert fsspec.config.conf == {"gs": {"use_listings_cache": True, "token": "x"}}

@@ -18,18 +18,19 @@ from etils import epath
 from transformer_jax.errors import UserError, first_line
 
 
-def _list_afresh() -> None:
-  """gcsfs keeps each directory listing it made for the life of the process (fsspec's listings
-  cache), blind to what other processes, or TensorStore in this one (Orbax's checkpoints), wrote
-  since: a committed step or a heartbeat file would go unseen. Every listing asks the store."""
+def list_stores_afresh() -> None:
+  """Make every gs:// listing of this process ask the store. gcsfs keeps each directory listing
+  it made for the life of the process (fsspec's listings cache), blind to what other processes,
+  or TensorStore in this one (Orbax's checkpoints), wrote since: a committed step or a heartbeat
+  file would go unseen. This sets fsspec's configuration, the process's own (a value set before
+  is kept), so the library never calls it: the command line does, once, before it runs, and a
+  program of one's own that reads a bucket others write calls it before its first gs:// access
+  (docs/library.md)."""
   try:
     import fsspec  # pylint: disable=import-outside-toplevel  # With gcsfs: the `gcs` extra.
   except ImportError:  # Then no gs:// path can be read either.
     return
   fsspec.config.conf.setdefault("gs", {}).setdefault("use_listings_cache", False)
-
-
-_list_afresh()
 
 
 def is_url(path) -> bool:

@@ -44,7 +44,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from transformer_jax import config as config_lib
-from transformer_jax import supervisor
+from transformer_jax import fileio, supervisor
 from transformer_jax.cli import distributed, flag_errors, log_filter, modes
 from transformer_jax.compile import targets as compile_targets
 from transformer_jax.errors import UserError
@@ -156,6 +156,7 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   log_filter.install()
+  fileio.list_stores_afresh()  # A run reads what other processes write to its work directory.
   config = _CONFIG.value
   logging.debug("config %s:\n%s", config_flags.get_config_filename(flags.FLAGS["config"]), config)
   experiment = config_lib.parse(config)

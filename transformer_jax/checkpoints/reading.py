@@ -6,8 +6,7 @@ checkpoint or all skip it, and all run the same collectives after.
 """
 
 import asyncio
-import contextlib
-import warnings
+import logging
 
 import jax
 
@@ -22,6 +21,8 @@ class CorruptCheckpointError(UserError):
 class CheckpointMismatchError(UserError):
   """A checkpoint holds arrays of other names or shapes than the run expects."""
 
+
+log = logging.getLogger(__name__)
 
 _READ, _BROKEN, _MISMATCHED = range(3)  # How a read went, for `agree`.
 
@@ -52,39 +53,40 @@ def agree(path, local_error: UserError | None) -> None:
     )
 
 
-class _FinishingLoop(asyncio.SelectorEventLoop):
-  """An event loop that, closed with tasks still pending, cancels them and waits for them."""
+def reads_that_finish(handler):
+  """`handler` (an Orbax StandardCheckpointHandler or PyTreeCheckpointHandler), whose array
+  reads all end before a failed read returns. Orbax reads the arrays of a tree side by side in
+  an event loop of its own and closes that loop as soon as one of them fails, leaving the
+  others pending: they end later as "Exception ignored" noise (a TensorStore read that
+  completes into the closed loop, a read dropped unfinished). This cancels and awaits them
+  while the loop still runs. It changes this handler alone: no event loop policy, nothing
+  else of the process."""
+  impl = handler
+  for name in ("_impl", "_handler_impl"):  # Standard -> PyTree -> base handler (Orbax 0.12).
+    impl = getattr(impl, name, impl)
+  engine = getattr(impl, "_async_io_engine", None)  # What runs the reads of the arrays.
+  execute_restore = getattr(engine, "execute_restore", None)
+  if execute_restore is None:  # Another Orbax: its reads are left as they are.
+    log.warning(
+      "%s has no array reads where Orbax 0.12 has them: a failed read may leave others "
+      "pending, which end as 'Exception ignored' noise",
+      type(handler).__name__,
+    )
+    return handler
 
-  def close(self):
-    if not self.is_closed() and not self.is_running():
-      pending = [task for task in asyncio.all_tasks(self) if not task.done()]
-      for task in pending:
+  async def execute_restore_to_the_end(*args, **kwargs):
+    before = asyncio.all_tasks()
+    try:
+      return await execute_restore(*args, **kwargs)
+    except BaseException:
+      started = [task for task in asyncio.all_tasks() - before if not task.done()]
+      for task in started:
         task.cancel()
-      if pending:
-        self.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-    super().close()
+      await asyncio.gather(*started, return_exceptions=True)
+      raise
 
-
-class _FinishingPolicy(asyncio.DefaultEventLoopPolicy):
-  def new_event_loop(self):
-    return _FinishingLoop()
-
-
-@contextlib.contextmanager
-def _reads_that_finish():
-  """Orbax runs a read in an event loop of its own and closes it as soon as one array fails,
-  leaving the other arrays' reads pending: they end later as "Exception ignored" noise. Within
-  this block, its event loops cancel and wait for them before they close."""
-  with warnings.catch_warnings():  # Python 3.14 deprecates event loop policies.
-    warnings.simplefilter("ignore", DeprecationWarning)
-    previous = asyncio.get_event_loop_policy()
-    asyncio.set_event_loop_policy(_FinishingPolicy())
-  try:
-    yield
-  finally:
-    with warnings.catch_warnings():
-      warnings.simplefilter("ignore", DeprecationWarning)
-      asyncio.set_event_loop_policy(previous)
+  engine.execute_restore = execute_restore_to_the_end
+  return handler
 
 
 def storage_failure(action, passes: tuple[type[Exception], ...] = ()):
@@ -103,8 +105,7 @@ def verified_read(path, read, what: str):
   """`read()`'s `(tree, extra)` once every process has read its part (`agree`) and `tree`
   matches the fingerprint `read()` found for it: `read()` returns `(fingerprint, tree, extra)`.
   CorruptCheckpointError naming `what` when the two differ."""
-  with _reads_that_finish():
-    result, error = storage_failure(read)
+  result, error = storage_failure(read)
   if error is not None and not isinstance(error, UserError):  # The files do not read back.
     error = CorruptCheckpointError(f"checkpoint {path} cannot be read: {first_line(error)}")
   agree(path, error)

@@ -28,6 +28,7 @@ from transformer_jax.checkpoints import integrity
 from transformer_jax.checkpoints.reading import (
   CheckpointMismatchError,
   CorruptCheckpointError,
+  reads_that_finish,
   verified_read,
 )
 from transformer_jax.errors import UserError, first_line
@@ -242,11 +243,12 @@ def restore_params(
 def _reader(handler_type) -> ocp.Checkpointer:
   """A checkpointer of `handler_type` that reads for this process alone (no barrier with the
   others: `agree` is the one meeting point). One per process, never closed: closing one while
-  reads of a broken file are still completing makes them fail noisily."""
+  reads of a broken file are still completing makes them fail noisily. A failed read of one
+  array ends the others before it returns (`reads_that_finish`)."""
   alone = ocp.options.MultiprocessingOptions(
     primary_host=None, active_processes={jax.process_index()}
   )
-  return ocp.Checkpointer(handler_type(), multiprocessing_options=alone)
+  return ocp.Checkpointer(reads_that_finish(handler_type()), multiprocessing_options=alone)
 
 
 def is_params_only(manager: ocp.CheckpointManager, step: int) -> bool:

@@ -9,6 +9,7 @@ description of the GPU, shipped in `gpu_specs/`. Either compiles under the
 CPU backend: no accelerator is touched.
 """
 
+import contextlib
 import dataclasses
 import importlib.util
 import math
@@ -185,16 +186,34 @@ def parse_target(name: str) -> Target:
   )
 
 
-def _quiet_compilers() -> None:
-  """Keep the compilers' start-up noise off the terminal (values already set are kept): libtpu
-  asks the cloud for the worker hostnames and accelerator type and logs an error when there is
-  no TPU VM, so this machine is named the only worker; the plugins log at INFO as they load.
-  libtpu also takes a lock file meant for the chips, which a compile-only process has no use
-  for: another process that compiles for a TPU at the same time may load it too."""
-  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-  os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
-  os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v5litepod-8")
-  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+# Start-up settings of the compilers, read as libtpu or a plugin loads (values already set are
+# kept): libtpu asks the cloud for the worker hostnames and accelerator type and logs an error
+# when there is no TPU VM, so this machine is named the only worker; the plugins log at INFO as
+# they load. libtpu also takes a lock file meant for the chips, which a compile-only process has
+# no use for: another process that compiles for a TPU at the same time may load it too.
+_QUIET_COMPILERS = {
+  "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
+  "TPU_WORKER_HOSTNAMES": "localhost",
+  "TPU_ACCELERATOR_TYPE": "v5litepod-8",
+  "TF_CPP_MIN_LOG_LEVEL": "1",
+}
+
+
+@contextlib.contextmanager
+def _quiet_compilers():
+  """Within this block, the compilers' start-up noise stays off the terminal (_QUIET_COMPILERS);
+  after it, the environment is as it was, for the caller's own processes and libraries."""
+  saved = {name: os.environ.get(name) for name in _QUIET_COMPILERS}
+  for name, value in _QUIET_COMPILERS.items():
+    os.environ.setdefault(name, value)
+  try:
+    yield
+  finally:
+    for name, value in saved.items():
+      if value is None:
+        os.environ.pop(name, None)
+      else:
+        os.environ[name] = value
 
 
 # The jax CUDA plugins, either of which compiles for a GPU target.
@@ -246,9 +265,9 @@ def compile_devices(target: Target) -> list:
     describe = lambda: topologies.get_topology_desc(
       target.generation, "cuda", target_config=gpu_spec(target.generation), topology=target.topology
     )
-  _quiet_compilers()
   try:
-    description = describe()
+    with _quiet_compilers():  # libtpu or the plugin loads here, and reads them.
+      description = describe()
   except jax.errors.JaxRuntimeError as error:
     raise TargetError(
       f"--target={target.name}: the compiler takes no such topology: {str(error).splitlines()[0]}"

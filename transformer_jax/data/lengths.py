@@ -13,6 +13,7 @@ from etils import epath
 
 from transformer_jax import fileio
 from transformer_jax.conventions import EOS_ID
+from transformer_jax.errors import FieldError
 
 log = logging.getLogger(__name__)
 
@@ -31,11 +32,21 @@ def tokenize_pairs(tokenizer, pairs, caps=None):
   return out
 
 
-def allow_grain_workers():
-  """Grain 0.2 reads its settings from command-line flags when starting workers; outside the
-  command line (tests, notebooks) they are unparsed and that raises: use their defaults."""
-  if not flags.FLAGS.is_parsed():
-    flags.FLAGS.mark_as_parsed()
+def require_grain_flags(num_workers: int) -> None:
+  """Grain starts its worker processes (`num_workers` > 0) only where the command-line flags
+  (Abseil's, `flags` here) are parsed: it reads its settings from them. The command line has
+  parsed them; any other caller parses them itself (`app.run`, or `flags.FLAGS.mark_as_parsed()`
+  for Grain's defaults), since the process's flags are its own. FieldError naming
+  data.num_workers otherwise."""
+  if num_workers and not flags.FLAGS.is_parsed():
+    raise FieldError(
+      "data",
+      "num_workers",
+      f"={num_workers} starts Grain worker processes, which read their settings from the "
+      f"command-line flags ({flags.__name__}), and this process has not parsed them: parse "
+      f"them first, or call {flags.__name__}.FLAGS.mark_as_parsed() for Grain's defaults, or "
+      "set data.num_workers=0.",
+    )
 
 
 class _CountChunk:
@@ -54,6 +65,7 @@ class _CountChunk:
 
 def pair_lengths(source, tokenizer, num_workers=0):
   """[pairs, 2] token counts (EOS included) of a split; cached beside the vocabulary file."""
+  require_grain_flags(num_workers)
   cache = None
   if tokenizer.path:
     key = hashlib.sha1(f"{source.fingerprint}|{tokenizer.digest}".encode()).hexdigest()
@@ -70,7 +82,6 @@ def pair_lengths(source, tokenizer, num_workers=0):
     .to_iter_dataset()
   )
   if num_workers:
-    allow_grain_workers()
     chunks = chunks.mp_prefetch(grain.MultiprocessingOptions(num_workers=num_workers))
   it = iter(chunks)
   try:

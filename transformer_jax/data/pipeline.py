@@ -279,9 +279,12 @@ def make_train_loader(c: DataConfig, tokenizer, *, seed, shard_index, shard_coun
   the `shard_count` hosts gets 1/shard_count of every batch's rows, and all
   hosts get the same shapes at every step. Resume with the same
   `data.num_workers`: it changes the order of batches. Workers are spawned
-  processes, so the main program must be an importable file, not stdin.
+  processes, so the main program must be an importable file, not stdin, and
+  Grain starts them only where the command-line flags are parsed (FieldError
+  otherwise: `lengths.require_grain_flags`).
   """
   rows_multiple(c, shard_index, shard_count)  # A bad shard stops here.
+  lengths_lib.require_grain_flags(c.num_workers)
   shapes = train_batch_shapes(c, shard_count)
   if not (isinstance(seed, (int, np.integer)) and 0 <= seed < 2**32):
     raise ValueError(f"seed={seed!r}: need an integer in [0, 2**32).")
@@ -338,7 +341,6 @@ def make_train_loader(c: DataConfig, tokenizer, *, seed, shard_index, shard_coun
     _Build(source, tokenizer, tuple(int(x) for x in caps))
   )
   if c.num_workers:
-    lengths_lib.allow_grain_workers()
     return batches.mp_prefetch(grain.MultiprocessingOptions(num_workers=c.num_workers))
   return grain.experimental.ThreadPrefetchIterDataset(batches, prefetch_buffer_size=4)
 

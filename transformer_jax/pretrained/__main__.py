@@ -17,7 +17,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from transformer_jax import config as config_lib
-from transformer_jax import experiment
+from transformer_jax import experiment, fileio
 from transformer_jax.errors import UserError
 from transformer_jax.pretrained import convert
 from transformer_jax.workdir import Workdir
@@ -68,6 +68,7 @@ def run(command: str) -> None:
 def main(argv):
   if len(argv) != 2 or argv[1] not in COMMANDS:
     raise app.UsageError(f"give one command: {' or '.join(COMMANDS)}")
+  fileio.list_stores_afresh()  # Checkpoints that runs wrote to the work directory.
   try:
     run(argv[1])
   except UserError as error:

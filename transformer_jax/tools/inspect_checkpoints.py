@@ -18,6 +18,7 @@ import numpy as np
 from absl import app, flags, logging
 from etils import epath
 
+from transformer_jax import fileio
 from transformer_jax.checkpoints import integrity, recovery, store
 from transformer_jax.workdir import Workdir
 
@@ -100,6 +101,7 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   if not flags.FLAGS["verbosity"].present:  # Orbax logs every file it reads at INFO.
     logging.set_verbosity(logging.WARNING)
+  fileio.list_stores_afresh()  # Steps that runs committed since this process last looked.
   lines, good = describe(Workdir(flags.FLAGS.workdir).checkpoints, verify=flags.FLAGS.verify)
   print("\n".join(lines))
   if not good:
