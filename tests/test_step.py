@@ -64,3 +64,17 @@ def test_bfloat16_computation_keeps_float32_parameters_and_adam_state():
   per_token = float(metrics["loss"]) / float(metrics["tokens"])
   assert np.isfinite(per_token) and abs(per_token - np.log(config.vocab_size)) < 1.5
   assert int(state.step) == 1
+
+
+def test_the_global_norm_is_optaxs_over_one_sum_of_row_sums():
+  tree = {
+    "w": jnp.arange(3 * 70, dtype=jnp.float32).reshape(3, 70) / 7.0,  # 3 rows < 64: 210 at once
+    "q": jnp.linspace(-1.0, 1.0, 8 * 16 * 5).reshape(8, 16, 5),  # 8 x 16 = 128 row sums
+    "b": jnp.full((5,), 0.5),
+    "s": jnp.float32(3.0),
+  }
+  expected = float(optax.tree.norm(tree))
+  np.testing.assert_allclose(float(step_lib.global_norm(tree)), expected, rtol=1e-6)
+  np.testing.assert_allclose(float(jax.jit(step_lib.global_norm)(tree)), expected, rtol=1e-6)
+  nan = {**tree, "b": tree["b"].at[2].set(jnp.nan)}
+  assert not np.isfinite(float(step_lib.global_norm(nan)))
