@@ -66,7 +66,8 @@ def test_embedding_is_shared_and_scaled():
 @pytest.mark.parametrize("bias", [False, True])
 def test_a_padded_vocabulary_gives_the_same_logits_and_gradients_in_float64(bias):
   """The output matmul over a table padded to 16 rows (11 -> 16) gives the unpadded logits and
-  gradients (to float64 rounding); the parameters keep the real vocabulary; the matmul sees the padded one."""
+  gradients (to float64 rounding); the parameters keep the real vocabulary; the matmul sees the
+  padded one."""
   ids = np.array([[1, 5, 0], [10, 2, 2]])
   with jax.enable_x64(True):
     plain = embedding.Embed(vocab_size=11, d_model=8, logits_bias=bias, dtype=jnp.float64)
