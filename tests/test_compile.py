@@ -17,7 +17,7 @@ from helpers import REPO, python
 from transformer_jax import config as config_lib
 from transformer_jax.compile import analysis, programs, table, targets
 from transformer_jax.errors import FieldError
-from transformer_jax.model.config import count_params
+from transformer_jax.model.config import TransformerConfig, count_params
 
 ON_CPU = jax.default_backend() == "cpu"  # Compiling for a target runs on the CPU backend.
 needs_tpu = pytest.mark.skipif(
@@ -377,3 +377,13 @@ def test_compile_runs_alone_and_needs_a_target():
     main._known_modes(["train", "compile"])
   with pytest.raises(modes.UserError, match="needs --target"):
     modes.compile_for_target(None, "/tmp/unused", "", False)
+
+
+def test_a_chunked_output_layer_is_a_loop_whose_body_the_cost_analysis_counts_once():
+  chunked = TransformerConfig(loss_chunk=64)
+  layers = ("the layers (model.scan_layers)", "")
+  assert programs.program_loops(chunked, layers, 256) == (
+    "the layers (model.scan_layers) and the output layer's chunks (model.loss_chunk)"
+  )
+  assert programs.program_loops(chunked, ("",), 64) == ""  # One chunk: no loop.
+  assert programs.program_loops(TransformerConfig(), ("",), 256) == ""

@@ -381,3 +381,18 @@ def test_the_report_table_shows_the_kernels_and_names_loops_of_unknown_trips():
   cells = dict(zip(table.columns(record), table.rows(record)[0]))
   assert cells["kernels"] == "33" and cells["1x1x1 grid"] == "15"
   assert cells["est. floor ms"] == f"{summary['floor_seconds'] * 1e3:.1f}"
+
+
+def test_the_done_half_of_an_asynchronous_collective_launches_nothing():
+  module = """HloModule m, is_scheduled=true
+
+ENTRY %main (x: f32[256]) -> f32[2048] {
+  %x = f32[256]{0} parameter(0)
+  %gather = (f32[256]{0}, f32[2048]{0}) all-gather-start(%x), channel_id=1, replica_groups={{0,1,2,3,4,5,6,7}}, dimensions={0}, use_global_device_ids=true
+  %gathered = f32[2048]{0} all-gather-done(%gather)
+  %sum = (f32[2048]{0}, f32[2048]{0}) all-reduce-start(%gathered), channel_id=2, replica_groups={{0,1,2,3,4,5,6,7}}, to_apply=%add_scalars
+  ROOT %summed = f32[2048]{0} all-reduce-done(%sum)
+}
+"""  # noqa: E501
+  found, _ = kernels.read_kernels(module)
+  assert [(k.name, k.category) for k in found] == [("gather", "collective"), ("sum", "collective")]

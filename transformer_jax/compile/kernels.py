@@ -59,10 +59,6 @@ _QUIET = {
   "replica-id",
   "domain",
   "async-update",
-  "async-done",
-  "copy-done",
-  "send-done",
-  "recv-done",
 }
 _COLLECTIVES = (
   "all-reduce",
@@ -263,7 +259,7 @@ class _Reader:
         for key in ("true_computation", "false_computation"):
           for called in instruction.called(key):
             self.read(called, launches, where, seen)
-      elif opcode not in _QUIET:
+      elif opcode not in _QUIET and not opcode.endswith("-done"):  # -done halves: no launch
         self.kernels.append(self._kernel(instruction, computation, launches, where))
 
   def _kernel(self, instruction, computation, launches: int, where: str) -> Kernel:

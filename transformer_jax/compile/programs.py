@@ -28,7 +28,7 @@ from transformer_jax.decode.metrics import TeacherForcedLoss
 from transformer_jax.decode.translator import DecodeSettings, Translator
 from transformer_jax.errors import UserError
 from transformer_jax.experiment import Experiment, make_trainer
-from transformer_jax.model.config import count_params
+from transformer_jax.model.config import TransformerConfig, count_params
 from transformer_jax.train import objective
 
 log = logging.getLogger(__name__)
@@ -134,6 +134,13 @@ class Report:
     }
 
 
+def program_loops(model: TransformerConfig, loops: tuple[str, ...], length: int) -> str:
+  """What a train or eval program of `model` at length `length` runs as loops ("" = nothing):
+  `loops`, and the output layer's chunks where `model.loss_chunk` splits the length."""
+  chunks = "the output layer's chunks (model.loss_chunk)" if 0 < model.loss_chunk < length else ""
+  return " and ".join(x for x in (*loops, chunks) if x)
+
+
 def abstract_batch(placement, rows: int, length: int) -> dict:
   """A `[rows, length]` batch of abstract int32 arrays with the placement's batch sharding."""
   return {
@@ -190,8 +197,8 @@ class Compiler:
     self.model_config = self.placement.model.config
     layers = "the layers (model.scan_layers)" if self.model_config.scan_layers else ""
     accumulation = "the micro-batches (grad_accum_steps)" if experiment.grad_accum_steps > 1 else ""
-    self.train_loop = " and ".join(x for x in (layers, accumulation) if x)
-    self.eval_loop = layers
+    self._train_loops = (layers, accumulation)
+    self._eval_loops = (layers,)
 
   def _train_flops(self, rows: int, length: int) -> float:
     """The model's FLOPs of a train step on a `[rows, length]` batch, every slot counted."""
@@ -217,7 +224,7 @@ class Compiler:
       length,
       cost,
       self._train_flops(rows, length),
-      self.train_loop,
+      program_loops(self.model_config, self._train_loops, length),
       note,
     )
 
@@ -235,7 +242,7 @@ class Compiler:
       length,
       cost,
       self._train_flops(rows, length) / 3,
-      self.eval_loop,
+      program_loops(self.model_config, self._eval_loops, length),
       note,
     )  # Forward only.
 
