@@ -51,14 +51,16 @@ def test_encoder_layer_matches_formula(pre_norm):
 
 
 def test_decoder_layer_matches_formula():
+  """The layer's self-attention is causal by itself: with no self mask, the formula's is the
+  causal mask."""
   x, enc = randn(9, 2, 4, 16), randn(10, 2, 5, 16)
-  self_mask = attention.causal_mask(4)
   cross_mask = np.ones((2, 1, 4, 5), bool)
   cross_mask[1, ..., 3:] = False
   layer = layers.DecoderLayer(num_heads=2, d_k=8, d_v=8, d_ff=32)
-  variables, params = init(layer, x, enc, self_mask, cross_mask)
-  got = layer.apply(variables, x, enc, self_mask, cross_mask)
-  want = ref.decoder_layer(params, np.float64(x), enc, self_mask, cross_mask)
+  variables, params = init(layer, x, enc, None, cross_mask)
+  got = layer.apply(variables, x, enc, None, cross_mask)
+  causal = np.asarray(attention.causal_mask(4))
+  want = ref.decoder_layer(params, np.float64(x), enc, causal, cross_mask)
   np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 

@@ -1,5 +1,6 @@
 """The whole model: configuration, the paper's parameter counts, masking behaviour, dtypes."""
 
+import functools
 import json
 
 import flax.linen as nn
@@ -313,7 +314,12 @@ def test_bfloat16_computation_stays_close_to_float32(tiny):
   inputs, targets = tokens(12, 2, 6), tokens(13, 2, 5)
   full = forward(variables, inputs, targets)
   half = jax.jit(model16.apply)(variables, inputs, targets)
-  assert half.dtype == jnp.bfloat16  # The loss and the searches take them to float32.
+  assert half.dtype == jnp.bfloat16  # The loss takes them to float32.
+  features = jax.jit(functools.partial(model16.apply, features=True))(variables, inputs, targets)
+  wide = model16.apply(variables, features, True, method=model16.logits)  # A search's step.
+  assert wide.dtype == jnp.float32 and features.dtype == jnp.bfloat16
+  np.testing.assert_allclose(half, wide, atol=0.02 * float(jnp.max(jnp.abs(wide))))
+  assert float(jnp.max(jnp.abs(wide - half.astype(jnp.float32)))) > 0  # Not rounded to bf16.
   p_full, p_half = jax.nn.softmax(full), jax.nn.softmax(half.astype(jnp.float32))
   assert float(jnp.max(jnp.abs(p_full - p_half))) < 0.05
   assert float(jnp.mean(jnp.argmax(full, -1) == jnp.argmax(half, -1))) >= 0.9

@@ -20,7 +20,7 @@ class Embed(nn.Module):
   sqrt(d_model). `attend`: `[batch, length, d_model]` -> logits `[batch, length,
   vocab_size]` in `dtype` through the same matrix, plus a `[vocab_size]` bias with
   `logits_bias` (the paper has none); its matmul over the table padded to a multiple
-  of `vocab_multiple` rows (`functional.logits`).
+  of `vocab_multiple` rows, `wide`: float32 logits (`functional.logits`).
   """
 
   vocab_size: int
@@ -46,10 +46,10 @@ class Embed(nn.Module):
   def __call__(self, ids):
     return functional.embed(self.embedding, ids, self.dtype)
 
-  def attend(self, x):
+  def attend(self, x, wide: bool = False):
     bias = self.bias if self.logits_bias else None
     return functional.logits(
-      self.embedding, bias, x, self.dtype, vocab_multiple=self.vocab_multiple
+      self.embedding, bias, x, self.dtype, vocab_multiple=self.vocab_multiple, wide=wide
     )
 
 

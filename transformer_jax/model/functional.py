@@ -172,12 +172,14 @@ def embed(embedding, ids, dtype):
   return x * jnp.asarray(np.sqrt(embedding.shape[1]), dtype)
 
 
-def logits(embedding, bias, x, dtype, *, vocab_multiple: int = 1):
-  """`[b, l, d]` -> logits `[b, l, vocab]` through the shared embedding (+ `bias`), in `dtype`.
+def logits(embedding, bias, x, dtype, *, vocab_multiple: int = 1, wide: bool = False):
+  """`[b, l, d]` -> logits `[b, l, vocab]` through the shared embedding (+ `bias`), in `dtype`
+  (`wide`: in float32 or wider).
 
   The logits of a bfloat16 model are bfloat16 (the matmul accumulates in float32 and rounds
   once): half the bytes of float32 through the output layer and the loss, whose arithmetic
-  (`loss.cross_entropy`) and the searches' log-softmax are float32 or wider. With
+  (`loss.cross_entropy`) is float32 or wider. A search's one step asks for `wide` logits: a
+  bfloat16 logit of 16 is off by up to 0.06, enough to reorder close hypotheses. With
   `vocab_multiple`, the matmul runs over the table padded with zero rows to a multiple of it
   (whole GEMM tiles on a GPU) and the padded columns are sliced off at once.
   """
@@ -186,7 +188,12 @@ def logits(embedding, bias, x, dtype, *, vocab_multiple: int = 1):
   padded = -(-vocab // vocab_multiple) * vocab_multiple
   if padded != vocab:
     table = jnp.pad(table, ((0, padded - vocab), (0, 0)))
-  out = jnp.einsum("bld,vd->blv", x.astype(dtype), table)[..., :vocab]
+  out = jnp.einsum(
+    "bld,vd->blv",
+    x.astype(dtype),
+    table,
+    preferred_element_type=jnp.promote_types(dtype, jnp.float32) if wide else None,
+  )[..., :vocab]
   return out if bias is None else out + bias.astype(out.dtype)
 
 

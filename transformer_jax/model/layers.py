@@ -62,7 +62,9 @@ class MultiHeadAttention(nn.Module):
   projection (`[heads, d]` for Q, K, V, `[d_model]` for the output).
   `init_scheme` is one of INITS. `dropout_rate` drops attention weights when
   a call is not `deterministic` (attention dropout; it takes the reference
-  attention, the fused kernels have no dropout).
+  attention, the fused kernels have no dropout). A call's `is_causal` adds the
+  causal mask through the kernel's causal path (`attention.dot_product_attention`);
+  with `decode=True` the cache masks the positions not yet decoded instead.
 
   Incremental decoding (`decode=True`) keeps a "cache" collection of
   head-major `[batch, heads, length, d]` keys/values: for self-attention

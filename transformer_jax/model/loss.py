@@ -36,9 +36,9 @@ def cross_entropy(logits, targets, label_smoothing: float):
   logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
   vocab = logits.shape[-1]
   shift = lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
-  is_target = (
-    lax.broadcasted_iota(targets.dtype, logits.shape, logits.ndim - 1) == targets[..., None]
-  )
+  is_target = lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1) == targets[
+    ..., None
+  ].astype(jnp.int32)
   # One reduction over the vocabulary for every sum: one pass over the logits after the max.
   terms = [jnp.exp(logits - shift), jnp.where(is_target, logits, 0)]
   if label_smoothing:

@@ -100,10 +100,11 @@ class MultiHeadAttention(nnx.Module):
   attend over keys/values of width `d_kv` (default `d_model`); output `out_features` wide
   (default `d_model`).
 
-  `dropout_rate` drops attention weights in training (attention dropout).
-  Decoding: `init_cache(rows, max_len)` makes a self-attention buffer of `rows` hypotheses;
-  `set_static_kv(inputs_kv)` projects cross-attention keys/values once; `decode=True` calls
-  then read them (and write the step's own key/value into the buffer).
+  `dropout_rate` drops attention weights in training (attention dropout); a call's `is_causal`
+  adds the causal mask through the kernel's causal path. Decoding: `init_cache(rows, max_len)`
+  makes a self-attention buffer of `rows` hypotheses; `set_static_kv(inputs_kv)` projects
+  cross-attention keys/values once; `decode=True` calls then read them (and write the step's
+  own key/value into the buffer).
   """
 
   def __init__(
@@ -267,11 +268,10 @@ class Embed(nnx.Module):
   def __call__(self, ids):
     return functional.embed(self.embedding[...], ids, self.dtype)
 
-  def attend(self, x):
+  def attend(self, x, wide: bool = False):
     bias = None if self.logits_bias is None else self.logits_bias[...]
-    return functional.logits(
-      self.embedding[...], bias, x, self.dtype, vocab_multiple=self.vocab_multiple
-    )
+    kwargs = dict(vocab_multiple=self.vocab_multiple, wide=wide)
+    return functional.logits(self.embedding[...], bias, x, self.dtype, **kwargs)
 
 
 class PositionalEncoding(nnx.Module):

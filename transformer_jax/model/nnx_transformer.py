@@ -149,12 +149,15 @@ class Transformer(nnx.Module):
       deterministic=_deterministic(train),
       decode=decode,
     )
-    return out if features else self.logits(out)
+    return out if features else self.logits(out, wide=decode)
 
-  def logits(self, features):
+  def logits(self, features, wide: bool = False):
     """The output layer: the decoder's features `[b, t, d_model]` -> logits `[b, t, vocab]` in
-    the compute dtype, through the shared embedding."""
-    return nn.with_logical_constraint(self.embed.attend(features), ("batch", "length", "vocab"))
+    the compute dtype (`wide`, as in `decode=True`: float32 or wider), through the shared
+    embedding."""
+    return nn.with_logical_constraint(
+      self.embed.attend(features, wide), ("batch", "length", "vocab")
+    )
 
   def __call__(
     self,

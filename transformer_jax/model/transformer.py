@@ -264,12 +264,13 @@ class Transformer(nn.Module):
       deterministic=not train,
       decode=decode,
     )
-    return out if features else self.logits(out)
+    return out if features else self.logits(out, wide=decode)
 
-  def logits(self, features):
+  def logits(self, features, wide: bool = False):
     """The output layer: the decoder's features `[b, t, d_model]` -> logits `[b, t, vocab]` in
-    the compute dtype, through the shared embedding."""
-    logits = self.embed.attend(features)
+    the compute dtype (`wide`, as in `decode=True`: float32 or wider), through the shared
+    embedding."""
+    logits = self.embed.attend(features, wide)
     return nn.with_logical_constraint(logits, ("batch", "length", "vocab"))
 
   def __call__(
