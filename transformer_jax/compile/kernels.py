@@ -35,9 +35,9 @@ Per kernel:
   (`thunks.py`) where it is given. Without it, a kernel counts as launched on a
   1x1x1 grid by a rule: a fusion XLA emits itself (kLoop or kInput: not a GEMM,
   not Triton) whose every output array has at most `ONE_BLOCK_ELEMENTS` (128)
-  elements. Against the thunk sequence (jax 0.10.2) the rule picks the same 297
-  kernels of `wmt14.py:base`'s train step at 104x256, and 90 of the 94 of a
-  one-layer model of width 64 (it misses reductions to a few thousand values).
+  elements. It agrees with the thunk sequence on `wmt14.py:base`'s train step
+  and misses reductions to a few thousand values in smaller models
+  (docs/compile.md gives the counts).
 """
 
 import dataclasses

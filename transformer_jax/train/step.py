@@ -126,8 +126,8 @@ def global_norm(tree):
   leaves' row sums are concatenated and summed once. The optimization barrier keeps XLA from
   turning that sum back into one reduction per leaf. On a GPU the row sums fuse into the
   kernels that make the gradients and one kernel adds them all up, where a sum per leaf ended
-  in a one-block kernel per leaf (181 in `wmt14.py:base`'s train step); with parameters
-  sharded (`fsdp`) the row sums are gathered (2 all-gathers more in base's step on 8 H100s).
+  in a one-block kernel per leaf; with parameters sharded (`fsdp`) the row sums are gathered
+  (a few all-gathers more; docs/performance.md gives the compile mode's figures).
   """
 
   def row_sums(leaf):

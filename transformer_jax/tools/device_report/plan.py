@@ -153,7 +153,7 @@ TINY = Plan(
     {
       "environment": 30,
       "correctness:attention": 30,
-      "speed:base": 60,  # Traced: speed.MIN_PROFILE_SECONDS left after 38 s beside a 7-8 load.
+      "speed:base": 60,  # Traced: speed.MIN_PROFILE_SECONDS left after the steps (docs/gpu.md).
       "speed:big": 60,
       "speed:base_xla": 45,
       "speed:base_remat": 45,
