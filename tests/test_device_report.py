@@ -77,7 +77,14 @@ def test_the_cpu_dry_run_runs_every_stage_and_reports_them(tmp_path):
   attention = correctness["attention"]["attention"]
   assert attention["ok"] and attention["implementation"] == "xla"
   assert "not applicable on cpu" in attention["cudnn"]
-  assert set(attention["cases"]) == {"padding", "causal", "packed", "packed_causal"}
+  assert set(attention["cases"]) == {
+    "padding",
+    "causal",
+    "packed",
+    "packed_causal",
+    "padding_is_causal",
+    "packed_is_causal",
+  }
   tests = correctness["tests"]["device_tests"]
   assert tests["status"] == "finished" and tests["exit_status"] == 0
   assert tests["counts"].get("passed", 0) == tests["collected"] > 0 and not tests["failures"]

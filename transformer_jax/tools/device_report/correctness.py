@@ -2,7 +2,9 @@
 (`correctness:attention`), then the tests marked `device` (`correctness:tests`).
 
 The fused path (cuDNN on a GPU, XLA's fused attention elsewhere) runs in
-bfloat16 with padding, causal and packed-segment masks; its output and its
+bfloat16 with padding, causal and packed-segment masks, the causal ones both
+folded into the mask and through the kernel's own causal path (`is_causal`,
+the path the decoder's self-attention takes); its output and its
 gradients are compared with the reference path in float32 on the same
 (upcast) inputs by ||fused - reference|| / ||reference||. Rows whose keys are
 all masked must give exactly zero, and nothing may be NaN, gradients
@@ -30,8 +32,8 @@ OUTPUT_TOLERANCE, GRADIENT_TOLERANCE = 1e-2, 2e-2
 
 
 def _masks(batch: int, length: int, rng: np.random.Generator) -> dict:
-  """Boolean masks `[batch, 1, length, length]` (causal: broadcast) and the rows they leave
-  without any key, for each case."""
+  """`(mask, is_causal)` per case: boolean masks `[batch, 1, length, length]`, and whether the
+  kernel adds the causal mask itself (`is_causal`)."""
   lengths = rng.integers(length // 2, length, batch)
   lengths[0] = length  # One row without padding.
   tokens = np.where(np.arange(length)[None] < lengths[:, None], 5, 0)
@@ -46,10 +48,12 @@ def _masks(batch: int, length: int, rng: np.random.Generator) -> dict:
   causal = attention.causal_mask(length)
   packed = attention.segment_mask(segments, segments)
   return {
-    "padding": padding,
-    "causal": padding & causal,
-    "packed": packed,
-    "packed_causal": packed & causal,
+    "padding": (padding, False),
+    "causal": (padding & causal, False),
+    "packed": (packed, False),
+    "packed_causal": (packed & causal, False),
+    "padding_is_causal": (padding, True),
+    "packed_is_causal": (packed, True),
   }
 
 
@@ -68,23 +72,27 @@ def check_attention(shape, platform: str, seed: int = 0) -> dict:
   )
 
   def loss(implementation, dtype):
-    def f(q, k, v, mask):
+    def f(q, k, v, mask, is_causal):
       out = attention.dot_product_attention(
-        q.astype(dtype), k.astype(dtype), v.astype(dtype), mask, implementation=implementation
+        *(x.astype(dtype) for x in (q, k, v)),
+        mask,
+        is_causal=is_causal,
+        implementation=implementation,
       )
       return jnp.sum(out.astype(jnp.float32) * cotangent.astype(jnp.float32)), out
 
-    return f
+    return jax.jit(
+      jax.value_and_grad(f, argnums=(0, 1, 2), has_aux=True), static_argnames="is_causal"
+    )
 
-  fused_fn = jax.jit(jax.value_and_grad(loss(fused, jnp.bfloat16), argnums=(0, 1, 2), has_aux=True))
-  reference_fn = jax.jit(
-    jax.value_and_grad(loss("reference", jnp.float32), argnums=(0, 1, 2), has_aux=True)
-  )
+  fused_fn, reference_fn = loss(fused, jnp.bfloat16), loss("reference", jnp.float32)
   cases = {}
-  for name, mask in _masks(batch, length, rng).items():
-    (_, out), grads = fused_fn(q, k, v, mask)
+  for name, (mask, is_causal) in _masks(batch, length, rng).items():
+    (_, out), grads = fused_fn(q, k, v, mask, is_causal=is_causal)
+    if is_causal:  # The reference gets the causal mask folded in: no is_causal on its side.
+      mask = mask & attention.causal_mask(length)
     with jax.default_matmul_precision("highest"):
-      (_, ref_out), ref_grads = reference_fn(q, k, v, mask)
+      (_, ref_out), ref_grads = reference_fn(q, k, v, mask, is_causal=False)
     empty = ~np.asarray(jnp.any(jnp.broadcast_to(mask, (batch, 1, length, length)), axis=-1))[:, 0]
     arrays = [np.asarray(a, np.float32) for a in (out, *grads)]
     case = {
@@ -103,7 +111,8 @@ def check_attention(shape, platform: str, seed: int = 0) -> dict:
       and case["empty_rows_zero_dq"]
     )
     cases[name] = case
-  text = fused_fn.lower(q, k, v, _masks(batch, length, rng)["packed_causal"]).compile().as_text()
+  packed, _ = _masks(batch, length, rng)["packed"]
+  text = fused_fn.lower(q, k, v, packed, is_causal=True).compile().as_text()
   calls = cudnn_attention_calls(text)
   record = {
     "implementation": fused,
