@@ -316,7 +316,7 @@ def test_bfloat16_computation_stays_close_to_float32(tiny):
   half = jax.jit(model16.apply)(variables, inputs, targets)
   assert half.dtype == jnp.bfloat16  # The loss takes them to float32.
   features = jax.jit(functools.partial(model16.apply, features=True))(variables, inputs, targets)
-  wide = model16.apply(variables, features, True, method=model16.logits)  # A search's step.
+  wide = incremental_logits(model16, variables, inputs, targets)  # A search's steps.
   assert wide.dtype == jnp.float32 and features.dtype == jnp.bfloat16
   np.testing.assert_allclose(half, wide, atol=0.02 * float(jnp.max(jnp.abs(wide))))
   assert float(jnp.max(jnp.abs(wide - half.astype(jnp.float32)))) > 0  # Not rounded to bf16.
