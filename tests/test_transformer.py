@@ -11,6 +11,7 @@ import pytest
 
 import numpy_reference as ref
 from helpers import record_dropout_inputs, stack_layers
+from transformer_jax.model.decode_cache import CACHE_COLLECTIONS
 from transformer_jax.model.transformer import (
   PRESETS,
   Transformer,
@@ -361,7 +362,7 @@ def incremental_logits(model, variables, inputs, targets):
       targets_position=pos,
       decode=True,
       method=model.decode,
-      mutable=["cache"],
+      mutable=CACHE_COLLECTIONS,
     )
   )
   _, state = step(variables, jnp.zeros_like(targets), jnp.zeros_like(targets))

@@ -10,29 +10,26 @@ model and its variables, as the translator, eval and the compile mode call
 them, and are jitted: the model and every option but `alpha` are static.
 """
 
-import flax.traverse_util
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from transformer_jax.decode import search
 from transformer_jax.decode.cache import SearchCache
-from transformer_jax.model.layers import SHARED_CACHE_ENTRIES
-from transformer_jax.model.nnx_layers import RowCache, SentenceCache
+from transformer_jax.model.decode_cache import (
+  CACHE_COLLECTIONS,
+  ROW_CACHE,
+  SENTENCE_CACHE,
+  split_cache,
+)
 
 
-def _search_cache(cache, encoded, inputs, row_axis: int) -> SearchCache:
-  """The decoder's flax cache as a SearchCache: per-sentence entries, the encoder's output and
-  the source ids shared; the key/value buffers `[rows, heads, max_len, d]` (after a layers
-  axis when the stack is scanned) as rows."""
-  flat = flax.traverse_util.flatten_dict(cache)
-  shared = {path: x for path, x in flat.items() if path[-1] in SHARED_CACHE_ENTRIES}
-  rows = {path: x for path, x in flat.items() if path not in shared}
+def _search_cache(sentence, rows, row_axis: int, **shared) -> SearchCache:
+  """The decoder's per-sentence cache entries with `shared` (the source ids; the encoder's
+  output) as the shared part, its key/value buffers `[rows, heads, max_len, d]` (after a layers
+  axis where the stack is scanned) as the rows (model/decode_cache.py tells which is which)."""
   return SearchCache(
-    shared={"cache": shared, "encoded": encoded, "inputs": inputs},
-    rows=rows,
-    row_axis=row_axis,
-    position_axis=row_axis + 2,
+    shared={"cache": sentence, **shared}, rows=rows, row_axis=row_axis, position_axis=row_axis + 2
   )
 
 
@@ -54,60 +51,56 @@ def searchable(model, variables=None) -> search.SearchModel:
     return _nnx_searchable(model)
   row_axis = int(model.config.scan_layers)
 
-  def decode(cache, encoded, inputs, targets, positions):
-    """The decoder in decode mode: (logits, the flax cache it leaves)."""
-    extra = {} if cache is None else {"cache": cache}
+  def decode(collections, encoded, inputs, targets, positions):
+    """The decoder in decode mode over the cache `collections` ({}: makes them): (logits, the
+    cache it leaves)."""
     logits, mutated = model.apply(
-      {**variables, **extra},
+      {**variables, **collections},
       encoded,
       inputs,
       targets,
       targets_position=positions,
       decode=True,
       method=model.decode,
-      mutable=["cache"],
+      mutable=CACHE_COLLECTIONS,
     )
-    return logits, mutated["cache"]
+    sentence, rows = mutated[SENTENCE_CACHE], mutated[ROW_CACHE]
+    return logits, _search_cache(sentence, rows, row_axis, encoded=encoded, inputs=inputs)
 
   def encode(inputs, rows: int, max_len: int) -> SearchCache:
     encoded = model.apply(variables, inputs, method=model.encode)
     targets = jnp.zeros((rows, max_len), jnp.int32)  # Sizes the buffers; decodes nothing.
-    _, cache = decode(None, encoded, inputs, targets, jnp.zeros_like(targets))
-    return _search_cache(cache, encoded, inputs, row_axis)
+    return decode({}, encoded, inputs, targets, jnp.zeros_like(targets))[1]
 
   def step(tokens, position, cache: SearchCache):
     encoded, inputs = cache.shared["encoded"], cache.shared["inputs"]
-    flax_cache = flax.traverse_util.unflatten_dict({**cache.shared["cache"], **cache.rows})
-    logits, flax_cache = decode(flax_cache, encoded, inputs, tokens[:, None], _at(position, tokens))
-    return _log_probs(logits), _search_cache(flax_cache, encoded, inputs, row_axis)
+    collections = {SENTENCE_CACHE: cache.shared["cache"], ROW_CACHE: cache.rows}
+    logits, cache = decode(collections, encoded, inputs, tokens[:, None], _at(position, tokens))
+    return _log_probs(logits), cache
 
   return search.SearchModel(encode, step, model.config.max_len)
 
 
 def _nnx_searchable(model) -> search.SearchModel:
-  """The NNX Transformer's functions: its decode state is split by variable type, `RowCache`
-  (one row per hypothesis) and `SentenceCache` (shared)."""
+  """The NNX Transformer's functions: its decode state is split by variable type
+  (`decode_cache.split_cache`)."""
   graphdef, state = nnx.split(model)
   # The structure of the model with its cache, fixed when the encoder (traced first) makes it.
   with_cache = {}
 
   def as_search_cache(decoding, inputs) -> SearchCache:
-    _, rows, shared, _ = nnx.split(decoding, RowCache, SentenceCache, ...)
-    return SearchCache(
-      shared={"cache": shared, "inputs": inputs}, rows=rows, row_axis=0, position_axis=2
-    )
+    _, sentence, rows, _ = split_cache(decoding)
+    return _search_cache(sentence, rows, 0, inputs=inputs)
 
   def encode(inputs, rows: int, max_len: int) -> SearchCache:
     decoding = nnx.merge(graphdef, state)
     decoding.init_cache(decoding.encode(inputs, train=False), rows, max_len)
-    with_cache["graphdef"], _, _, with_cache["rest"] = nnx.split(
-      decoding, RowCache, SentenceCache, ...
-    )
+    with_cache["graphdef"], _, _, with_cache["rest"] = split_cache(decoding)
     return as_search_cache(decoding, inputs)
 
   def step(tokens, position, cache: SearchCache):
     decoding = nnx.merge(
-      with_cache["graphdef"], cache.rows, cache.shared["cache"], with_cache["rest"]
+      with_cache["graphdef"], cache.shared["cache"], cache.rows, with_cache["rest"]
     )
     inputs = cache.shared["inputs"]
     positions = _at(position, tokens)

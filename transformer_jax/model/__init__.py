@@ -4,6 +4,7 @@ attention.py    dot_product_attention, cached_attention, mask builders (no param
 functional.py   the layers' math as pure functions of their parameters; their axes and inits
 dropout.py      hashed_bits, dropout, Dropout
 layers.py       MultiHeadAttention, FeedForward, LayerNorm, EncoderLayer, DecoderLayer
+decode_cache.py the decoding cache's per-row and per-sentence entries, in both front doors
 embedding.py    Embed (shared, with the tied output projection), PositionalEncoding
 config.py       TransformerConfig, the paper's presets, count_params
 transformer.py  Encoder, Decoder, Transformer

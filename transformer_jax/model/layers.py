@@ -15,6 +15,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from transformer_jax.model import attention, functional
+from transformer_jax.model.decode_cache import CACHE_COLLECTIONS, ROW_CACHE, SENTENCE_CACHE
 from transformer_jax.model.dropout import Dropout
 from transformer_jax.model.functional import ACTIVATIONS, INITS
 
@@ -22,8 +23,8 @@ Dtype = Any
 
 __all__ = [
   "ACTIVATIONS",
+  "CACHE_COLLECTIONS",
   "INITS",
-  "SHARED_CACHE_ENTRIES",
   "DecoderLayer",
   "EncoderLayer",
   "FeedForward",
@@ -31,11 +32,6 @@ __all__ = [
   "MultiHeadAttention",
   "logical_param",
 ]
-
-# The decode cache's entries that are the same for every hypothesis of a source sentence: the
-# cross-attention's keys and values, projected once, and the self-attention's write position.
-# The others hold one row per hypothesis, `[rows, heads, max_len, d]`.
-SHARED_CACHE_ENTRIES = ("static_key", "static_value", "cache_index")
 
 
 def _dropout_or_none(rate: float, deterministic: bool):
@@ -66,12 +62,14 @@ class MultiHeadAttention(nn.Module):
   causal mask through the kernel's causal path (`attention.dot_product_attention`);
   with `decode=True` the cache masks the positions not yet decoded instead.
 
-  Incremental decoding (`decode=True`) keeps a "cache" collection of
-  head-major `[batch, heads, length, d]` keys/values: for self-attention
-  those of the steps so far (the first call, with the full target shape,
-  only sizes the cache); with `static_kv` (cross-attention over a fixed
-  encoder output) they are projected on the first call and reused at every
-  later step.
+  Incremental decoding (`decode=True`, with the `CACHE_COLLECTIONS` mutable)
+  keeps head-major `[batch, heads, length, d]` keys/values: for
+  self-attention those of the steps so far, one row per hypothesis, in the
+  "cache" collection (the first call, with the full target shape, only sizes
+  the cache; the write position goes to "sentence_cache"); with `static_kv`
+  (cross-attention over a fixed encoder output) they are projected on the
+  first call, one copy per sentence in "sentence_cache", and reused at every
+  later step (model/decode_cache.py).
   """
 
   num_heads: int = 8
@@ -149,19 +147,20 @@ class MultiHeadAttention(nn.Module):
 
   def _static_kv_cache(self, compute):
     """Keys/values projected once from a fixed source, then read from the cache."""
-    if self.has_variable("cache", "static_key"):
-      return self.get_variable("cache", "static_key"), self.get_variable("cache", "static_value")
+    if self.has_variable(SENTENCE_CACHE, "static_key"):
+      get = functools.partial(self.get_variable, SENTENCE_CACHE)
+      return get("static_key"), get("static_value")
     key, value = compute()
-    self.put_variable("cache", "static_key", key)
-    self.put_variable("cache", "static_value", value)
+    self.put_variable(SENTENCE_CACHE, "static_key", key)
+    self.put_variable(SENTENCE_CACHE, "static_value", value)
     return key, value
 
   def _self_attention_cache(self, key, value, mask):
     """Write this step's key/value `[b, heads, 1, d]` into the cache; attend over steps so far."""
-    initialized = self.has_variable("cache", "cached_key")
-    cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
-    cached_value = self.variable("cache", "cached_value", jnp.zeros, value.shape, value.dtype)
-    cache_index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
+    initialized = self.has_variable(ROW_CACHE, "cached_key")
+    cached_key = self.variable(ROW_CACHE, "cached_key", jnp.zeros, key.shape, key.dtype)
+    cached_value = self.variable(ROW_CACHE, "cached_value", jnp.zeros, value.shape, value.dtype)
+    cache_index = self.variable(SENTENCE_CACHE, "cache_index", lambda: jnp.array(0, jnp.int32))
     if not initialized:
       return key, value, mask  # Sizing call: the full-length shape makes the cache.
     key, value, mask = functional.write_step(
@@ -299,8 +298,9 @@ class DecoderLayer(_LayerFields):
   `self_mask` broadcastable to `[batch, heads, t_len, t_len]` (padding or
   packed segments; the layer adds the causal mask, through the attention's
   `is_causal`), `cross_mask` to `[batch, heads, t_len, s_len]`. With
-  `decode=True` it runs one position at a time over a "cache" collection
-  (see `MultiHeadAttention`); the cache supplies the causal mask then.
+  `decode=True` it runs one position at a time over the cache collections
+  (`CACHE_COLLECTIONS` mutable; see `MultiHeadAttention`); the cache supplies
+  the causal mask then.
   """
 
   @nn.compact

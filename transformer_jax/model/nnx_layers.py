@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from transformer_jax.model import attention, dropout, functional
+from transformer_jax.model.decode_cache import SentenceCache
 
 Dtype = Any
 
@@ -30,14 +31,6 @@ def _annotated(name: str, value) -> nnx.Param:
 
 def _param(name: str, init, rngs: nnx.Rngs, shape, param_dtype) -> nnx.Param:
   return _annotated(name, init(rngs.params(), shape, param_dtype))
-
-
-class RowCache(nnx.Cache):
-  """Decode state with one row per hypothesis (self-attention keys and values)."""
-
-
-class SentenceCache(nnx.Cache):
-  """Decode state shared by the hypotheses of a sentence (cross-attention keys and values)."""
 
 
 class Dropout(nnx.Module):
@@ -158,15 +151,17 @@ class MultiHeadAttention(nnx.Module):
     )
 
   def init_cache(self, rows: int, max_len: int):
-    """Empty self-attention buffers `[rows, heads, max_len, d]` and a write position of 0."""
+    """Empty self-attention buffers `[rows, heads, max_len, d]` (`nnx.Cache`, per row) and a
+    write position of 0 (`SentenceCache`: model/decode_cache.py)."""
     heads, d_k = self.query.shape[1:]
     d_v = self.value.shape[2]
-    self.cached_key = RowCache(jnp.zeros((rows, heads, max_len, d_k), self.dtype))
-    self.cached_value = RowCache(jnp.zeros((rows, heads, max_len, d_v), self.dtype))
+    self.cached_key = nnx.Cache(jnp.zeros((rows, heads, max_len, d_k), self.dtype))
+    self.cached_value = nnx.Cache(jnp.zeros((rows, heads, max_len, d_v), self.dtype))
     self.cache_index = SentenceCache(jnp.array(0, jnp.int32))
 
   def set_static_kv(self, inputs_kv):
-    """Project the fixed keys/values (an encoder output `[b, s, d_kv]`) once, head-major."""
+    """Project the fixed keys/values (an encoder output `[b, s, d_kv]`) once, head-major, one
+    copy per sentence (`SentenceCache`)."""
     self.static_key = SentenceCache(self._project(inputs_kv, "key", head_major=True))
     self.static_value = SentenceCache(self._project(inputs_kv, "value", head_major=True))
 

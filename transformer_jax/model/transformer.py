@@ -14,6 +14,7 @@ from transformer_jax.model.config import (
   count_params,
   preset_fields,
 )
+from transformer_jax.model.decode_cache import CACHE_COLLECTIONS
 from transformer_jax.model.dropout import Dropout
 from transformer_jax.model.embedding import Embed, PositionalEncoding
 from transformer_jax.model.layers import DecoderLayer, EncoderLayer, LayerNorm
@@ -121,7 +122,7 @@ def _stack_layers(cfg: TransformerConfig, depth: int, layer_cls, x, args: tuple,
     return x
   scanned = nn.scan(
     _ScanStep,
-    variable_axes={"params": 0, "cache": 0},
+    variable_axes={"params": 0, **dict.fromkeys(CACHE_COLLECTIONS, 0)},
     split_rngs={"params": True, "dropout": True},
     in_axes=nn.broadcast,
     length=depth,
@@ -251,8 +252,10 @@ class Transformer(nn.Module):
     decode=False,
     features=False,
   ):
-    """Encoder output and targets `[b, t]` -> logits `[b, t, vocab]` (targets shifted inside);
-    with `features`, the decoder's output before the output layer, `[b, t, d_model]`."""
+    """Encoder output and targets `[b, t]` -> logits `[b, t, vocab]` (targets shifted inside;
+    with `decode`, one step of previous tokens at `targets_position`, applied with the
+    `CACHE_COLLECTIONS` mutable, after a call with the full target shape has sized them); with
+    `features`, the decoder's output before the output layer, `[b, t, d_model]`."""
     check_tokens("targets", targets, self.config.max_len)
     out = self.decoder(
       encoded,
