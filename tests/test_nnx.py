@@ -23,7 +23,7 @@ import helpers
 from helpers import code_block, init_module
 from transformer_jax import sharding
 from transformer_jax.decode import search, transformer_search
-from transformer_jax.model import attention, dropout, layers, nnx_layers
+from transformer_jax.model import attention, decode_cache, dropout, layers, nnx_layers
 from transformer_jax.model import embedding as linen_embedding
 from transformer_jax.model import nnx_transformer as nt
 from transformer_jax.model.transformer import Transformer, TransformerConfig
@@ -193,6 +193,29 @@ def test_encoder_and_decoder_layers_match_linen_and_the_bridge_with_dropout_on(
     twin = nnx_layers.DecoderLayer(8, **settings, rngs=nnx.Rngs(0))
     args = (x, encoded, self_mask, cross_mask, False)
     assert_same(*linen_and_nnx(linen, twin, args, reset=reset))
+
+
+def test_the_linen_decoder_layer_through_the_bridge_keeps_its_cache_as_the_nnx_one_does():
+  """Linen's cache collections are NNX's cache types (model/decode_cache.py): bridged into NNX,
+  the Linen layer's decode cache splits into per-sentence and per-row state as the NNX layer's
+  does, entry for entry."""
+  settings = dict(num_heads=2, d_k=4, d_v=4, d_ff=16, dropout_rate=0.0)
+  rows, max_len = 6, 5  # 3 hypotheses of each of 2 sentences.
+  x, encoded = jnp.ones((rows, max_len, 8)), jnp.ones((2, 3, 8))
+  with nnx.use_eager_sharding(False):
+    bridged = nnx.bridge.ToNNX(layers.DecoderLayer(**settings), rngs=nnx.Rngs(0))
+    nnx.bridge.lazy_init(bridged, x, encoded, None, None, True, True)  # Sizes the cache.
+  twin = nnx_layers.DecoderLayer(8, **settings, rngs=nnx.Rngs(0))
+  twin.self_attention.init_cache(rows, max_len)
+  twin.cross_attention.set_static_kv(encoded)
+
+  def kinds(module):
+    _, sentence, per_row, _ = decode_cache.split_cache(module)
+    return [jax.tree.map(jnp.shape, nnx.to_pure_dict(state)) for state in (sentence, per_row)]
+
+  sentence, per_row = kinds(twin)
+  assert sentence and per_row
+  assert kinds(bridged) == [sentence, per_row]
 
 
 # --- the whole model ----------------------------------------------------------------------------

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 import numpy_reference as ref
 from helpers import SOURCES_16, VOCAB, code_block, stack_layers
@@ -25,6 +26,7 @@ from transformer_jax.conventions import EOS_ID as EOS
 from transformer_jax.decode import cache as cache_lib
 from transformer_jax.decode import search as search_lib
 from transformer_jax.decode import transformer_search
+from transformer_jax.model import nnx_transformer
 from transformer_jax.model.transformer import Transformer
 
 pytestmark = pytest.mark.device
@@ -280,6 +282,34 @@ def test_cached_steps_match_teacher_forcing_including_beam_reorders(
     log_probs, cache = step_fn(jnp.asarray(previous), jnp.int32(step), cache)
     np.testing.assert_allclose(log_probs[:, 1:], expected[:, step, 1:], atol=1e-5)
     assert np.all(np.isneginf(log_probs[:, 0]))  # the pad id is never emitted
+
+
+@pytest.mark.parametrize("front_door", ["linen", "linen_scanned", "nnx"])
+def test_the_cache_keeps_one_copy_per_sentence_of_what_every_beam_reads(front_door):
+  """Told by shape alone: every entry of the rows has one row per hypothesis, and every shared
+  entry of the decoder's cache one per sentence, or none (a write position): an entry of one
+  kind classified as the other (model/decode_cache.py) fails here, whatever its name."""
+  model, variables = tiny_model(seed=1)
+  if front_door == "linen_scanned":
+    model = Transformer(dataclasses.replace(model.config, scan_layers=True))
+    variables = {"params": stack_layers(variables["params"])}
+  if front_door == "nnx":
+    model = nnx_transformer.Transformer(model.config, rngs=nnx.Rngs(0))
+  sentences, k, max_len = 2, 3, 8
+  searcher = transformer_search.searchable(model, variables)
+  inputs = jnp.array([[2, 3, 4, 2, 0], [4, 4, 0, 0, 0]])
+  cache = jax.eval_shape(lambda x: searcher.encode(x, sentences * k, max_len), inputs)
+  row_axis = cache.row_axis
+  assert row_axis == int(front_door == "linen_scanned")
+  stacks = 1 if row_axis else model.config.decoder_depth  # A scanned stack is one of each.
+  # Per layer: the self-attention's keys and values per row; the cross-attention's keys and
+  # values per sentence, and the self-attention's write position (no row axis).
+  rows = jax.tree.leaves(cache.rows)
+  assert [x.shape[row_axis] for x in rows] == [sentences * k] * 2 * stacks
+  assert {x.shape[cache.position_axis] for x in rows} == {max_len}
+  shared = jax.tree.leaves(cache.shared["cache"])
+  rows_of_shared = sorted(x.shape[row_axis] if x.ndim > row_axis else 0 for x in shared)
+  assert rows_of_shared == sorted([0, sentences, sentences] * stacks)
 
 
 # --- greedy decoding ----------------------------------------------------------
