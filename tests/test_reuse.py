@@ -8,8 +8,9 @@ import optax
 import pytest
 from flax import nnx
 
+from helpers import code_block
 from transformer_jax.model import attention
-from transformer_jax.model.layers import EncoderLayer, MultiHeadAttention
+from transformer_jax.model.layers import CACHE_COLLECTIONS, EncoderLayer, MultiHeadAttention
 
 
 def toy_task(seed=0, batch=16, length=6, vocab=8):
@@ -119,3 +120,23 @@ def test_nnx_bridge_shards_the_layers_by_their_logical_axis_names():
   query = model.encoder.self_attention["query"][...]  # [embed 32, heads 4, kv 8]
   assert wi.sharding.shard_shape(wi.shape) == (32, 32)
   assert query.sharding.shard_shape(query.shape) == (32, 2, 8)
+
+
+def test_the_library_docs_decoding_example_keeps_each_kind_of_entry_in_its_collection():
+  """docs/library.md's block: rows per hypothesis in "cache", one copy per sentence in
+  "sentence_cache", and the cached steps equal the layer run over the whole prefix."""
+  scope = {}
+  exec(code_block("docs/library.md", "### Decoding with the layers\n"), scope)
+  cache, shape = scope["cache"], lambda tree: jax.tree.map(jnp.shape, tree)
+  assert set(cache) == set(CACHE_COLLECTIONS)
+  assert shape(cache["cache"]) == {
+    "self_attention": {"cached_key": (6, 4, 10, 16), "cached_value": (6, 4, 10, 16)}
+  }
+  assert shape(cache["sentence_cache"]) == {
+    "cross_attention": {"static_key": (2, 4, 7, 16), "static_value": (2, 4, 7, 16)},
+    "self_attention": {"cache_index": ()},
+  }
+  assert int(cache["sentence_cache"]["self_attention"]["cache_index"]) == 3
+  layer, params, x, encoded = (scope[name] for name in ("layer", "params", "x", "encoded"))
+  full = layer.apply({"params": params}, x[:, :3], jnp.repeat(encoded, 3, axis=0))
+  np.testing.assert_allclose(scope["out"][:, 0], full[:, 2], atol=1e-5)
