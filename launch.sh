@@ -16,12 +16,12 @@
 #   ./launch.sh kernels --config=FILE[:VARIANT] [--target=1xh100] [--change=TEXT]
 #                                        the train step compiled for a GPU on this CPU: kernels,
 #                                        HBM bytes and roofline floor read off its optimized HLO,
-#                                        as a row of docs/performance.md's table (estimates; python
-#                                        -m transformer_jax.tools.kernel_row)
+#                                        as a row of docs/performance.md's table (estimates;
+#                                        python -m tools.kernel_row)
 #   ./launch.sh inspect --workdir=DIR [--verify]
 #                                        list a work directory's checkpoints; --verify reads each
 #                                        back and checks it (python -m
-#                                        transformer_jax.tools.inspect_checkpoints)
+#                                        transformer_jax.cli.inspect_checkpoints)
 #   ./launch.sh import --marian=DIR --workdir=DIR
 #                                        convert a Marian (OPUS-MT) model into a work directory
 #                                        (python -m transformer_jax.pretrained import)
@@ -33,7 +33,7 @@
 #                                        install -e '.[hf]'; without it they are skipped)
 #   ./launch.sh lint                     ruff's lint and format checks over the tree (CI runs them
 #                                        before the tests); ./launch.sh lint --fix rewrites instead
-#   ./launch.sh bench [FLAGS...]         python -m transformer_jax.tools.benchmark (--config=small|base|big,
+#   ./launch.sh bench [FLAGS...]         python -m tools.benchmark (--config=small|base|big,
 #                                        --vs=torch needs: .venv/bin/pip install -e '.[bench]')
 #   ./launch.sh device-bundle DIR        download here the wheels a GPU machine's image lacks
 #                                        (CPython 3.12, Linux x86-64) into DIR (docs/gpu.md)
@@ -42,6 +42,9 @@
 #                                        stage's JSON and report.md in DIR (docs/gpu.md); with
 #                                        --bundle, the machine's own python3 (no set-up, no network)
 #   ./launch.sh setup                    only create/refresh the virtual environment
+#
+# bench, kernels, device-bundle and device-report run the lab tools in ./tools (python -m
+# tools.<name> from this directory): they sit beside the package and are not installed with it.
 #
 # FLAGS are transformer_jax.main's: --config=experiments/wmt14.py:base,
 # --config.<field>=<value>, --workdir=DIR (default: ./workdir/<config>[_<variant>]),
@@ -141,27 +144,27 @@ case "$mode" in
     ;;
   bench)
     setup
-    exec "$PY" -m transformer_jax.tools.benchmark "$@"
+    exec "$PY" -m tools.benchmark "$@"
     ;;
   device-bundle)
     setup
-    exec "$PY" -m transformer_jax.tools.device_report.bundle "$@"
+    exec "$PY" -m tools.device_report.bundle "$@"
     ;;
   device-report)
     # A GPU machine without network has no venv to make: the bundle brings what it lacks.
     for arg in "$@"; do
-      [[ "$arg" == --bundle=* || "$arg" == --bundle ]] && exec "${TJ_PYTHON:-python3}" -m transformer_jax.tools.device_report "$@"
+      [[ "$arg" == --bundle=* || "$arg" == --bundle ]] && exec "${TJ_PYTHON:-python3}" -m tools.device_report "$@"
     done
     setup
-    exec "$PY" -m transformer_jax.tools.device_report "$@"
+    exec "$PY" -m tools.device_report "$@"
     ;;
   inspect)
     setup
-    exec "$PY" -m transformer_jax.tools.inspect_checkpoints "$@"
+    exec "$PY" -m transformer_jax.cli.inspect_checkpoints "$@"
     ;;
   kernels)
     setup
-    exec "$PY" -m transformer_jax.tools.kernel_row "$@"
+    exec "$PY" -m tools.kernel_row "$@"
     ;;
   import|export)
     setup

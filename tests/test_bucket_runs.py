@@ -9,7 +9,7 @@ import pytest
 from etils import epath
 
 import helpers
-from transformer_jax.tools import inspect_checkpoints
+from transformer_jax.cli import inspect_checkpoints
 
 STEPS = 40
 LOGGED_LOSS = re.compile(r"step (\d+)/\d+ \| loss ([0-9.]+)")

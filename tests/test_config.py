@@ -12,12 +12,12 @@ import jax
 import ml_collections
 import pytest
 
+from tools import config_reference
 from transformer_jax import config as config_lib
 from transformer_jax import schema
 from transformer_jax.errors import FieldError, UserError
 from transformer_jax.experiment import Experiment
 from transformer_jax.model.transformer import TransformerConfig
-from transformer_jax.tools import config_reference
 
 
 def _leaf_fields(config, prefix="") -> list[str]:
@@ -170,7 +170,7 @@ def test_every_setting_has_a_help_line_and_the_generated_reference_is_current():
   for path, *_ in described:
     assert f"| `{path.rpartition('.')[2]}` |" in reference, path
   assert reference == config_reference.render(), (
-    "docs/config.md is stale: python -m transformer_jax.tools.config_reference"
+    "docs/config.md is stale: python -m tools.config_reference"
   )
 
 

@@ -1,6 +1,7 @@
 """The offline bundle: what it downloads, and that a Python holding only what a GPU machine's image
 holds (as far as this environment has it) installs it offline and imports every module of the
-package. Downloads from the package index."""
+package and of the tools beside it (`tools/`, from the checkout). Downloads from the package
+index."""
 
 import importlib.metadata
 import json
@@ -13,7 +14,7 @@ import venv
 import pytest
 
 import helpers
-from transformer_jax.tools.device_report import bundle
+from tools.device_report import bundle
 
 HERE = f"{sys.version_info.major}.{sys.version_info.minor}"
 NEEDED = {
@@ -78,17 +79,18 @@ def _image_like_python(root: pathlib.Path) -> pathlib.Path:
   return python
 
 
-# Imports the modules named in argv[2] ("all": every module of the package); prints what
-# imported, what needs a distribution of the image that this environment lacks (argv[1]), what
-# broke, and what defines a flag that a module imported before it defined too (command lines:
-# each is imported again in a process of its own).
+# Imports the modules named in argv[2] ("all": every module of the package and of the tools beside
+# it); prints what imported, what needs a distribution of the image that this environment lacks
+# (argv[1]), what broke, and what defines a flag that a module imported before it defined too
+# (command lines: each is imported again in a process of its own).
 _IMPORT_MODULES = """
 import importlib, json, pkgutil, sys
 from absl import flags
-import transformer_jax
+import tools, transformer_jax
 allowed = set(sys.argv[1].split(","))
 names = sys.argv[2].split(",") if sys.argv[2] != "all" else [
-    m.name for m in pkgutil.walk_packages(transformer_jax.__path__, "transformer_jax.")]
+    m.name for package in (transformer_jax, tools)
+    for m in pkgutil.walk_packages(package.__path__, f"{package.__name__}.")]
 result = {"imported": [], "absent": [], "broken": [], "alone": []}
 for name in names:
   try:
@@ -114,7 +116,7 @@ def test_an_image_like_python_installs_the_bundle_offline_and_imports_every_modu
     [
       python,
       "-m",
-      "transformer_jax.tools.device_report",
+      "tools.device_report",
       f"--out={tmp_path / 'out'}",
       f"--bundle={directory}",
       f"--bundle_target={target}",
@@ -161,7 +163,7 @@ def test_an_image_like_python_installs_the_bundle_offline_and_imports_every_modu
   assert {
     "transformer_jax.main",
     "transformer_jax.data.pipeline",
-    "transformer_jax.tools.device_report.__main__",
+    "tools.device_report.__main__",
   } <= set(result["imported"])
   assert len(result["imported"]) > 50
 

@@ -5,8 +5,8 @@ import jax
 import numpy as np
 import pytest
 
+from tools.device_report import correctness, speed
 from transformer_jax.conventions import EOS_ID
-from transformer_jax.tools.device_report import correctness, speed
 
 SHAPE = (2, 32, 2, 16)
 

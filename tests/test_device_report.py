@@ -10,17 +10,10 @@ import time
 import pytest
 
 import helpers
+from tools.device_report import correctness, largest, markdown_time, op_times, speed, stage
+from tools.device_report import plan as plan_lib
+from tools.device_report.runner import RESERVE_SECONDS, Runner
 from transformer_jax.compile import targets
-from transformer_jax.tools.device_report import (
-  correctness,
-  largest,
-  markdown_time,
-  op_times,
-  speed,
-  stage,
-)
-from transformer_jax.tools.device_report import plan as plan_lib
-from transformer_jax.tools.device_report.runner import RESERVE_SECONDS, Runner
 
 STAGE_FILES = [f"{s}.json" for s in plan_lib.STAGES]
 
@@ -57,12 +50,7 @@ def _check_back_to_back_matmul_and_floor(record: dict, plan) -> None:
 def test_the_cpu_dry_run_runs_every_stage_and_reports_them(tmp_path):
   out = tmp_path / "out"
   run = helpers.python(
-    "-m",
-    "transformer_jax.tools.device_report",
-    f"--out={out}",
-    "--platform=cpu",
-    "--tiny",
-    timeout=600,
+    "-m", "tools.device_report", f"--out={out}", "--platform=cpu", "--tiny", timeout=600
   )
   assert run.returncode == 0, run.stderr
   files = sorted(p.name for p in out.iterdir())

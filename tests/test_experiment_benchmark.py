@@ -3,9 +3,9 @@ asserted)."""
 
 import pytest
 
+from tools import experiment_benchmark
 from transformer_jax import data, experiment
 from transformer_jax.model.transformer import TransformerConfig
-from transformer_jax.tools import experiment_benchmark
 from transformer_jax.workdir import Workdir
 
 pytestmark = pytest.mark.slow

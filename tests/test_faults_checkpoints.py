@@ -22,7 +22,7 @@ import pytest
 from helpers import fit_batches, make_trainer, python, synthetic_batch
 from helpers import random_state as _state
 from transformer_jax.checkpoints import reading, recovery, store
-from transformer_jax.tools import inspect_checkpoints
+from transformer_jax.cli import inspect_checkpoints
 from transformer_jax.train import loop
 
 
@@ -276,7 +276,7 @@ def test_inspect_checkpoints_lists_the_steps_and_finds_the_broken_one(saved, tmp
   workdir = tmp_path_factory.mktemp("inspect")
   shutil.copytree(saved, workdir / "checkpoints")
   result = python(
-    "-m", "transformer_jax.tools.inspect_checkpoints", f"--workdir={workdir}", "--verify"
+    "-m", "transformer_jax.cli.inspect_checkpoints", f"--workdir={workdir}", "--verify"
   )
   assert result.returncode == 1, result.stderr[-3000:]
   assert result.stdout.splitlines() == lines

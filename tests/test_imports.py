@@ -2,10 +2,12 @@
 
   conventions, errors <- schema, workdir, fileio <- model <- data, hosts, compilation_cache
   <- sharding <- checkpoints, placement <- decode <- train, supervisor <- experiment
-  <- pretrained, compile <- config <- cli <- main, tools; a package's `__main__.py` (a command
-  line) ranks with main, or with its package where that ranks higher (tools).
+  <- pretrained, compile <- config <- cli <- main; a package's `__main__.py` (a command line)
+  ranks with main.
 
-A module may import the project's modules of its own package or of lower ones. Importing
+A module may import the project's modules of its own package or of lower ones. The lab tools
+beside the package (`tools/`: benchmarks, the PyTorch reference, the device report) may import
+any of it, and nothing in the package imports them: they are not installed with it. Importing
 the data pipeline alone does not load Flax (Grain's worker processes import it), and the
 command line loads no PyTorch (installed with the `hf` extra).
 """
@@ -40,9 +42,9 @@ RANKS = {
   "config": 10,
   "cli": 11,
   "main": 12,
-  "tools": 13,
 }
 PACKAGE = REPO / "transformer_jax"
+TOOLS = REPO / "tools"
 
 
 def _imported(path: pathlib.Path) -> set[str]:
@@ -62,6 +64,20 @@ def _imported(path: pathlib.Path) -> set[str]:
   return found
 
 
+def _imports_tools(path: pathlib.Path) -> bool:
+  """Whether the module at `path` imports the top-level `tools` package or a module of it."""
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.Import):
+      names = [alias.name for alias in node.names]
+    elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+      names = [node.module]
+    else:
+      continue
+    if any(name.split(".")[0] == "tools" for name in names):
+      return True
+  return False
+
+
 def test_every_module_imports_only_its_own_package_or_lower_ones():
   modules = sorted(
     p for p in PACKAGE.rglob("*.py") if p.name != "__init__.py" or p.parent != PACKAGE
@@ -77,7 +93,7 @@ def test_every_module_imports_only_its_own_package_or_lower_ones():
 
 # The application layer: command lines, config files and flags. The rest of the package is
 # libraries that take typed settings.
-APPLICATION = ("main.py", "cli/", "config.py", "tools/", "pretrained/__main__.py")
+APPLICATION = ("main.py", "cli/", "config.py", "pretrained/__main__.py")
 # The one line below it that names a command-line library: Grain's settings are absl flags.
 GRAIN_FLAGS = "from absl import flags  # Grain reads its settings from these flags."
 
@@ -109,10 +125,17 @@ def test_below_the_application_layer_nothing_knows_flags_or_config_files():
       assert not imported & names, f"{path.relative_to(REPO)} imports the application layer"
 
 
+def test_nothing_in_the_package_imports_the_tools_beside_it():
+  modules = list(PACKAGE.rglob("*.py"))
+  assert len(modules) > 50
+  importing = [str(p.relative_to(REPO)) for p in modules if _imports_tools(p)]
+  assert not importing, f"the installed package cannot import tools/: {importing}"
+
+
 def test_outside_the_data_package_only_its_public_api_is_used():
   public = set(data.__all__)
-  for path in PACKAGE.rglob("*.py"):
-    if path.relative_to(PACKAGE).parts[0] == "data":
+  for path in [*PACKAGE.rglob("*.py"), *TOOLS.rglob("*.py")]:
+    if path.is_relative_to(PACKAGE) and path.relative_to(PACKAGE).parts[0] == "data":
       continue
     for node in ast.walk(ast.parse(path.read_text())):
       module = node.module if isinstance(node, ast.ImportFrom) else None
@@ -128,7 +151,7 @@ MAX_LINES = 400
 def test_no_module_is_longer_than_max_lines():
   long = {
     str(p.relative_to(REPO)): n
-    for p in PACKAGE.rglob("*.py")
+    for p in [*PACKAGE.rglob("*.py"), *TOOLS.rglob("*.py")]
     if (n := len(p.read_text().splitlines())) > MAX_LINES
   }
   assert not long, f"split these modules by job (at most {MAX_LINES} lines): {long}"
@@ -140,6 +163,15 @@ def test_the_guard_sees_an_import_that_goes_up(tmp_path):
     "from transformer_jax.train import step\nimport transformer_jax.decode.search\n"
   )
   assert _imported(module) == {"train", "decode"}
+
+
+def test_the_guard_sees_an_import_of_the_tools(tmp_path):
+  module = tmp_path / "bad.py"
+  for line in ("from tools import timing", "import tools.device_report.bundle as b"):
+    module.write_text(f"import functools\n{line}\n")
+    assert _imports_tools(module), line
+  module.write_text("import functools\nfrom . import tools\nfrom transformer_jax import tools\n")
+  assert not _imports_tools(module)
 
 
 def test_the_data_pipeline_alone_does_not_load_flax_and_the_command_line_loads_no_torch():

@@ -6,8 +6,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from tools.device_report import op_times, roofline
 from transformer_jax.compile import targets
-from transformer_jax.tools.device_report import op_times, roofline
 
 
 def _event(name, ms, **stats):

@@ -103,8 +103,8 @@ print(json.dumps({"state": state()}))
 
 def test_importing_every_module_changes_nothing_that_its_third_party_imports_do_not():
   package = _run(_IMPORT_EVERY_MODULE)
-  assert len(package["imported"]) > 100
-  command_lines = ("transformer_jax.tools.", "transformer_jax.pretrained.__main__")
+  assert len(package["imported"]) > 70
+  command_lines = ("transformer_jax.pretrained.__main__",)
   assert all(name.startswith(command_lines) for name in package["clashing"]), package["clashing"]
   alone = _run(_IMPORT_THIRD_PARTY, stdin="\n".join(package["others"]))
   assert package["state"] == alone["state"]

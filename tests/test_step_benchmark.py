@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import helpers
-from transformer_jax.tools import step_benchmark
+from tools import step_benchmark
 
 TINY = step_benchmark.Workload(
   dict(vocab_size=64, num_layers=1, d_model=32, d_ff=64, num_heads=2),
@@ -46,7 +46,7 @@ def test_run_reports_every_figure(vs):
 
 def test_the_torch_model_drops_where_ours_does_at_our_rates():
   torch = pytest.importorskip("torch")
-  from transformer_jax.tools import torch_reference  # pylint: disable=g-import-not-at-top
+  from tools import torch_reference  # pylint: disable=g-import-not-at-top
 
   config = helpers.tiny_model_config(
     dropout_rate=0.3,

@@ -8,8 +8,8 @@ import subprocess
 import pytest
 
 import helpers
+from tools import step_benchmark, sweep
 from transformer_jax.errors import UserError
-from transformer_jax.tools import step_benchmark, sweep
 
 TINY = step_benchmark.Workload(
   dict(vocab_size=64, num_layers=1, d_model=32, d_ff=64, num_heads=2),
@@ -107,7 +107,7 @@ def test_run_sweep_times_every_point_on_one_state():
 
 
 def bench(*flags, cwd) -> subprocess.CompletedProcess:
-  return helpers.python("-m", "transformer_jax.tools.benchmark", *flags, cwd=cwd)
+  return helpers.python("-m", "tools.benchmark", *flags, cwd=cwd)
 
 
 @pytest.mark.slow

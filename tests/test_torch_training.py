@@ -14,8 +14,8 @@ from transformer_jax.train.objective import OptimizerSettings
 from transformer_jax.train.step import Trainer
 
 torch = pytest.importorskip("torch", reason="the PyTorch reference needs torch (the hf extra)")
-from transformer_jax.tools import torch_training  # noqa: E402 (after the torch check)
-from transformer_jax.tools.reference_parameters import flat_params  # noqa: E402
+from tools import torch_training  # noqa: E402 (after the torch check)
+from tools.reference_parameters import flat_params  # noqa: E402
 
 SCHEDULE = OptimizerSettings(learning_rate=2.0, warmup_steps=4, adam_eps=1e-8)
 

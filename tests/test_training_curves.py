@@ -10,7 +10,7 @@ import helpers
 from transformer_jax.workdir import Workdir
 
 pytest.importorskip("torch", reason="the PyTorch reference needs torch (the hf extra)")
-from transformer_jax.tools import training_curves  # pylint: disable=g-import-not-at-top
+from tools import training_curves  # pylint: disable=g-import-not-at-top
 
 
 def test_copied_start_without_dropout_gives_one_curve(shared, tmp_path):
@@ -51,7 +51,7 @@ def test_command_line_writes_both_curves(shared, tmp_path):
   out = tmp_path / "curves.json"
   done = helpers.python(
     "-m",
-    "transformer_jax.tools.compare_training",
+    "tools.compare_training",
     f"--workdir={shared}",
     "--updates=2",
     "--reference_init=copied",
@@ -65,7 +65,7 @@ def test_command_line_writes_both_curves(shared, tmp_path):
   assert result["devices"] == {"ours": "cpu:0", "reference": "cpu"}
   bad = helpers.python(
     "-m",
-    "transformer_jax.tools.compare_training",
+    "tools.compare_training",
     f"--workdir={shared}",
     *helpers.flags(shared),
     "--config.model.d_model=33",

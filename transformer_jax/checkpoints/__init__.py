@@ -8,5 +8,5 @@ recovery from broken and failed checkpoints, and averaging.
   recovery.py   resume from the newest good step; CheckpointWriter for saves that fail
   average.py    the float32 mean of several checkpoints' parameters, on sharded arrays
 
-The command line that lists and verifies them: tools/inspect_checkpoints.py.
+The command line that lists and verifies them: cli/inspect_checkpoints.py (./launch.sh inspect).
 """

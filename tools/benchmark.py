@@ -2,9 +2,9 @@
 against PyTorch (`step_benchmark`, `decode_benchmark`); an experiment's own batches
 (`experiment_benchmark`); the scaling sweep (`sweep`).
 
-  python -m transformer_jax.tools.benchmark --config=small [--vs=torch] [--json=results.json]
-  python -m transformer_jax.tools.benchmark --experiment=experiments/default.py
-  python -m transformer_jax.tools.benchmark --config=small --sweep_tokens=1024,2048 \
+  python -m tools.benchmark --config=small [--vs=torch] [--json=results.json]
+  python -m tools.benchmark --experiment=experiments/default.py
+  python -m tools.benchmark --config=small --sweep_tokens=1024,2048 \
       --sweep_lengths=32,64,128 --steps=5 --warmup=1 --plot=scaling_small.png
 
 Measures in one process: the train step (forward, label-smoothed loss,
@@ -32,9 +32,9 @@ import jax
 from absl import app, flags
 from ml_collections import config_flags
 
+from tools import experiment_benchmark, step_benchmark, sweep
 from transformer_jax import config as config_lib
 from transformer_jax.errors import UserError
-from transformer_jax.tools import experiment_benchmark, step_benchmark, sweep
 from transformer_jax.workdir import Workdir
 
 WORKLOADS = step_benchmark.WORKLOADS

@@ -14,7 +14,7 @@ compiler counts)."""
 
 import jax
 
-from transformer_jax.tools.device_report import speed
+from tools.device_report import speed
 
 MARGIN = 0.9  # of the rows that the extrapolation says fill the device's memory
 ROWS_MULTIPLE = 8

@@ -5,8 +5,8 @@ data directory: each mode's wall time, training steps/s and the test BLEU."""
 import shutil
 import time
 
+from tools.device_report.speed import experiment_of
 from transformer_jax import experiment as experiment_lib
-from transformer_jax.tools.device_report.speed import experiment_of
 from transformer_jax.workdir import Workdir
 
 

@@ -24,12 +24,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from tools.device_report import op_times, roofline
+from tools.timing import batch_flops, peak_memory_bytes, summary, timed
 from transformer_jax import config as config_lib
 from transformer_jax.compile import analysis, targets, thunks
 from transformer_jax.conventions import EOS_ID, UNK_ID
 from transformer_jax.experiment import Experiment, make_trainer
-from transformer_jax.tools.device_report import op_times, roofline
-from transformer_jax.tools.timing import batch_flops, peak_memory_bytes, summary, timed
 
 
 def experiment_of(spec: str, overrides: dict) -> Experiment:

@@ -15,10 +15,10 @@ from collections.abc import Sequence
 
 import jax
 
+from tools import step_benchmark
+from tools.timing import real_tokens, summary, time_alternating
 from transformer_jax.errors import UserError
 from transformer_jax.model.transformer import TransformerConfig
-from transformer_jax.tools import step_benchmark
-from transformer_jax.tools.timing import real_tokens, summary, time_alternating
 
 log = logging.getLogger(__name__)
 

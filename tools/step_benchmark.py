@@ -6,17 +6,11 @@ import dataclasses
 import jax
 import numpy as np
 
+from tools import decode_benchmark
+from tools.timing import batch_flops, peak_memory_bytes, real_tokens, summary, time_alternating
 from transformer_jax.conventions import PAD_ID, UNK_ID
 from transformer_jax.model.transformer import TransformerConfig
 from transformer_jax.placement import Placement
-from transformer_jax.tools import decode_benchmark
-from transformer_jax.tools.timing import (
-  batch_flops,
-  peak_memory_bytes,
-  real_tokens,
-  summary,
-  time_alternating,
-)
 from transformer_jax.train import objective
 from transformer_jax.train.reporting import measure_matmul_flops
 from transformer_jax.train.step import Trainer
@@ -116,7 +110,7 @@ def run(
 
   runs = {"ours": ours}
   if vs == "torch":
-    from transformer_jax.tools import torch_reference  # pylint: disable=g-import-not-at-top
+    from tools import torch_reference  # pylint: disable=g-import-not-at-top
 
     torch_step = torch_reference.build(cfg, label_smoothing=0.1)
     runs["torch"] = lambda: torch_step(batch)

@@ -2,9 +2,9 @@
 parameters, every output forced to the plan's length; sentences/s and tokens/s over the median of
 the timed calls, the first call (compile included) apart."""
 
+from tools import decode_benchmark
+from tools.device_report.speed import experiment_of
 from transformer_jax.experiment import make_trainer
-from transformer_jax.tools import decode_benchmark
-from transformer_jax.tools.device_report.speed import experiment_of
 
 
 def run(plan, step, result, context) -> None:

@@ -2,13 +2,7 @@
 
 import time
 
-from transformer_jax.tools.device_report.markdown_time import (
-  VARIANT_NAMES,
-  floor_rows,
-  get,
-  number,
-  op_times,
-)
+from tools.device_report.markdown_time import VARIANT_NAMES, floor_rows, get, number, op_times
 
 GIB = 2**30
 # Goals on one H100 (docs/gpu.md says where they come from).

@@ -1,7 +1,7 @@
 """docs/config.md: every field of an experiment config and every flag of the command line, written
 from their declarations (the settings classes' schema and `transformer_jax.main`'s flags).
 
-    python -m transformer_jax.tools.config_reference    # rewrites docs/config.md
+    python -m tools.config_reference    # rewrites docs/config.md
 """
 
 import pathlib
@@ -12,14 +12,14 @@ from transformer_jax import main as main_lib
 from transformer_jax import schema
 from transformer_jax.experiment import Experiment
 
-PATH = pathlib.Path(__file__).resolve().parents[2] / "docs" / "config.md"
+PATH = pathlib.Path(__file__).resolve().parents[1] / "docs" / "config.md"
 
 _INTRO = """\
 # Config reference
 
 Every field of an experiment config and every flag of `python -m transformer_jax.main`
 (`./launch.sh MODE ...`), with its default, the values it allows and what it does. This page is
-generated from the code: `python -m transformer_jax.tools.config_reference` rewrites it, and
+generated from the code: `python -m tools.config_reference` rewrites it, and
 `tests/test_config.py` fails when it is stale.
 
 A config file (`experiments/*.py`) starts from these defaults (`transformer_jax.config.

@@ -3,9 +3,9 @@
 import jax.numpy as jnp
 import numpy as np
 
+from tools.timing import summary, timed
 from transformer_jax.conventions import UNK_ID
 from transformer_jax.decode import transformer_search
-from transformer_jax.tools.timing import summary, timed
 
 SENTENCES, SOURCE_LENGTH, OUTPUT_LENGTH = 16, 32, 48
 

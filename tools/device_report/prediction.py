@@ -7,8 +7,8 @@ Stage c's records carry the other prediction, the compiler's for the local
 device; `prediction:largest` then runs the train step at the largest batch.
 """
 
+from tools.device_report.speed import experiment_of
 from transformer_jax.compile import programs, targets
-from transformer_jax.tools.device_report.speed import experiment_of
 
 
 def run(plan, step, result, context) -> None:

@@ -22,11 +22,11 @@ import math
 
 import numpy as np
 
+from tools.reference_parameters import fairseq_init, parameter_shapes
 from transformer_jax.conventions import PAD_ID
 from transformer_jax.errors import UserError
 from transformer_jax.model.functional import sinusoidal_table
 from transformer_jax.model.transformer import TransformerConfig
-from transformer_jax.tools.reference_parameters import fairseq_init, parameter_shapes
 from transformer_jax.train.objective import OptimizerSettings
 
 INITS = ("copied", "fairseq")

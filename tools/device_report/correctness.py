@@ -21,10 +21,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from tools.device_report import bundle, pytest_log
 from transformer_jax.compile import targets
 from transformer_jax.compile.analysis import cudnn_attention_calls
 from transformer_jax.model import attention
-from transformer_jax.tools.device_report import bundle, pytest_log
 
 # bfloat16 operands land between 1e-3 and 1e-2 against a float32 reference; their gradients (a
 # bfloat16 backward pass) somewhat above.
@@ -158,7 +158,7 @@ def run_device_tests(
     "-p",
     "no:cacheprovider",
     "-p",
-    "transformer_jax.tools.device_report.pytest_log",
+    "tools.device_report.pytest_log",
     *arguments,
   ]
   if targets.installed("pytest_timeout"):

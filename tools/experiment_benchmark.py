@@ -6,10 +6,10 @@ import time
 
 import jax
 
+from tools import decode_benchmark
+from tools.timing import batch_flops, real_tokens, summary
 from transformer_jax import data
 from transformer_jax.experiment import Experiment, make_trainer
-from transformer_jax.tools import decode_benchmark
-from transformer_jax.tools.timing import batch_flops, real_tokens, summary
 from transformer_jax.train.reporting import measure_matmul_flops
 from transformer_jax.workdir import Workdir
 

@@ -1,7 +1,7 @@
 """Lists the checkpoints of a work directory and checks them, without the experiment's config.
 
     ./launch.sh inspect --workdir=/path/to/workdir [--verify]
-    python -m transformer_jax.tools.inspect_checkpoints --workdir=/path/to/workdir [--verify]
+    python -m transformer_jax.cli.inspect_checkpoints --workdir=/path/to/workdir [--verify]
 
 One line per entry of <workdir>/checkpoints (a local directory or a
 bucket's): committed steps with their size, arrays, parameters and data

@@ -1,6 +1,6 @@
 """A pytest plugin that appends each test's outcome to the file named by $TJ_REPORT_PYTEST_LOG
 as it ends, one JSON line each, so that a run stopped at its time limit still says what ran
-(`pytest -p transformer_jax.tools.device_report.pytest_log`)."""
+(`pytest -p tools.device_report.pytest_log`)."""
 
 import json
 import os

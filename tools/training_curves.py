@@ -17,10 +17,10 @@ import time
 import jax
 import numpy as np
 
+from tools.reference_parameters import flat_params
+from tools.torch_training import Reference
 from transformer_jax import data, fileio
 from transformer_jax.experiment import Experiment, make_trainer
-from transformer_jax.tools.reference_parameters import flat_params
-from transformer_jax.tools.torch_training import Reference
 from transformer_jax.workdir import Workdir
 
 log = logging.getLogger(__name__)

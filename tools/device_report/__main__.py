@@ -1,7 +1,7 @@
 """The device report's command line (docs/gpu.md):
 
 ./launch.sh device-report --out=DIR [--deadline=480] [--bundle=DIR]
-python -m transformer_jax.tools.device_report --out=DIR --platform=cpu --tiny   # dry run
+python -m tools.device_report --out=DIR --platform=cpu --tiny   # dry run
 """
 
 import sys
@@ -9,9 +9,9 @@ import time
 
 from absl import app, flags
 
-from transformer_jax.tools.device_report import bundle
-from transformer_jax.tools.device_report.plan import DEADLINE_SECONDS, PLANS, STAGES
-from transformer_jax.tools.device_report.runner import Runner
+from tools.device_report import bundle
+from tools.device_report.plan import DEADLINE_SECONDS, PLANS, STAGES
+from tools.device_report.runner import Runner
 
 _OUT = flags.DEFINE_string(
   "out", None, "Where the stages' JSON files, log.txt and report.md go (at most 8 files)."

@@ -1,6 +1,6 @@
 """One step of the device report, in its own process (the runner starts it):
 
-    python -m transformer_jax.tools.device_report.stage --step=speed:base --work=DIR \
+    python -m tools.device_report.stage --step=speed:base --work=DIR \
         --result=FILE --seconds=60
 
 The plan is the runner's, read from DIR/plan.json.
@@ -20,8 +20,8 @@ import sys
 import time
 import traceback
 
-from transformer_jax.tools.device_report.plan import Plan
-from transformer_jax.tools.device_report.runner import PLAN_NAME, read_json, step_file, write_json
+from tools.device_report.plan import Plan
+from tools.device_report.runner import PLAN_NAME, read_json, step_file, write_json
 
 
 @dataclasses.dataclass
@@ -78,7 +78,7 @@ def _keep_to_a_quarter_of_the_cores() -> None:
 
 def main(argv: list[str]) -> int:
   started = time.monotonic()
-  parser = argparse.ArgumentParser(prog="transformer_jax.tools.device_report.stage")
+  parser = argparse.ArgumentParser(prog="tools.device_report.stage")
   parser.add_argument("--step", required=True)
   parser.add_argument("--work", required=True)
   parser.add_argument("--result", required=True)
@@ -96,7 +96,7 @@ def main(argv: list[str]) -> int:
   result.put(step=step.name)
   try:  # The import too: it fails where a package is missing.
     module = importlib.import_module(
-      f"transformer_jax.tools.device_report.{_MODULES.get(step.name, _MODULES[step.stage])}"
+      f"tools.device_report.{_MODULES.get(step.name, _MODULES[step.stage])}"
     )
     module.run(plan, step, result, Context(pathlib.Path(args.work), args.target))
   except Exception as error:  # pylint: disable=broad-except  # Recorded, then the status says so.

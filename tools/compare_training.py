@@ -1,6 +1,6 @@
 """The command line of `training_curves`: our training and the PyTorch reference, side by side.
 
-  python -m transformer_jax.tools.compare_training --config=experiments/multi30k.py:tiny \\
+  python -m tools.compare_training --config=experiments/multi30k.py:tiny \\
       --config.data.manual_dir=DIR --workdir=DIR --updates=600 --out=curves.json \\
       [--reference_init=fairseq|copied] [--reference_device=cpu|cuda] [--plot=curves.png]
 
@@ -12,10 +12,10 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
+from tools.torch_training import INITS
+from tools.training_curves import compare, plot
 from transformer_jax import config as config_lib
 from transformer_jax.errors import UserError
-from transformer_jax.tools.torch_training import INITS
-from transformer_jax.tools.training_curves import compare, plot
 from transformer_jax.workdir import Workdir
 
 _CONFIG = config_flags.DEFINE_config_file(

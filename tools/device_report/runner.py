@@ -1,6 +1,6 @@
 """The report's stages, each step a child process under its own time limit within one deadline.
 
-Every step runs as `python -m transformer_jax.tools.device_report.stage`, so a
+Every step runs as `python -m tools.device_report.stage`, so a
 step that crashes, runs out of memory or out of time ends alone: the runner
 kills its process group at its limit (and when it ends, so that nothing it
 started keeps the device), keeps what it had written (`Result`) and goes on
@@ -19,8 +19,8 @@ import tempfile
 import threading
 import time
 
-from transformer_jax.tools.device_report import bundle, markdown
-from transformer_jax.tools.device_report.plan import STAGES, Plan, Step
+from tools.device_report import bundle, markdown
+from tools.device_report.plan import STAGES, Plan, Step
 
 RESERVE_SECONDS = 15.0  # kept back from the deadline: a stopped step's grace, then report.md
 GRACE_SECONDS = 5.0  # between SIGTERM and SIGKILL
@@ -172,7 +172,7 @@ class Runner:
     command = [
       sys.executable,
       "-m",
-      "transformer_jax.tools.device_report.stage",
+      "tools.device_report.stage",
       "--step",
       step.name,
       "--work",

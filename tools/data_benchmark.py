@@ -1,6 +1,6 @@
 """Measures the training pipeline: batches per second in each batch mode (tokens, packed, padded).
 
-  python -m transformer_jax.tools.data_benchmark --data_dir=/tmp/tfds --workdir=/tmp/work
+  python -m tools.data_benchmark --data_dir=/tmp/tfds --workdir=/tmp/work
 
 Reports the time to prepare the dataset and the vocabulary (first use only),
 then for each mode the time to the first batch and the steady batches/s and

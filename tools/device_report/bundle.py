@@ -1,6 +1,6 @@
 """The offline bundle: wheels of what the project needs that a GPU machine's image lacks.
 
-    python -m transformer_jax.tools.device_report.bundle DIR [--python_version=3.12]
+    python -m tools.device_report.bundle DIR [--python_version=3.12]
     (./launch.sh device-bundle DIR)
 
 Downloaded on a machine with network for the GPU machine's Python (CPython
@@ -38,7 +38,7 @@ PLATFORMS = (
 EXTRAS = ("test",)  # The device tests run there.
 # Of the test extra, what the device tests do not use: the gs:// tests' client and server.
 NOT_CARRIED = frozenset({"gcsfs", "gcp-storage-emulator"})
-REPO = pathlib.Path(__file__).resolve().parents[3]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 
 # The distributions the GPU machines' image holds (its `pip list`, read on 2026-11-17), by their
 # normalized names. A requirement on one of them is taken as met there.

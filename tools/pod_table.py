@@ -1,7 +1,7 @@
 """The paper's models on TPU slices and H100s, on paper: `--mode=compile` for each row of a plan,
 as one markdown table (docs/compile.md).
 
-    JAX_PLATFORMS=cpu python -m transformer_jax.tools.pod_table --output=docs/pod_table.md
+    JAX_PLATFORMS=cpu python -m tools.pod_table --output=docs/pod_table.md
 
 Each row compiles every program of `experiments/wmt14.py:<variant>` for a
 target with a mesh preset and options (scanned layers, remat), and reports
@@ -24,7 +24,7 @@ from transformer_jax.compile import programs, targets
 
 _OUTPUT = flags.DEFINE_string("output", "docs/pod_table.md", "The markdown file to write.")
 _ROWS = flags.DEFINE_list("rows", [], "Only these rows of PLAN (their numbers, from 1).")
-_EXPERIMENTS = os.path.join(os.path.dirname(__file__), "..", "..", "experiments", "wmt14.py")
+_EXPERIMENTS = os.path.join(os.path.dirname(__file__), "..", "experiments", "wmt14.py")
 
 # (variant, target, rules, config overrides, search the largest batch)
 PLAN = (
@@ -104,7 +104,7 @@ def main(argv):
   lines = [
     f"Made {datetime.date.today()} at commit {commit} on this machine ({os.cpu_count()} CPU "
     f"cores, load average {os.getloadavg()[0]:.1f} at the start), jax {jax.__version__}, by "
-    "`JAX_PLATFORMS=cpu python -m transformer_jax.tools.pod_table`.",
+    "`JAX_PLATFORMS=cpu python -m tools.pod_table`.",
     "",
     "| # | model | target | rules | options | train GiB/device | largest program GiB | "
     "usable GiB | fits | largest batch | est. step ms | est. tokens/s | est. MFU | "
