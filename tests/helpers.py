@@ -32,6 +32,7 @@ from transformer_jax import data, sharding
 from transformer_jax.checkpoints import store
 from transformer_jax.conventions import BATCH_KEYS, EOS_ID
 from transformer_jax.model import dropout
+from transformer_jax.model.loss import transformer_loss
 from transformer_jax.model.transformer import Transformer, TransformerConfig
 from transformer_jax.placement import Placement
 from transformer_jax.train import loop, objective
@@ -112,7 +113,7 @@ def make_trainer(
   placement = Placement(
     config, sharding.make_mesh(mesh_shape, devices), sharding.logical_rules(rules)
   )
-  return Trainer(placement, optimizer, label_smoothing=0.1, seed=seed)
+  return Trainer(placement, optimizer, transformer_loss(0.1), seed=seed)
 
 
 def fit_batches(trainer: Trainer, batches: list, directory, *, may_save=lambda: True, **settings):

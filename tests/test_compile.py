@@ -17,7 +17,7 @@ from helpers import REPO, python
 from transformer_jax import config as config_lib
 from transformer_jax.compile import analysis, programs, table, targets
 from transformer_jax.errors import FieldError
-from transformer_jax.model.config import TransformerConfig, count_params
+from transformer_jax.model.config import TransformerConfig, count_params, train_flops
 
 ON_CPU = jax.default_backend() == "cpu"  # Compiling for a target runs on the CPU backend.
 needs_tpu = pytest.mark.skipif(
@@ -202,7 +202,7 @@ def test_the_tpu_compile_counts_the_flops_of_the_cpu_compile(small_report):
   # rewrites (the TPU's fusions and layouts): the same matmuls, within 5%.
   assert cpu == pytest.approx(tpu, rel=0.05)
   model = (
-    programs.objective.train_flops(
+    train_flops(
       trainer.placement.model.config,
       source_tokens=64 * 32,
       target_tokens=64 * 32,

@@ -165,7 +165,7 @@ def test_teacher_forced_loss_sums_every_batch_of_a_sharded_split_as_numpy_does()
   )
   params = nn.unbox(placement.boxed_params(jax.random.key(0)))
   batches = [helpers.synthetic_batch(seed) for seed in (0, 1, 2)]
-  got = metrics.TeacherForcedLoss(placement, label_smoothing=0.1)(params, batches)
+  got = metrics.TeacherForcedLoss(placement, loss.transformer_loss(0.1))(params, batches)
   forward = jax.jit(placement.model.apply)
   expected = {key: 0.0 for key in got}
   for batch in batches:

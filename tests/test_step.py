@@ -8,7 +8,8 @@ import optax
 import pytest
 
 from helpers import synthetic_batch, tiny_model_config
-from transformer_jax.model.transformer import Transformer
+from transformer_jax.model.loss import transformer_loss
+from transformer_jax.model.transformer import transformer_spec
 from transformer_jax.train import objective
 from transformer_jax.train import step as step_lib
 
@@ -18,7 +19,8 @@ pytestmark = pytest.mark.device
 @pytest.mark.slow
 def test_gradient_accumulation_over_4_micro_batches_equals_the_whole_batch():
   config = tiny_model_config(dropout_rate=0.0)
-  model = Transformer(config)
+  spec = transformer_spec(config)
+  model = spec.module
   batch = synthetic_batch(1, rows=16)
   params = jax.jit(model.init)(jax.random.key(0), batch["inputs"], batch["targets"])["params"]
   optimizer = optax.sgd(1.0)  # The parameter change is minus the gradient itself.
@@ -27,7 +29,7 @@ def test_gradient_accumulation_over_4_micro_batches_equals_the_whole_batch():
   )
   results = []
   for accum in (1, 4):
-    step = step_lib.make_train_step(model, optimizer, label_smoothing=0.1, grad_accum_steps=accum)
+    step = step_lib.make_train_step(spec, transformer_loss(0.1), optimizer, grad_accum_steps=accum)
     new_state, metrics = jax.jit(step)(state, batch)
     results.append((jax.device_get(metrics), jax.device_get(new_state.params)))
   (whole, whole_params), (accumulated, accumulated_params) = results
@@ -48,7 +50,8 @@ def test_split_micro_batches_keeps_each_devices_rows_together():
 @pytest.mark.slow
 def test_bfloat16_computation_keeps_float32_parameters_and_adam_state():
   config = tiny_model_config(dtype="bfloat16")
-  model = Transformer(config)
+  spec = transformer_spec(config)
+  model = spec.module
   batch = synthetic_batch(2)
   params = jax.jit(model.init)(jax.random.key(0), batch["inputs"], batch["targets"])["params"]
   optimizer, _ = objective.OptimizerSettings(warmup_steps=10, grad_clip_norm=1.0).make(
@@ -57,7 +60,7 @@ def test_bfloat16_computation_keeps_float32_parameters_and_adam_state():
   state = step_lib.TrainState(
     step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params)
   )
-  step = jax.jit(step_lib.make_train_step(model, optimizer, label_smoothing=0.1))
+  step = jax.jit(step_lib.make_train_step(spec, transformer_loss(0.1), optimizer))
   state, metrics = step(state, batch)
   floats = [x for x in jax.tree.leaves((state.params, state.opt_state)) if x.ndim]
   assert floats and all(x.dtype == jnp.float32 for x in floats)

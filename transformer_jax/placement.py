@@ -1,18 +1,18 @@
-"""A Transformer placed on a mesh (`Placement`), its attention resolved for the mesh's platform."""
+"""A model placed on a mesh (`Placement`); the Transformer's attention resolved for the mesh's
+platform."""
 
 import dataclasses
 from collections.abc import Mapping
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from transformer_jax.conventions import BATCH_KEYS
 from transformer_jax.errors import FieldError
 from transformer_jax.model.attention import implementation_problem, resolve_implementation
-from transformer_jax.model.transformer import Transformer, TransformerConfig
+from transformer_jax.model.spec import ModelSpec
+from transformer_jax.model.transformer import TransformerConfig, transformer_spec
 from transformer_jax.sharding import (
   Rules,
   abstract_tree,
@@ -51,21 +51,27 @@ def for_platform(model_config: TransformerConfig, platform: str) -> TransformerC
 
 
 class Placement:
-  """A Transformer placed on a mesh: the model, its shardings and the context to run it in.
+  """A model placed on a mesh: the model, its shardings and the context to run it in.
 
-  `param_shardings` and `abstract_params` (ShapeDtypeStructs with their
-  shardings) follow the parameters' logical axis names through `rules`;
-  batches are `[batch, length]` along the mesh axes of `batch`
-  (`batch_sharding`, split into `batch_shards` pieces, of which this process
-  reads block `data_shard`). Raises FieldError naming a parameter whose
-  dimension does not split evenly. The trainer, the translator and the
-  evaluation modes all hold one. The model's attention implementation is
-  resolved for the platform of the mesh's devices (`for_platform`), not the
-  process's default backend.
+  `model` is a `ModelSpec` (`model.spec`), or a `TransformerConfig`, which
+  stands for the Transformer (`transformer_spec`) with its attention
+  implementation resolved for the platform of the mesh's devices
+  (`for_platform`), not the process's default backend. `spec` is the
+  `ModelSpec` and `model` its Flax module (the Linen `Transformer`, which the
+  searches and the translator run). `param_shardings` and `abstract_params`
+  (ShapeDtypeStructs with their shardings) follow the parameters' logical
+  axis names through `rules`; batches are dicts of `[batch, length]` arrays
+  (the spec's `batch_keys`) along the mesh axes of `batch` (`batch_sharding`,
+  split into `batch_shards` pieces, of which this process reads block
+  `data_shard`). Raises FieldError naming a parameter whose dimension does
+  not split evenly. The trainer, the translator and the evaluation modes all
+  hold one.
   """
 
-  def __init__(self, model_config: TransformerConfig, mesh: Mesh, rules: Rules):
-    self.model = Transformer(for_platform(model_config, mesh.devices.flat[0].platform))
+  def __init__(self, model: ModelSpec | TransformerConfig, mesh: Mesh, rules: Rules):
+    if isinstance(model, TransformerConfig):
+      model = transformer_spec(for_platform(model, mesh.devices.flat[0].platform))
+    self.spec, self.model = model, model.module
     self.mesh, self.rules = mesh, rules
     boxed = jax.eval_shape(self.boxed_params, jax.random.key(0))
     self.param_shardings = tree_shardings(boxed, mesh, rules)
@@ -76,15 +82,14 @@ class Placement:
     self.data_shard = data_shard(self.batch_sharding)
 
   @classmethod
-  def data_parallel(cls, model_config: TransformerConfig, devices=None) -> "Placement":
+  def data_parallel(cls, model: ModelSpec | TransformerConfig, devices=None) -> "Placement":
     """The model replicated on every one of `devices` (default: all), the batch split over them
     (rules `dp`)."""
-    return cls(model_config, make_mesh({"data": -1}, devices), logical_rules("dp"))
+    return cls(model, make_mesh({"data": -1}, devices), logical_rules("dp"))
 
   def boxed_params(self, key):
     """Freshly initialized parameters from `key`, boxed with their logical axis names."""
-    dummy = jnp.ones((1, 1), jnp.int32)
-    return self.model.init({"params": key}, dummy, dummy)["params"]
+    return self.spec.init(key)
 
   def run(self, fn, *args):
     """`fn(*args)` inside the mesh and the logical-axis rules, so the model's constraints apply."""
@@ -92,5 +97,6 @@ class Placement:
       return fn(*args)
 
   def global_batch(self, local_batch: Mapping[str, np.ndarray]) -> dict:
-    """This process's numpy rows (the `BATCH_KEYS` of a batch) -> the sharded global batch."""
-    return global_batch({k: local_batch[k] for k in BATCH_KEYS}, self.batch_sharding)
+    """This process's numpy rows (the spec's `batch_keys` of a batch) -> the sharded global
+    batch."""
+    return global_batch({k: local_batch[k] for k in self.spec.batch_keys}, self.batch_sharding)

@@ -20,16 +20,15 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from transformer_jax import data
 from transformer_jax.compile import analysis, targets
-from transformer_jax.conventions import BATCH_KEYS
 from transformer_jax.decode.metrics import TeacherForcedLoss
 from transformer_jax.decode.translator import DecodeSettings, Translator
 from transformer_jax.errors import UserError
 from transformer_jax.experiment import Experiment, make_trainer
 from transformer_jax.model.config import TransformerConfig, count_params
-from transformer_jax.train import objective
 
 log = logging.getLogger(__name__)
 
@@ -142,11 +141,21 @@ def program_loops(model: TransformerConfig, loops: tuple[str, ...], length: int)
 
 
 def abstract_batch(placement, rows: int, length: int) -> dict:
-  """A `[rows, length]` batch of abstract int32 arrays with the placement's batch sharding."""
+  """A `[rows, length]` batch of abstract int32 arrays (the placed model's `batch_keys`) with the
+  placement's batch sharding."""
   return {
     k: jax.ShapeDtypeStruct((rows, length), jnp.int32, sharding=placement.batch_sharding)
-    for k in BATCH_KEYS
+    for k in placement.spec.batch_keys
   }
+
+
+def full_batch_flops(spec, rows: int, length: int) -> float | None:
+  """The model's FLOPs of a train step (`spec.flops`) on a `[rows, length]` batch whose every
+  position is a token (arrays of ones, none allocated); None for a model without them."""
+  if spec.flops is None:
+    return None
+  ones = np.broadcast_to(np.int32(1), (rows, length))
+  return float(spec.flops({k: ones for k in spec.batch_keys}))
 
 
 def _compile(target: targets.Target, lower: Callable):
@@ -200,15 +209,9 @@ class Compiler:
     self._train_loops = (layers, accumulation)
     self._eval_loops = (layers,)
 
-  def _train_flops(self, rows: int, length: int) -> float:
+  def _train_flops(self, rows: int, length: int) -> float | None:
     """The model's FLOPs of a train step on a `[rows, length]` batch, every slot counted."""
-    return objective.train_flops(
-      self.model_config,
-      source_tokens=rows * length,
-      target_tokens=rows * length,
-      source_length=length,
-      target_length=length,
-    )
+    return full_batch_flops(self.placement.spec, rows, length)
 
   def train(self, rows: int, length: int) -> Program:
     trainer, placement = self.trainer, self.placement
@@ -230,7 +233,7 @@ class Compiler:
 
   def evaluate(self, rows: int, length: int) -> Program:
     placement = self.placement
-    step = TeacherForcedLoss(placement, label_smoothing=self.experiment.label_smoothing).jitted_sums
+    step = TeacherForcedLoss(placement, self.trainer.loss).jitted_sums
     batch = abstract_batch(placement, rows, length)
     cost, note = _compile(
       self.target, lambda: placement.run(lambda: step.lower(placement.abstract_params, batch))
@@ -241,7 +244,7 @@ class Compiler:
       rows,
       length,
       cost,
-      self._train_flops(rows, length) / 3,
+      flops / 3 if (flops := self._train_flops(rows, length)) else None,
       program_loops(self.model_config, self._eval_loops, length),
       note,
     )  # Forward only.

@@ -10,7 +10,6 @@ Moses leaves hyphens inside words alone, stands in for it: scores are close
 to, not byte-identical with, multi-bleu.perl on Moses-tokenized text.
 """
 
-import functools
 import re
 from collections.abc import Sequence
 
@@ -19,7 +18,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 from sacrebleu.metrics import BLEU
 from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
 
-from transformer_jax.model import loss
+from transformer_jax.model.loss import add_sums
+from transformer_jax.model.spec import LossFn
 from transformer_jax.placement import Placement
 
 _COMPOUND = re.compile(r"(\S)-(\S)")
@@ -83,18 +83,20 @@ BLEU_METHODS = {
 
 
 class TeacherForcedLoss:
-  """`(params, batches) -> loss sums`: `loss.loss_sums` (no dropout) of a placed model, summed
-  over a split's batches on the devices and fetched to the host.
+  """`(params, batches) -> loss sums`: a placed model's loss function `loss` (`model.spec.LossFn`;
+  the Transformer's: `loss.transformer_loss`) of its outputs without dropout, summed over a
+  split's batches on the devices and fetched to the host.
 
   Batches are those of `data.make_eval_batches`: every process passes its
   rows of the same global batches, in the same order. The step is compiled
   once per batch shape.
   """
 
-  def __init__(self, placement: Placement, *, label_smoothing: float):
+  def __init__(self, placement: Placement, loss: LossFn):
     self.placement = placement
+    spec = placement.spec
     self.jitted_sums = jax.jit(
-      functools.partial(loss.loss_sums, placement.model, label_smoothing=label_smoothing),
+      lambda params, batch: loss(spec.apply(params, batch, None), batch),
       in_shardings=(placement.param_shardings, placement.batch_sharding),
       out_shardings=NamedSharding(placement.mesh, PartitionSpec()),
     )
@@ -103,7 +105,7 @@ class TeacherForcedLoss:
     total = None
     for batch in batches:
       sums = self.placement.run(self.jitted_sums, params, self.placement.global_batch(batch))
-      total = sums if total is None else loss.add_sums(total, sums)
+      total = sums if total is None else add_sums(total, sums)
     if total is None:
       raise ValueError("the evaluation split has no batches")
     return jax.device_get(total)

@@ -206,7 +206,7 @@ def evaluate_split(
     )
   except (data.DataError, data.DataUnavailableError) as error:
     raise UserError(f"config.decode.split={split!r}: {error}") from None
-  loss = metrics.TeacherForcedLoss(loaded.placement, label_smoothing=experiment.label_smoothing)
+  loss = metrics.TeacherForcedLoss(loaded.placement, experiment.loss())
   sums = loss(loaded.params, batches)
 
   start = time.perf_counter()

@@ -14,6 +14,8 @@ from transformer_jax import schema, sharding
 from transformer_jax.data import DataConfig
 from transformer_jax.decode.translator import DecodeSettings
 from transformer_jax.errors import FieldError
+from transformer_jax.model.loss import transformer_loss
+from transformer_jax.model.spec import LossFn
 from transformer_jax.model.transformer import TransformerConfig
 from transformer_jax.placement import Placement
 from transformer_jax.train.loop import FitSettings
@@ -127,3 +129,7 @@ class Experiment:
     return Placement(
       dataclasses.replace(self.model, vocab_size=vocab_size), mesh, self.rules
     )  # Placement resolves the attention for the platform.
+
+  def loss(self) -> LossFn:
+    """The model's loss function: label-smoothed cross entropy (`label_smoothing`)."""
+    return transformer_loss(self.label_smoothing)

@@ -39,7 +39,7 @@ def make_trainer(experiment: Experiment, *, vocab_size: int, devices=None):
   trainer = Trainer(
     placement,
     optimizer,
-    label_smoothing=experiment.label_smoothing,
+    experiment.loss(),
     grad_accum_steps=experiment.grad_accum_steps,
     seed=experiment.seed,
   )
@@ -227,7 +227,7 @@ def _evaluator(experiment: Experiment, workdir: Workdir, placement, tokenizer):
   """`evaluate(state) -> (split, sums)` for `fit`: loss sums on `data.eval_split` and, with
   `eval_bleu_sentences`, the BLEU of that many of its sentences."""
   split = experiment.data.eval_split
-  loss = metrics.TeacherForcedLoss(placement, label_smoothing=experiment.label_smoothing)
+  loss = metrics.TeacherForcedLoss(placement, experiment.loss())
   settings = dataclasses.replace(experiment.decode, beam_size=experiment.eval_bleu_beam_size)
   validation_bleu = validation.ValidationBleu(
     Translator(placement, tokenizer, settings),

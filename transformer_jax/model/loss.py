@@ -1,12 +1,17 @@
-"""The training objective of a batch: label-smoothed cross entropy, summed over its real tokens.
+"""The Transformer's training objective: label-smoothed cross entropy, summed over a batch's real
+tokens.
 
-Pure functions of (model, params, batch). The train step differentiates
-`loss_sums`; evaluation (validation loss, perplexity) adds it up over a split.
+`transformer_loss(label_smoothing)` is the loss function the trainer takes
+(`(outputs, batch) -> sums`, `model.spec.LossFn`) over the outputs of
+`transformer_outputs` (the forward pass of `transformer.transformer_spec`);
+the train step differentiates it and evaluation (validation loss,
+perplexity) adds it up over a split. `loss_sums` is the two together.
 """
 
 import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import NamedTuple
 
 import flax.linen as nn
 import jax
@@ -84,6 +89,70 @@ def _chunked_sums(output_layer, features, targets, weights, label_smoothing: flo
   return sums
 
 
+class Features(NamedTuple):
+  """A Transformer's outputs when its loss makes the logits chunk by chunk (`loss_chunk`): the
+  decoder's features `[b, t, d_model]`, the output layer (features `[b, c, d_model]` -> logits
+  `[b, c, vocab]`) and the chunk length."""
+
+  features: jax.Array
+  output_layer: Callable
+  chunk: int
+
+
+def transformer_outputs(model: nn.Module, params, batch: Mapping[str, jax.Array], dropout_key=None):
+  """The Linen Transformer's forward pass on a batch (keys `BATCH_KEYS`, by name): logits
+  `[b, t, vocab]`, or `Features` where the model's `loss_chunk` is shorter than the targets.
+  Dropout is on when `dropout_key` is given."""
+  variables = {"params": params}
+  chunk = model.config.loss_chunk
+  chunked = 0 < chunk < batch["targets"].shape[1]
+  out = model.apply(
+    variables,
+    **{k: batch[k] for k in BATCH_KEYS},
+    train=dropout_key is not None,
+    features=chunked,
+    rngs=None if dropout_key is None else {"dropout": dropout_key},
+  )
+  if not chunked:
+    return out
+  return Features(out, functools.partial(model.apply, variables, method=model.logits), chunk)
+
+
+def transformer_loss(label_smoothing: float):
+  """The Transformer's loss function `(outputs, batch) -> sums` (`model.spec.LossFn`): sums over
+  the non-padding target tokens of the batch.
+
+  The sums are float32 scalars: `loss` (smoothed cross entropy), `nll`,
+  `tokens` (target tokens, `targets_segmentation > 0`) and `source_tokens`
+  (`LOSS_SUMS`). With `Features` as the outputs, the output layer and the
+  loss run chunk by chunk (`_chunked_sums`).
+  """
+
+  def sums(outputs, batch: Mapping[str, jax.Array]) -> dict:
+    weights = (batch["targets_segmentation"] > 0).astype(jnp.float32)
+    if isinstance(outputs, Features):
+      smoothed, nll = _chunked_sums(
+        outputs.output_layer,
+        outputs.features,
+        batch["targets"],
+        weights,
+        label_smoothing,
+        outputs.chunk,
+      )
+    else:
+      smoothed, nll = _summed(outputs, batch["targets"], weights, label_smoothing)
+    # float32 sums, also of a float64 model (whose gradients stay float64: a cast's cotangent is
+    # cast back).
+    return {
+      "loss": smoothed.astype(jnp.float32),
+      "nll": nll.astype(jnp.float32),
+      "tokens": jnp.sum(weights),
+      "source_tokens": jnp.sum(batch["inputs_segmentation"] > 0).astype(jnp.float32),
+    }
+
+  return sums
+
+
 def loss_sums(
   model: nn.Module,
   params,
@@ -92,40 +161,10 @@ def loss_sums(
   label_smoothing: float,
   dropout_key=None,
 ):
-  """Sums over the non-padding target tokens of one batch (keys `BATCH_KEYS`).
-
-  Returns a dict of float32 scalars: `loss` (smoothed cross entropy), `nll`,
-  `tokens` (target tokens, `targets_segmentation > 0`) and `source_tokens`.
-  Dropout is on when `dropout_key` is given. With the model's `loss_chunk`
-  shorter than the targets, the output layer and the loss run chunk by chunk
-  (`_chunked_sums`).
-  """
-  variables = {"params": params}
-  chunk = model.config.loss_chunk
-  chunked = 0 < chunk < batch["targets"].shape[1]
-  out = model.apply(
-    variables,
-    *(batch[k] for k in BATCH_KEYS),
-    train=dropout_key is not None,
-    features=chunked,
-    rngs=None if dropout_key is None else {"dropout": dropout_key},
-  )
-  weights = (batch["targets_segmentation"] > 0).astype(jnp.float32)
-  if chunked:
-    output_layer = functools.partial(model.apply, variables, method=model.logits)
-    smoothed, nll = _chunked_sums(
-      output_layer, out, batch["targets"], weights, label_smoothing, chunk
-    )
-  else:
-    smoothed, nll = _summed(out, batch["targets"], weights, label_smoothing)
-  # float32 sums, also of a float64 model (whose gradients stay float64: a cast's cotangent is
-  # cast back).
-  return {
-    "loss": smoothed.astype(jnp.float32),
-    "nll": nll.astype(jnp.float32),
-    "tokens": jnp.sum(weights),
-    "source_tokens": jnp.sum(batch["inputs_segmentation"] > 0).astype(jnp.float32),
-  }
+  """`transformer_loss(label_smoothing)` of `transformer_outputs`: the sums (`LOSS_SUMS`) of one
+  batch (keys `BATCH_KEYS`); dropout is on when `dropout_key` is given."""
+  outputs = transformer_outputs(model, params, batch, dropout_key)
+  return transformer_loss(label_smoothing)(outputs, batch)
 
 
 @jax.jit

@@ -1,16 +1,19 @@
-"""The Transformer: encoder, decoder and the model (its settings: model/config.py)."""
+"""The Transformer: encoder, decoder and the model (its settings: model/config.py), and the model as
+the trainer takes it (`transformer_spec`)."""
 
+import functools
 from typing import Any
 
 import flax.linen as nn
 import jax.numpy as jnp
 
-from transformer_jax.conventions import PAD_ID
+from transformer_jax.conventions import BATCH_KEYS, PAD_ID
 from transformer_jax.model import attention
 from transformer_jax.model.config import (
   PRESETS,
   REMAT_POLICIES,
   TransformerConfig,
+  batch_train_flops,
   count_params,
   preset_fields,
 )
@@ -18,6 +21,8 @@ from transformer_jax.model.decode_cache import CACHE_COLLECTIONS
 from transformer_jax.model.dropout import Dropout
 from transformer_jax.model.embedding import Embed, PositionalEncoding
 from transformer_jax.model.layers import DecoderLayer, EncoderLayer, LayerNorm
+from transformer_jax.model.loss import transformer_outputs
+from transformer_jax.model.spec import ModelSpec
 
 # The settings stay importable from here, where config files have imported them from.
 __all__ = [
@@ -29,6 +34,7 @@ __all__ = [
   "count_params",
   "preset_fields",
   "shift_right",
+  "transformer_spec",
 ]
 
 
@@ -301,3 +307,23 @@ class Transformer(nn.Module):
       train=train,
       features=features,
     )
+
+
+def transformer_spec(config: TransformerConfig) -> ModelSpec:
+  """The Linen `Transformer(config)` as the trainer takes it: parameters boxed with their logical
+  axis names, the forward pass of `loss.transformer_outputs` on a batch of `BATCH_KEYS` (its
+  loss function: `loss.transformer_loss`), and `config.batch_train_flops`; `module` is the
+  Transformer (what the searches run)."""
+  model = Transformer(config)
+
+  def init(key):
+    dummy = jnp.ones((1, 1), jnp.int32)
+    return model.init({"params": key}, dummy, dummy)["params"]
+
+  return ModelSpec(
+    init=init,
+    apply=functools.partial(transformer_outputs, model),
+    batch_keys=BATCH_KEYS,
+    flops=functools.partial(batch_train_flops, config),
+    module=model,
+  )

@@ -1,7 +1,9 @@
-"""Training: the paper's recipe, the sharded train step, the loop, and what it reports.
+"""Training: the paper's recipe, the sharded train step of any model and loss, the loop, and what
+it reports.
 
-objective.py   learning-rate schedule, Adam, FLOPs of a step
-step.py        TrainState, the pure train step, Trainer (sharded init and step)
+objective.py   learning-rate schedule, Adam
+step.py        TrainState, the pure train step, Trainer (sharded init and step) of a
+               `model.spec.ModelSpec` and a loss function
 loop.py        fit (FitSettings), preemption, runs of non-finite updates
 reporting.py   log lines, TensorBoard, progress bar, MFU
 events.py      TensorBoard event files, written without TensorFlow

@@ -1,4 +1,5 @@
-"""The training loop: steps, checkpoints, evaluations, preemption and runs of non-finite updates."""
+"""The training loop of any model and loss (a `Trainer`'s): steps, checkpoints, evaluations,
+preemption and runs of non-finite updates."""
 
 import contextlib
 import dataclasses
@@ -11,6 +12,7 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from transformer_jax import schema
 from transformer_jax.checkpoints import recovery
@@ -148,19 +150,26 @@ class _Interval:
 
 
 def _next_batch(train_iter, step: int, trainer: Trainer, shapes: set) -> tuple[dict, bool]:
-  """The next batch, and whether its shape is new: then it is checked and announced (it compiles
+  """The next batch, and whether its shapes are new: then it is checked and announced (it compiles
   the step)."""
   try:
     batch = next(train_iter)
   except StopIteration:
     raise RuntimeError(f"the training data ran out at step {step}") from None
-  shape = (batch["inputs"].shape, batch["targets"].shape)
+  keys = trainer.placement.spec.batch_keys
+  shape = tuple(np.shape(batch[k]) if k in batch else None for k in keys)
   if shape in shapes:
     return batch, False
   trainer.check_batch(batch)
   shapes.add(shape)
+  named = {}
+  for key, key_shape in zip(keys, shape):
+    named.setdefault(key_shape, []).append(key)
+  described = ", ".join(f"{s} ({', '.join(k)})" for s, k in named.items())
   log.info(
-    "step %d: compiling the train step for batch shape %s (inputs) %s (targets)", step + 1, *shape
+    "step %d: compiling the train step for batch shape %s",
+    step + 1,
+    shape[0] if len(named) == 1 else described,
   )
   return batch, True
 

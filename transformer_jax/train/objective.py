@@ -1,5 +1,5 @@
-"""The paper's training recipe: the learning-rate schedule, Adam (`OptimizerSettings`), and the
-FLOPs of a step.
+"""The paper's training recipe: the learning-rate schedule and Adam (`OptimizerSettings`); the
+FLOPs of a step are the model's (`model.config.train_flops`, importable from here too).
 
 (The loss itself, label-smoothed cross entropy, is `transformer_jax.model.loss`:
 evaluation sums it too.)
@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import optax
 
 from transformer_jax import schema
-from transformer_jax.model.config import TransformerConfig, weight_counts
+from transformer_jax.model.config import train_flops  # noqa: F401 (where callers find it)
 
 
 def paper_learning_rate(step, *, d_model: int, warmup_steps: int, scale: float = 1.0):
@@ -104,46 +104,3 @@ class OptimizerSettings:
     if self.grad_clip_norm > 0:
       return optax.chain(optax.clip_by_global_norm(self.grad_clip_norm), adam), schedule
     return adam, schedule
-
-
-def train_flops(
-  cfg: TransformerConfig,
-  *,
-  source_tokens: float,
-  target_tokens: float,
-  source_length: int,
-  target_length: int,
-) -> float:
-  """Model FLOPs of one training step: 3 x the forward pass (backward = 2 x forward).
-
-  Forward, 2 FLOPs per multiply-add:
-  - weights: each non-padding source token meets every encoder layer's
-    attention projections and feed-forward and every decoder layer's
-    cross-attention key/value projections; each non-padding target token
-    meets every decoder layer's self-attention projections, cross-attention
-    query/output projections and feed-forward, and the output projection
-    (vocab x d_model);
-  - attention: `Q K^T` and `weights V` cost `2 * heads * (d_k + d_v)` per
-    (query, key) pair; each non-padding query is charged the padded row
-    length of keys (`source_length` or `target_length`), the full square,
-    as computed (the causal half is not subtracted).
-  Embedding lookups, layer norms, softmaxes and the loss are left out (under
-  1% at the paper's sizes).
-  """
-  d, h = cfg.d_model, cfg.num_heads
-  n_enc, n_dec = cfg.depths
-  w = weight_counts(cfg)
-  self_attention = w["query"] + w["key"] + w["value"] + w["out"]
-  feed_forward = w["feed_forward"]
-  cross_query_out = w["query"] + w["out"]
-  cross_key_value = w["key"] + w["value"]
-  per_source_token = n_enc * (self_attention + feed_forward) + n_dec * cross_key_value
-  per_target_token = (
-    n_dec * (self_attention + cross_query_out + feed_forward) + cfg.known_vocab_size() * d
-  )
-  weights = 2.0 * (per_source_token * source_tokens + per_target_token * target_tokens)
-  per_pair = 2.0 * h * (cfg.key_size + cfg.value_size)
-  attention = per_pair * (
-    n_enc * source_tokens * source_length + n_dec * target_tokens * (target_length + source_length)
-  )
-  return 3.0 * (weights + attention)

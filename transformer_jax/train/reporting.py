@@ -31,14 +31,18 @@ def measure_matmul_flops(dtype=jnp.float32, device: jax.Device | None = None) ->
   return 2.0 * n**3 / best
 
 
+# Metrics of a step that are not averaged per token.
+NOT_PER_TOKEN = ("tokens", "source_tokens", "grad_norm", "flops", "nonfinite", "bleu")
+
+
 def per_token(sums: Mapping[str, float]) -> dict:
-  """Loss and NLL per target token and the perplexity, from summed metrics."""
+  """Every summed loss metric per target token (`loss`, `nll` and whatever else the loss
+  function sums), and the perplexity where there is an `nll`."""
   tokens = max(float(sums["tokens"]), 1.0)
-  return {
-    "loss": float(sums["loss"]) / tokens,
-    "nll": float(sums["nll"]) / tokens,
-    "perplexity": perplexity(float(sums["nll"]), tokens),
-  }
+  scalars = {k: float(v) / tokens for k, v in sums.items() if k not in NOT_PER_TOKEN}
+  if "nll" in sums:
+    scalars["perplexity"] = perplexity(float(sums["nll"]), tokens)
+  return scalars
 
 
 class TrainLogger:
@@ -109,9 +113,8 @@ class TrainLogger:
       "nonfinite_steps": float(skipped),
     }
     line = (
-      f"step {step}/{self.total_steps} | loss {scalars['loss']:.4f} | "
-      f"ppl {scalars['perplexity']:.2f} | lr {scalars['learning_rate']:.3e} | "
-      f"grad_norm {scalars['grad_norm']:.3f}"
+      f"step {step}/{self.total_steps} | loss {scalars['loss']:.4f}{_ppl(scalars)} | "
+      f"lr {scalars['learning_rate']:.3e} | grad_norm {scalars['grad_norm']:.3f}"
     )
     if skipped:
       line += (
@@ -120,20 +123,17 @@ class TrainLogger:
     if compiling:
       line += f" | compiled and ran step {step} in {seconds:.1f} s"
     else:
-      scalars.update(
-        {
-          "tokens_per_s": float(sums["tokens"]) / seconds,
-          "source_tokens_per_s": float(sums["source_tokens"]) / seconds,
-          "s_per_step": seconds / steps,
-          "mfu": float(sums["flops"]) / (seconds * self.peak_flops),
-        }
-      )
-      self._check_peak(scalars["mfu"])
+      scalars["tokens_per_s"] = float(sums["tokens"]) / seconds
+      if "source_tokens" in sums:
+        scalars["source_tokens_per_s"] = float(sums["source_tokens"]) / seconds
+      scalars["s_per_step"] = seconds / steps
+      line += f" | {scalars['tokens_per_s']:,.0f} tok/s | {scalars['s_per_step']:.3f} s/step"
+      if "flops" in sums:
+        scalars["mfu"] = float(sums["flops"]) / (seconds * self.peak_flops)
+        self._check_peak(scalars["mfu"])
+        line += f" | MFU {100 * scalars['mfu']:.1f}%"
       eta = datetime.timedelta(seconds=round((self.total_steps - step) * seconds / steps))
-      line += (
-        f" | {scalars['tokens_per_s']:,.0f} tok/s | {scalars['s_per_step']:.3f} s/step | "
-        f"MFU {100 * scalars['mfu']:.1f}% | ETA {eta}"
-      )
+      line += f" | ETA {eta}"
     self.last_train = scalars
     self._line(line)
     self._write("train", step, scalars)
@@ -163,8 +163,8 @@ class TrainLogger:
     (and bleu)."""
     scalars = per_token(sums)
     line = (
-      f"eval ({split}) at step {step} | loss {scalars['loss']:.4f} | "
-      f"ppl {scalars['perplexity']:.2f} | {int(sums['tokens']):,} target tokens"
+      f"eval ({split}) at step {step} | loss {scalars['loss']:.4f}{_ppl(scalars)} | "
+      f"{int(sums['tokens']):,} target tokens"
     )
     if "bleu" in sums:
       scalars["bleu"] = float(sums["bleu"])
@@ -199,13 +199,10 @@ class TrainLogger:
       "target tok/s overall (compilation and evaluation included)"
     )
     if self.last_train:
-      text += (
-        f"; last train loss {self.last_train['loss']:.4f}, ppl {self.last_train['perplexity']:.2f}"
-      )
+      text += f"; last train loss {self.last_train['loss']:.4f}{_ppl(self.last_train, ', ')}"
     if self.last_eval:
       text += (
-        f"; {self.last_eval['split']} loss {self.last_eval['loss']:.4f}, "
-        f"ppl {self.last_eval['perplexity']:.2f}"
+        f"; {self.last_eval['split']} loss {self.last_eval['loss']:.4f}{_ppl(self.last_eval, ', ')}"
       )
       if "bleu" in self.last_eval:
         text += f", BLEU {self.last_eval['bleu']:.2f}"
@@ -216,3 +213,8 @@ class TrainLogger:
     log.info("%s; checkpoints in %s", text, checkpoints)
     if self.writer is not None:
       self.writer.close()
+
+
+def _ppl(scalars: Mapping[str, float], separator: str = " | ") -> str:
+  """The perplexity's part of a log line, where there is one."""
+  return f"{separator}ppl {scalars['perplexity']:.2f}" if "perplexity" in scalars else ""

@@ -1,8 +1,11 @@
-"""The sharded train step, a pure function of `(state, batch)`, and the Trainer that compiles it.
+"""The sharded train step of any model and loss, a pure function of `(state, batch)`, and the
+Trainer that compiles it.
 
-The step is jit-compiled once per mesh with explicit in/out shardings and the
-state donated. Its dropout key is `fold_in(key(seed), step)`, so a resumed
-run draws the same masks.
+The model is a `model.spec.ModelSpec` (its parameters, its forward pass on a
+batch by name, its FLOPs), the loss a function `(outputs, batch) -> sums`
+(`model.spec.LossFn`). The step is jit-compiled once per mesh with explicit
+in/out shardings and the state donated. Its dropout key is
+`fold_in(key(seed), step)`, so a resumed run draws the same masks.
 """
 
 import functools
@@ -19,11 +22,10 @@ import optax
 from flax import struct
 from jax.sharding import NamedSharding, PartitionSpec
 
-from transformer_jax.conventions import BATCH_KEYS
-from transformer_jax.model.loss import LOSS_SUMS, loss_sums
+from transformer_jax.model.loss import transformer_loss
+from transformer_jax.model.spec import LossFn, ModelSpec
 from transformer_jax.placement import Placement
 from transformer_jax.sharding import abstract_tree, tree_shardings
-from transformer_jax.train.objective import train_flops
 
 
 class TrainState(struct.PyTreeNode):
@@ -45,32 +47,33 @@ def split_micro_batches(array, num_micro: int):
 
 
 def make_train_step(
-  model: nn.Module,
+  model: ModelSpec,
+  loss: LossFn,
   optimizer: optax.GradientTransformation,
   *,
-  label_smoothing: float,
   grad_accum_steps: int = 1,
   seed: int = 0,
   batch_sharding: NamedSharding | None = None,
 ):
-  """The pure train step `(state, batch) -> (state, metrics)`.
+  """The pure train step `(state, batch) -> (state, metrics)` of `model` under `loss`.
 
-  The gradient is that of the mean smoothed loss over all non-padding target
-  tokens of the batch. With `grad_accum_steps > 1` the batch is split into
+  The gradient is that of the summed `loss` divided by the summed `tokens`
+  (for the Transformer: the mean smoothed loss over all non-padding target
+  tokens of the batch). With `grad_accum_steps > 1` the batch is split into
   that many micro-batches (`split_micro_batches`) run one after another with
-  `lax.scan`; token sums and gradient sums are added and divided once by the
+  `lax.scan`; the sums and gradient sums are added and divided once by the
   total token count, so the update equals the one from the whole batch.
   Micro-batch j draws dropout from `fold_in(step_key, j)`. `metrics` holds
-  the sums of `loss_sums`, `grad_norm` and `flops` (`train_flops`), float32
-  scalars, and `nonfinite`: 1.0 when the loss or the gradient norm is NaN or
-  infinite. Such an update is skipped (`skip_nonfinite`): params and
-  optimizer state stay as they were, only `step` advances, and the step's
-  loss sums and gradient norm count as 0.
+  the loss's sums, `grad_norm`, `flops` (`model.flops` of the batch, where
+  the model has it), float32 scalars, and `nonfinite`: 1.0 when the loss or
+  the gradient norm is NaN or infinite. Such an update is skipped
+  (`skip_nonfinite`): params and optimizer state stay as they were, only
+  `step` advances, and the step's sums and gradient norm count as 0.
   """
   dropout_base = jax.random.fold_in(jax.random.key(seed), 1)
 
   def loss_and_sums(params, batch, key):
-    sums = loss_sums(model, params, batch, label_smoothing=label_smoothing, dropout_key=key)
+    sums = loss(model.apply(params, batch, key), batch)
     return sums["loss"], sums
 
   grad_fn = jax.grad(loss_and_sums, has_aux=True)
@@ -91,23 +94,20 @@ def make_train_step(
         grads, sums = grad_fn(state.params, micro_batch, jax.random.fold_in(key, index))
         return jax.tree.map(jnp.add, carry, (grads, sums)), None
 
+      first = jax.tree.map(lambda x: x[0], micro)
+      shapes = jax.eval_shape(lambda b: loss_and_sums(state.params, b, key)[1], first)
       zeros = (
         jax.tree.map(jnp.zeros_like, state.params),
-        {k: jnp.zeros((), jnp.float32) for k in LOSS_SUMS},
+        jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes),
       )
       (grads, sums), _ = jax.lax.scan(accumulate, zeros, (jnp.arange(grad_accum_steps), micro))
     grads = jax.tree.map(lambda g: g / jnp.maximum(sums["tokens"], 1.0), grads)
     grad_norm = global_norm(grads)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    flops = train_flops(
-      model.config,
-      source_tokens=sums["source_tokens"],
-      target_tokens=sums["tokens"],
-      source_length=batch["inputs"].shape[1],
-      target_length=batch["targets"].shape[1],
-    )
-    metrics = {**sums, "grad_norm": grad_norm, "flops": flops}
+    metrics = {**sums, "grad_norm": grad_norm}
+    if model.flops is not None:
+      metrics["flops"] = model.flops(batch)
     new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state)
     return skip_nonfinite(state, new_state, metrics)
 
@@ -146,9 +146,9 @@ def skip_nonfinite(state: TrainState, new_state: TrainState, metrics: dict):
   finite.
 
   Decided on the device (`jnp.where`, no host sync). Adds `metrics["nonfinite"]`
-  (1.0 for a skipped update, else 0.0); a skipped step's `loss`, `nll` and
-  `grad_norm` become 0 and its `tokens` too, so logged averages cover the
-  applied updates only.
+  (1.0 for a skipped update, else 0.0); a skipped step's loss sums (`loss`,
+  `tokens` and the others) and `grad_norm` become 0, so logged averages and
+  token counts cover the applied updates only; its `flops` stay (it ran).
   """
   finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
   keep = lambda new, old: jnp.where(finite, new, old)
@@ -157,32 +157,38 @@ def skip_nonfinite(state: TrainState, new_state: TrainState, metrics: dict):
     params=jax.tree.map(keep, new_state.params, state.params),
     opt_state=jax.tree.map(keep, new_state.opt_state, state.opt_state),
   )
-  zeroed = ("loss", "nll", "tokens", "grad_norm")
   metrics = {
-    k: jnp.where(finite, v, jnp.zeros_like(v)) if k in zeroed else v for k, v in metrics.items()
+    k: v if k == "flops" else jnp.where(finite, v, jnp.zeros_like(v)) for k, v in metrics.items()
   }
   metrics["nonfinite"] = 1.0 - finite.astype(jnp.float32)
   return state, metrics
 
 
 class Trainer:
-  """A placed model and its optimizer: sharded init and train step, jit-compiled.
+  """A placed model, its loss and its optimizer: sharded init and train step, jit-compiled.
 
-  Parameters and optimizer state are sharded by their logical axis names
-  through the placement's rules (`state_shardings`, `abstract_state`); calls
-  run inside its mesh and rules contexts. `jitted_step` is the jit-compiled
-  step over global arrays that `train_step` runs (to lower or export it).
+  `loss` is the loss function of `make_train_step` (`model.spec.LossFn`);
+  `label_smoothing=x` instead of it stands for the Transformer's,
+  `loss.transformer_loss(x)`. Parameters and optimizer state are sharded by
+  their logical axis names through the placement's rules (`state_shardings`,
+  `abstract_state`); calls run inside its mesh and rules contexts.
+  `jitted_step` is the jit-compiled step over global arrays that
+  `train_step` runs (to lower or export it).
   """
 
   def __init__(
     self,
     placement: Placement,
     optimizer: optax.GradientTransformation,
+    loss: LossFn | None = None,
     *,
-    label_smoothing: float,
+    label_smoothing: float | None = None,
     grad_accum_steps: int = 1,
     seed: int = 0,
   ):
+    if (loss is None) == (label_smoothing is None):
+      raise TypeError("Trainer takes a loss function or (for the Transformer) label_smoothing")
+    self.loss = transformer_loss(label_smoothing) if loss is None else loss
     self.placement, self.optimizer = placement, optimizer
     self.seed = seed
     self.grad_accum_steps = grad_accum_steps
@@ -194,9 +200,9 @@ class Trainer:
       lambda key: nn.unbox(self._init_boxed(key)), out_shardings=self.state_shardings
     )
     step = make_train_step(
-      placement.model,
+      placement.spec,
+      self.loss,
       optimizer,
-      label_smoothing=label_smoothing,
       grad_accum_steps=grad_accum_steps,
       seed=seed,
       batch_sharding=placement.batch_sharding,
@@ -220,11 +226,16 @@ class Trainer:
     return self.placement.run(self._init, jax.random.fold_in(jax.random.key(self.seed), 0))
 
   def check_batch(self, local_batch: Mapping[str, np.ndarray]) -> None:
-    """Raise ValueError if this process's `[rows, length]` batch cannot be split as configured."""
-    missing = set(BATCH_KEYS) - set(local_batch)
+    """Raise ValueError if this process's batch lacks an array the model reads (its spec's
+    `batch_keys`), or if its `[rows, length]` arrays cannot be split as configured."""
+    keys = self.placement.spec.batch_keys
+    missing = [k for k in keys if k not in local_batch]
     if missing:
-      raise ValueError(f"batch lacks {sorted(missing)}; a batch has keys {', '.join(BATCH_KEYS)}")
-    rows = local_batch["targets"].shape[0] * self.placement.data_shard[1]
+      raise ValueError(
+        f"the batch lacks {', '.join(missing)}: the model reads {', '.join(keys)} "
+        f"(the batch has {', '.join(local_batch) or 'nothing'})"
+      )
+    rows = np.shape(local_batch[keys[0]])[0] * self.placement.data_shard[1]
     need = self.placement.batch_shards * self.grad_accum_steps
     if rows % need:
       raise ValueError(
