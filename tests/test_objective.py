@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from helpers import tiny_model_config
+from transformer_jax.model.config import train_flops
 from transformer_jax.train import objective
 
 pytestmark = pytest.mark.device
@@ -49,12 +50,12 @@ def test_train_flops_counts_each_weight_a_token_meets_and_each_attention_pair():
   config = tiny_model_config(d_k=8, d_v=12)
   per_source_token = 2 * (5120 + 4096 + 2560)  # Encoder layers; decoder keys/values.
   per_target_token = 2 * (5120 + 2560 + 4096) + 40 * 32  # Decoder layers; output projection.
-  flops = objective.train_flops(
+  flops = train_flops(
     config, source_tokens=1000, target_tokens=600, source_length=0, target_length=0
   )
   # Forward: 2 FLOPs per multiply-add; training: 3 x forward.
   assert flops == 3 * 2 * (per_source_token * 1000 + per_target_token * 600)
-  with_attention = objective.train_flops(
+  with_attention = train_flops(
     config, source_tokens=1000, target_tokens=600, source_length=10, target_length=8
   )
   per_pair = 2 * 4 * (8 + 12)  # FLOPs of Q K^T and weights V for 4 heads, in one layer.
@@ -67,7 +68,7 @@ def test_train_flops_counts_each_stack_at_its_own_depth():
   config = tiny_model_config(d_k=8, d_v=12, num_layers=3, num_decoder_layers=1)
   per_source_token = 3 * (5120 + 4096) + 2560  # Encoder layers; one decoder's keys/values.
   per_target_token = (5120 + 2560 + 4096) + 40 * 32
-  flops = objective.train_flops(
+  flops = train_flops(
     config, source_tokens=1000, target_tokens=600, source_length=10, target_length=8
   )
   per_pair = 2 * 4 * (8 + 12)  # FLOPs of one (query, key) pair in one layer.

@@ -177,8 +177,6 @@ def test_the_trainer_names_the_batch_arrays_a_model_declares_and_a_batch_lacks(d
     trainer.check_batch({"tokens": np.ones((8, 4), np.int32)})
   with pytest.raises(ValueError, match="name the batch arrays"):
     ModelSpec(spec.init, spec.apply, "tokens")
-  with pytest.raises(TypeError, match="a loss function or"):
-    Trainer(Placement.data_parallel(spec), optax.sgd(0.1))
 
 
 def test_the_nnx_transformer_trains_through_the_trainer_as_the_linen_one_does():

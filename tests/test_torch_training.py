@@ -8,6 +8,7 @@ import pytest
 
 import helpers
 from transformer_jax.conventions import BATCH_KEYS
+from transformer_jax.model.loss import transformer_loss
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.placement import Placement
 from transformer_jax.train.objective import OptimizerSettings
@@ -23,7 +24,7 @@ SCHEDULE = OptimizerSettings(learning_rate=2.0, warmup_steps=4, adam_eps=1e-8)
 def _our_start(config):
   """Our trainer for `config` and its initial state."""
   optimizer, _ = SCHEDULE.make(config.d_model)
-  trainer = Trainer(Placement.data_parallel(config), optimizer, label_smoothing=0.1)
+  trainer = Trainer(Placement.data_parallel(config), optimizer, transformer_loss(0.1))
   return trainer, trainer.init()
 
 

@@ -11,7 +11,7 @@ Measures in one process: the train step (forward, label-smoothed loss,
 backward, Adam update; median/min/max over --steps after --warmup), the
 first step (compile included), non-padding tokens/s, peak memory, a square
 matmul's FLOP/s and the model FLOPs utilization against it
-(`train.objective.train_flops`), and beam-search and greedy decoding of a fixed
+(`model.config.train_flops`), and beam-search and greedy decoding of a fixed
 shape. With --vs=torch the same model in torch.nn.Transformer runs on the
 same batch, in blocks of --block steps alternating with ours.
 

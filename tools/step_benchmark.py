@@ -9,6 +9,7 @@ import numpy as np
 from tools import decode_benchmark
 from tools.timing import batch_flops, peak_memory_bytes, real_tokens, summary, time_alternating
 from transformer_jax.conventions import PAD_ID, UNK_ID
+from transformer_jax.model.loss import transformer_loss
 from transformer_jax.model.transformer import TransformerConfig
 from transformer_jax.placement import Placement
 from transformer_jax.train import objective
@@ -67,7 +68,7 @@ def paper_trainer(cfg: TransformerConfig) -> Trainer:
   smoothing 0.1."""
   placement = Placement.data_parallel(cfg)
   optimizer, _ = objective.OptimizerSettings().make(cfg.d_model)
-  return Trainer(placement, optimizer, label_smoothing=0.1)
+  return Trainer(placement, optimizer, transformer_loss(0.1))
 
 
 def synthetic_batch(workload: Workload, vocab_size: int, seed: int = 0) -> dict:

@@ -9,8 +9,8 @@ import time
 import jax
 import numpy as np
 
+from transformer_jax.model.config import train_flops
 from transformer_jax.model.transformer import TransformerConfig
-from transformer_jax.train import objective
 
 
 def timed(fn) -> float:
@@ -59,8 +59,8 @@ def real_tokens(batch) -> int:
 
 
 def batch_flops(cfg: TransformerConfig, batch) -> float:
-  """The model FLOPs of one training step of `cfg` on `batch` (`objective.train_flops`)."""
-  return objective.train_flops(
+  """The model FLOPs of one training step of `cfg` on `batch` (`model.config.train_flops`)."""
+  return train_flops(
     cfg,
     source_tokens=float(np.sum(batch["inputs_segmentation"] > 0)),
     target_tokens=float(np.sum(batch["targets_segmentation"] > 0)),

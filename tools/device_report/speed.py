@@ -9,7 +9,7 @@ chip's clocks of that moment; then `timed_steps` steps, each to its end on the
 device, and `chained_steps` dispatched back to back with one wait at the end
 (the training loop's pattern); then the matmul again. Throughput counts the
 batch's non-padding target tokens; MFU is the model's FLOPs
-(`train.objective.train_flops`) against the matmul and the chip's datasheet peak.
+(`model.config.train_flops`) against the matmul and the chip's datasheet peak.
 The executable that ran is read for its kernels, bytes, FLOPs and roofline floor
 (`roofline.py`, estimates) beside the measured step; for the variants the plan
 profiles, a few more steps are traced and their time summed by XLA op, each op

@@ -1,5 +1,5 @@
 """The paper's training recipe: the learning-rate schedule and Adam (`OptimizerSettings`); the
-FLOPs of a step are the model's (`model.config.train_flops`, importable from here too).
+FLOPs of a step are the model's (`model.config.train_flops`).
 
 (The loss itself, label-smoothed cross entropy, is `transformer_jax.model.loss`:
 evaluation sums it too.)
@@ -11,7 +11,6 @@ import jax.numpy as jnp
 import optax
 
 from transformer_jax import schema
-from transformer_jax.model.config import train_flops  # noqa: F401 (where callers find it)
 
 
 def paper_learning_rate(step, *, d_model: int, warmup_steps: int, scale: float = 1.0):

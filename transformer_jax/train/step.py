@@ -22,7 +22,6 @@ import optax
 from flax import struct
 from jax.sharding import NamedSharding, PartitionSpec
 
-from transformer_jax.model.loss import transformer_loss
 from transformer_jax.model.spec import LossFn, ModelSpec
 from transformer_jax.placement import Placement
 from transformer_jax.sharding import abstract_tree, tree_shardings
@@ -167,9 +166,8 @@ def skip_nonfinite(state: TrainState, new_state: TrainState, metrics: dict):
 class Trainer:
   """A placed model, its loss and its optimizer: sharded init and train step, jit-compiled.
 
-  `loss` is the loss function of `make_train_step` (`model.spec.LossFn`);
-  `label_smoothing=x` instead of it stands for the Transformer's,
-  `loss.transformer_loss(x)`. Parameters and optimizer state are sharded by
+  `loss` is the loss function of `make_train_step` (`model.spec.LossFn`;
+  the Transformer's is `model.loss.transformer_loss`). Parameters and optimizer state are sharded by
   their logical axis names through the placement's rules (`state_shardings`,
   `abstract_state`); calls run inside its mesh and rules contexts.
   `jitted_step` is the jit-compiled step over global arrays that
@@ -180,15 +178,12 @@ class Trainer:
     self,
     placement: Placement,
     optimizer: optax.GradientTransformation,
-    loss: LossFn | None = None,
+    loss: LossFn,
     *,
-    label_smoothing: float | None = None,
     grad_accum_steps: int = 1,
     seed: int = 0,
   ):
-    if (loss is None) == (label_smoothing is None):
-      raise TypeError("Trainer takes a loss function or (for the Transformer) label_smoothing")
-    self.loss = transformer_loss(label_smoothing) if loss is None else loss
+    self.loss = loss
     self.placement, self.optimizer = placement, optimizer
     self.seed = seed
     self.grad_accum_steps = grad_accum_steps
