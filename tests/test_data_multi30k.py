@@ -11,8 +11,7 @@ import pytest
 from etils import epath
 
 from transformer_jax import data
-from transformer_jax.data import config as data_config
-from transformer_jax.data import multi30k, parallel_text
+from transformer_jax.data import multi30k, parallel_text, sources
 from transformer_jax.errors import FieldError
 
 WORDS = {  # word i of one language translates word i of the others
@@ -76,7 +75,9 @@ def test_the_layout_written_here_is_the_repository_s():
   )
   assert multi30k.relative_path("multi30k_tok", "val", "cs") == "data/task1/tok/val.lc.norm.tok.cs"
   assert (
-    data_config.DATASETS["multi30k"] == data_config.DATASETS["multi30k_tok"] == multi30k.LANGUAGES
+    sources.SOURCES["multi30k"].languages
+    == sources.SOURCES["multi30k_tok"].languages
+    == multi30k.LANGUAGES
   )
 
 

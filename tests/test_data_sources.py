@@ -14,7 +14,15 @@ import tensorflow_datasets as tfds
 from etils import epath
 
 from transformer_jax import data
-from transformer_jax.data import embedded, parallel_text, sources, tokenizer
+from transformer_jax.data import (
+  embedded,
+  embedded_source,
+  parallel_text,
+  sources,
+  tfds_prepare,
+  tokenizer,
+  wmt,
+)
 from transformer_jax.errors import FieldError
 
 
@@ -93,7 +101,7 @@ def test_embedded_builder_holds_the_seeded_corpus_in_order(tmp_path):
 @pytest.fixture
 def offline(monkeypatch):
   """No host is reachable, and any download attempt fails the test."""
-  monkeypatch.setattr(sources, "_reachable", lambda host, port: False)
+  monkeypatch.setattr(wmt, "reachable", lambda host, port: False)
 
   def no_download(*args, **kwargs):
     raise AssertionError("tried to download")
@@ -139,7 +147,7 @@ def test_wmt_with_every_file_in_the_manual_dir_goes_on_to_prepare(
   )
   importlib.import_module("tensorflow_datasets.translate.wmt14")  # registers it
   builder = tfds.builder(c.name, data_dir=c.data_dir)
-  for _, filename, _ in sources._wmt_downloads(builder):
+  for _, filename, _ in wmt.downloads(builder):
     path = epath.Path(manual) / filename
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(filename.encode())
@@ -321,14 +329,14 @@ def test_a_data_dir_in_a_bucket_is_read_from_a_local_copy_of_a_dataset_prepared_
   local = data.DataConfig(name="embedded_tiny", data_dir=str(tmp_path / "tfds"))
   expected = sources.open_split(local, "validation").all_pairs()
   upload(tmp_path / "tfds", f"{bucket_dir}/tfds")
-  _no_preparing(monkeypatch, sources.TransformerJaxEmbedded)
+  _no_preparing(monkeypatch, embedded_source.TransformerJaxEmbedded)
   c = dataclasses.replace(local, data_dir=f"{bucket_dir}/tfds")
   split = sources.open_split(c, "validation")
   assert f":{bucket_dir}/tfds/transformer_jax_embedded/tiny/1.0.0:" in split.fingerprint
   assert split.all_pairs() == expected
   assert pickle.loads(pickle.dumps(split)).pairs([7, 3]) == [expected[7], expected[3]]  # Workers
   copy = tmp_path / "cache/transformer_jax/tfds/gs" / bucket_dir[5:] / "tfds"
-  assert sources.local_copy_root(c.data_dir) == str(copy)
+  assert tfds_prepare.local_copy_root(c.data_dir) == str(copy)
   version = copy / "transformer_jax_embedded/tiny/1.0.0"
   assert sorted(p.name for p in version.iterdir()) == sorted(
     p.name for p in (tmp_path / "tfds/transformer_jax_embedded/tiny/1.0.0").iterdir()
@@ -354,7 +362,7 @@ def test_a_dataset_for_a_data_dir_in_a_bucket_is_prepared_on_disk_and_uploaded(
     "features.json",
     "transformer_jax_parallel_text-train.array_record-00000-of-00001",
   }
-  prepared_here = sources.local_copy_root(c.data_dir)
+  prepared_here = tfds_prepare.local_copy_root(c.data_dir)
   assert prepared_here.startswith(str(tmp_path / "cache"))
   assert list(epath.Path(prepared_here).glob("*/*/1.1.0/*.array_record-*"))
 

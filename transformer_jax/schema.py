@@ -36,7 +36,7 @@ class Allowed:
   lt: float | None = None
   le: float | None = None
   multiple_of: int | None = None
-  choices: tuple = ()
+  choices: tuple | Mapping = ()
   also: tuple = ()
   nonempty: bool = False
   means: tuple[tuple[Any, str], ...] = ()
@@ -103,11 +103,12 @@ class Declared:
 
 def setting(default: Any, help_: str, **allowed):
   """A settings field: its default, its help and what it allows (the fields of `Allowed`; `means`
-  may be a dict)."""
+  may be a dict). `choices` may be a mapping: its keys, as they are when a value is checked (a
+  table that grows)."""
   if isinstance(allowed.get("means"), dict):
     allowed["means"] = tuple(allowed["means"].items())
   for name in ("choices", "also"):
-    if name in allowed:
+    if name in allowed and not (name == "choices" and isinstance(allowed[name], Mapping)):
       allowed[name] = tuple(allowed[name])
   return dataclasses.field(default=default, metadata={_META: Declared(Allowed(**allowed), help_)})
 

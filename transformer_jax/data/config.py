@@ -3,19 +3,9 @@
 import dataclasses
 
 from transformer_jax import schema
+from transformer_jax.data.sources import SOURCES
 from transformer_jax.errors import FieldError
 
-DATASETS = {
-  # name: the language pair it holds
-  "embedded": ("en", "sy"),
-  "embedded_tiny": ("en", "sy"),
-  "wmt14_translate/de-en": ("de", "en"),
-  "wmt14_translate/fr-en": ("fr", "en"),
-  "wmt17_translate/de-en": ("de", "en"),
-  "multi30k": ("en", "de", "fr", "cs"),  # a copy of github.com/multi30k/dataset in manual_dir
-  "multi30k_tok": ("en", "de", "fr", "cs"),
-  "text": None,  # any two languages: files <prefix>.<source_lang>, <prefix>.<target_lang>
-}
 BATCH_MODES = ("tokens", "packed", "padded")
 OVERLONG = ("drop", "truncate")
 VOCAB_MODELS = ("bpe", "unigram")
@@ -27,7 +17,9 @@ class DataConfig:
   """Which data, its vocabulary and its batches; validated on construction (FieldError naming
   `data.<field>`). Sizes are global (all processes together)."""
 
-  name: str = schema.setting("embedded", "the dataset", choices=DATASETS)
+  name: str = schema.setting(
+    "embedded", "the source of the pairs (a name in data/sources.py's table)", choices=SOURCES
+  )
   source_lang: str = schema.setting("en", "translate from this language of the pair")
   target_lang: str = schema.setting("sy", "into this one (swap the two to reverse the direction)")
   data_dir: str = schema.setting("", "TFDS data dir ('' = $TFDS_DATA_DIR or ~/tensorflow_datasets)")
@@ -124,19 +116,18 @@ class DataConfig:
 
   def __post_init__(self):
     schema.check(self, "data")
-    pair = DATASETS[self.name]
+    languages = SOURCES[self.name].languages
     for field in ("source_lang", "target_lang"):
       value = getattr(self, field)
-      if pair is not None and value not in pair:
-        _fail(field, value, f"a language of {self.name}: {' | '.join(pair)}")
-      if pair is None and not value.isidentifier():
+      if languages is not None and value not in languages:
+        _fail(field, value, f"a language of {self.name}: {' | '.join(languages)}")
+      if languages is None and not value.isidentifier():
         _fail(field, value, "a language code such as 'en' (the file suffix)")
     if self.source_lang == self.target_lang:
       _fail("target_lang", self.target_lang, "a language other than data.source_lang")
-    if self.name == "text" and not self.text_train:
-      _fail(
-        "text_train", self.text_train, "a path prefix (files <prefix>.<lang>) when data.name='text'"
-      )
+    for field, what in SOURCES[self.name].needs.items():
+      if not getattr(self, field):
+        _fail(field, getattr(self, field), f"{what} when data.name={self.name!r}")
     if self.batch_mode == "packed":
       for field in ("max_source_length", "max_target_length"):
         if getattr(self, field) > self.max_length:

@@ -14,8 +14,8 @@ from etils import epath
 
 from transformer_jax import fileio
 from transformer_jax.data import parallel_text
-from transformer_jax.data.config import DataConfig
 from transformer_jax.data.errors import DataError, DataUnavailableError
+from transformer_jax.data.source import Source
 
 NAMES = ("multi30k", "multi30k_tok")
 LANGUAGES = ("en", "de", "fr", "cs")
@@ -41,12 +41,9 @@ def relative_path(name: str, file: str, lang: str) -> str:
   return f"data/task1/raw/{file}.{lang}.gz"
 
 
-def stored_split(c: DataConfig, split: str) -> str:
-  """The split of the prepared dataset that `split` names ('test' is test_2016_flickr);
-  DataError if Multi30k has no such split, or not in both languages of `c`."""
-  stored = ALIASES.get(split, split)
-  if stored not in SPLITS:
-    raise DataError(f"{c.name} has no split {split!r}: it has {' | '.join([*SPLITS, *ALIASES])}.")
+def check_split(c, split: str, stored: str) -> None:
+  """`Source.check_split`: DataError unless the repository's file of split `stored` (asked for as
+  `split`) has both languages of `c`."""
   file, langs = SPLITS[stored]
   for lang in (c.source_lang, c.target_lang):
     if lang not in langs:
@@ -58,10 +55,9 @@ def stored_split(c: DataConfig, split: str) -> str:
         f"has {' | '.join(have)} (data.train_split, data.eval_split, "
         "decode.split)."
       )
-  return stored
 
 
-def _expected_files(c: DataConfig) -> dict:
+def _expected_files(c) -> dict:
   """{split: (path of language a, path of language b)} inside the repository of every split
   with both languages."""
   languages = sorted((c.source_lang, c.target_lang))
@@ -72,7 +68,7 @@ def _expected_files(c: DataConfig) -> dict:
   }
 
 
-def builder(c: DataConfig):
+def builder(c):
   """The (maybe not yet prepared) builder of `c`'s language pair; DataUnavailableError when
   `data.manual_dir` is not set or lacks a file of the pair."""
   if not c.manual_dir:
@@ -98,3 +94,17 @@ def builder(c: DataConfig):
     for split, names in relative.items()
   }
   return parallel_text.builder(files, tuple(sorted((c.source_lang, c.target_lang))), c.data_dir)
+
+
+SOURCES = tuple(
+  Source(
+    name,
+    LANGUAGES,
+    builder,
+    parallel_text.prepare,
+    splits=tuple(SPLITS),
+    aliases=ALIASES,
+    check_split=check_split,
+  )
+  for name in NAMES
+)

@@ -36,6 +36,7 @@ from transformer_jax.conventions import BATCH_KEYS
 from transformer_jax.data import bpe_dropout, sources
 from transformer_jax.data import lengths as lengths_lib
 from transformer_jax.data.config import BPE_DROPOUT_SIDES, DataConfig
+from transformer_jax.data.errors import DataError
 from transformer_jax.errors import FieldError
 
 log = logging.getLogger(__name__)
@@ -311,7 +312,7 @@ def make_train_loader(c: DataConfig, tokenizer, *, seed, shard_index, shard_coun
   )
   ids = np.flatnonzero(~overlong) if c.overlong == "drop" else np.arange(len(lengths))
   if not len(ids):
-    raise sources.DataError(
+    raise DataError(
       f"No training pair of {c.name} fits data.max_source_length / data.max_target_length."
     )
   lengths = np.minimum(lengths, caps)

@@ -23,6 +23,7 @@ from transformer_jax import fileio
 from transformer_jax.conventions import EOS_ID, PAD_ID, UNK_ID
 from transformer_jax.data import marian, sources
 from transformer_jax.data.config import DataConfig
+from transformer_jax.data.errors import DataError
 from transformer_jax.errors import FieldError
 
 log = logging.getLogger(__name__)
@@ -41,10 +42,10 @@ class Tokenizer:
     try:
       self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
     except RuntimeError:  # SentencePiece's error for bytes that are not a model.
-      raise sources.DataError(f"{path or 'the vocabulary'} is not a SentencePiece model") from None
+      raise DataError(f"{path or 'the vocabulary'} is not a SentencePiece model") from None
     ids = (self._sp.pad_id(), self._sp.eos_id(), self._sp.unk_id(), self._sp.bos_id())
     if ids != (PAD_ID, EOS_ID, UNK_ID, -1):
-      raise sources.DataError(
+      raise DataError(
         f"SentencePiece model {path or ''} has (pad, eos, unk, bos) "
         f"ids {ids}; this project needs {(PAD_ID, EOS_ID, UNK_ID, -1)}."
       )
@@ -132,9 +133,9 @@ def default_vocab_path(c: DataConfig, vocab_dir):
   """<vocab_dir>/<dataset>-<languages>-<vocab size>.model (same for both directions; unigram
   vocabularies end in -unigram.model)."""
   name = re.sub(r"[^A-Za-z0-9_.]+", "_", c.name)
-  if c.name == "text":
-    prefix = fileio.absolute(c.text_train)
-    name += "_" + hashlib.sha1(prefix.encode()).hexdigest()[:8]
+  vocab_key = sources.SOURCES[c.name].vocab_key
+  if vocab_key is not None:  # 'text': the prefix of its training files.
+    name += vocab_key(c)
   langs = "-".join(sorted((c.source_lang, c.target_lang)))
   kind = "" if c.vocab_model == "bpe" else f"-{c.vocab_model}"
   return os.path.join(vocab_dir, f"{name}-{langs}-{c.vocab_size}{kind}.model")
@@ -154,9 +155,7 @@ def _save(proto: bytes, path: str) -> None:
   try:
     fileio.write_atomically(fileio.absolute(path), proto)
   except OSError as error:
-    raise sources.DataError(
-      f"cannot write the vocabulary {path}: {error.strerror or error}"
-    ) from None
+    raise DataError(f"cannot write the vocabulary {path}: {error.strerror or error}") from None
 
 
 def get_tokenizer(c: DataConfig, vocab_dir):
@@ -191,11 +190,9 @@ def load_tokenizer(c: DataConfig, vocab_dir):
   try:
     proto = epath.Path(path).read_bytes()
   except FileNotFoundError:
-    raise sources.DataError(f"no vocabulary at {path}") from None
+    raise DataError(f"no vocabulary at {path}") from None
   except OSError as error:
-    raise sources.DataError(
-      f"cannot read the vocabulary {path}: {error.strerror or error}"
-    ) from None
+    raise DataError(f"cannot read the vocabulary {path}: {error.strerror or error}") from None
   return _checked_size(Tokenizer(proto, path), c)
 
 
