@@ -77,14 +77,15 @@ def test_every_field_rejects_a_value_of_the_wrong_type_naming_the_field(field):
     ({"on_bad_checkpoints": "ignore"}, "config.on_bad_checkpoints must be 'stop' or 'start_over'"),
     ({"preemption_grace_seconds": -5}, "config.preemption_grace_seconds must be a number >= 0"),
     ({"model__dropout_rate": 1.5}, r"config.model.dropout_rate must be a number in \[0, 1\)"),
-    ({"data__vocab_size": 8}, "config.data.vocab_size must be an integer >= 16; got 8"),
+    ({"data__vocab__size": 8}, "config.data.vocab.size must be an integer >= 16; got 8"),
     ({"decode__early_stopping": "never"}, "config.decode.early_stopping must be 'exact' or"),
     ({"mesh__data": -1, "mesh__fsdp": -1}, "config.mesh: at most one axis may be -1"),
     # Unknown and missing fields.
     ({"num_train_step": 5}, "config.num_train_step is not a known field"),
     ({"model__layers": 5}, "config.model.layers is not a known field; known fields: num_layers"),
     ({"model__vocab_size": 100}, "config.model.vocab_size is not a known field"),
-    ({"data__vocab": 5}, "config.data.vocab is not a known field"),
+    ({"data__vocabulary": 5}, "config.data.vocabulary is not a known field"),
+    ({"data__vocab": 5}, "config.data.vocab must be a section of fields; got 5"),
     ({"mesh__pipeline": 2}, r"config.mesh.pipeline is not a known field"),
     ({"decode": 3}, r"config.decode must be a section of fields; got 3"),
     # Combinations.
@@ -92,8 +93,8 @@ def test_every_field_rejects_a_value_of_the_wrong_type_naming_the_field(field):
     ({"mesh__data": 2, "mesh__fsdp": 2}, "config.mesh=.* needs 4 devices but 8"),
     ({"mesh__tensor": 3}, "the fixed axes use 3 devices, which does not divide the 8"),
     (
-      {"data__batch_multiple": 4, "data__eval_batch_size": 64},
-      r"config.data.batch_multiple=4 must be a multiple of 8 = 8 batch shards",
+      {"data__batch__multiple": 4, "data__batch__eval_size": 64},
+      r"config.data.batch.multiple=4 must be a multiple of 8 = 8 batch shards",
     ),
     (
       {"grad_accum_steps": 3},
@@ -109,23 +110,25 @@ def test_every_field_rejects_a_value_of_the_wrong_type_naming_the_field(field):
     ),
     (
       {"model__max_len": 64},
-      r"config.data.max_source_length=72 is longer than config.model.max_len=64, the positions",
+      r"config.data.batch.max_source_length=72 is longer than config.model.max_len=64, the "
+      "positions",
     ),
     (
-      {"data__batch_mode": "packed", "model__max_len": 100},
-      r"config.data.max_length=128 is longer than config.model.max_len=100",
+      {"data__batch__mode": "packed", "model__max_len": 100},
+      r"config.data.batch.max_length=128 is longer than config.model.max_len=100",
     ),
     (
-      {"data__batch_mode": "packed", "data__max_length": 64},
-      r"config.data.max_source_length=72 is invalid: allowed at most data.max_length=64",
+      {"data__batch__mode": "packed", "data__batch__max_length": 64},
+      r"config.data.batch.max_source_length=72 is invalid: allowed at most "
+      "data.batch.max_length=64",
     ),
     (
-      {"data__batch_mode": "packed", "data__batch_size": 12},
-      r"config.data.batch_size=12 is invalid: allowed a multiple of data.batch_multiple=8",
+      {"data__batch__mode": "packed", "data__batch__size": 12},
+      r"config.data.batch.size=12 is invalid: allowed a multiple of data.batch.multiple=8",
     ),
     (
-      {"data__source_lang": "de"},
-      r"config.data.source_lang='de' is invalid: allowed a "
+      {"data__source__source_lang": "de"},
+      r"config.data.source.source_lang='de' is invalid: allowed a "
       r"language of embedded",
     ),
     ({"sharding_rules": "batch=data,heads=cores"}, "unknown mesh axis 'cores'"),
@@ -145,12 +148,12 @@ def test_a_missing_field_is_named():
 def test_model_fields_follow_the_presets_and_build_the_model():
   config = config_lib.default_config()
   config.model = config_lib.model_fields("big")
-  config.data.vocab_size = 37000
+  config.data.vocab.size = 37000
   model = config_lib.parse(config).model
   assert model.vocab_size is None  # The vocabulary sets it when the model is placed.
   assert dataclasses.replace(model, vocab_size=37000) == TransformerConfig.preset("big")
   config.model = config_lib.model_fields("C2", dtype="bfloat16")
-  config.data.vocab_size = 100
+  config.data.vocab.size = 100
   c2 = config_lib.parse(config).placement(vocab_size=100, devices=jax.devices()[:1]).model.config
   assert (c2.num_layers, c2.dtype, c2.key_size, c2.vocab_size) == (4, "bfloat16", 64, 100)
   with pytest.raises(ValueError, match="unknown preset 'huge'; allowed: base"):

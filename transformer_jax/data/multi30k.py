@@ -1,13 +1,13 @@
 """Multi30k (WMT16 multimodal task 1): image captions in en, de, fr, cs, read from a copy of
-https://github.com/multi30k/dataset (`data.manual_dir`, the directory holding `data/task1`).
+https://github.com/multi30k/dataset (`data.source.manual_dir`, the directory holding `data/task1`).
 
-Two variants, chosen by `data.name`: 'multi30k' reads the cased text
+Two variants, chosen by `data.source.name`: 'multi30k' reads the cased text
 `data/task1/raw/<file>.<lang>.gz`, 'multi30k_tok' the lowercased, normalized and
 tokenized text `data/task1/tok/<file>.lc.norm.tok.<lang>`. The files of the two
-languages of `data.source_lang` / `data.target_lang` are converted once into
-ArrayRecord in `data.data_dir` (again when a file changes) as parallel text
+languages of `data.source.source_lang` / `data.source.target_lang` are converted once into
+ArrayRecord in `data.source.data_dir` (again when a file changes) as parallel text
 (`parallel_text.py`), as the 'text' source is. Nothing is downloaded. The copy may be in a
-bucket (`data.manual_dir` a URL such as gs://).
+bucket (`data.source.manual_dir` a URL such as gs://).
 """
 
 from etils import epath
@@ -52,7 +52,7 @@ def check_split(c, split: str, stored: str) -> None:
       raise DataError(
         f"{c.name} has no {lang} text for split {split!r} (the repository's "
         f"{file} is {', '.join(langs)} only): {c.source_lang}-{c.target_lang} "
-        f"has {' | '.join(have)} (data.train_split, data.eval_split, "
+        f"has {' | '.join(have)} (data.source.train_split, data.source.eval_split, "
         "decode.split)."
       )
 
@@ -70,12 +70,12 @@ def _expected_files(c) -> dict:
 
 def builder(c):
   """The (maybe not yet prepared) builder of `c`'s language pair; DataUnavailableError when
-  `data.manual_dir` is not set or lacks a file of the pair."""
+  `data.source.manual_dir` is not set or lacks a file of the pair."""
   if not c.manual_dir:
     raise DataUnavailableError(
-      f"data.name={c.name!r} reads a copy of {URL} and data.manual_dir is not set: git clone "
-      f"{URL} and run with --config.data.manual_dir=<the clone> (the directory holding "
-      f"{relative_path(c.name, 'train', c.source_lang)}); nothing is downloaded."
+      f"data.source.name={c.name!r} reads a copy of {URL} and data.source.manual_dir is not "
+      f"set: git clone {URL} and run with --config.data.source.manual_dir=<the clone> (the "
+      f"directory holding {relative_path(c.name, 'train', c.source_lang)}); nothing is downloaded."
     )
   root = fileio.absolute(c.manual_dir)
   relative = _expected_files(c)
@@ -84,9 +84,9 @@ def builder(c):
   ]
   if missing:
     raise DataUnavailableError(
-      f"{c.name}: {root} (data.manual_dir) lacks {len(missing)} of the {2 * len(relative)} "
+      f"{c.name}: {root} (data.source.manual_dir) lacks {len(missing)} of the {2 * len(relative)} "
       f"files of {c.source_lang}-{c.target_lang}: {', '.join(missing)}. Put a copy of {URL} "
-      f"there (git clone {URL}) or set --config.data.manual_dir to one (the directory "
+      f"there (git clone {URL}) or set --config.data.source.manual_dir to one (the directory "
       "holding data/task1); nothing is downloaded."
     )
   files = {

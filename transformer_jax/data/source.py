@@ -17,14 +17,15 @@ def prepare(builder, c) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class Source:
-  """One source of parallel text: its name (`data.name`) and how its pairs are read.
+  """One source of parallel text: its name (`data.source.name`) and how its pairs are read.
 
-  Its functions take the data settings `c`. `builder(c)` makes the TFDS builder of the pairs
-  `c` asks for (not yet prepared, maybe: no data is read), `prepare(builder, c)` prepares it
-  once, returning False when it must be made again (another process prepared it meanwhile, or it
-  was uploaded to a data dir in a bucket: see `tfds_prepare.prepare`). A split is opened by the
-  name its dataset stores (`aliases`: other names of a split) after `check_split(c, split,
-  stored)`, which raises when `c` cannot read it.
+  Its functions take the source settings `c` (`data.source`, a `SourceSettings`). `builder(c)`
+  makes the TFDS builder of the pairs `c` asks for (not yet prepared, maybe: no data is read),
+  `prepare(builder, c)` prepares it once, returning False when it must be made again (another
+  process prepared it meanwhile, or it was uploaded to a data dir in a bucket: see
+  `tfds_prepare.prepare`). A split is opened by the name its dataset stores (`aliases`: other
+  names of a split) after `check_split(c, split, stored)`, which raises when `c` cannot read it.
+  `needs` and `languages` are checked when the settings are made (`SourceSettings`).
   """
 
   name: str

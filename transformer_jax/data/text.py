@@ -1,7 +1,7 @@
 """The source 'text': the user's files `<prefix>.<lang>` (one sentence per line), converted once
 into ArrayRecord (`parallel_text.py`). Any two languages: the file suffixes. The prefixes are
-`data.text_train`, `data.text_validation` and `data.text_test` (local paths or URLs such as
-gs://); a missing file names its field.
+`data.source.text_train`, `data.source.text_validation` and `data.source.text_test` (local paths
+or URLs such as gs://); a missing file names its field.
 
 Lines end at '\n' or '\r\n', the last one may lack it, and a UTF-8 byte-order mark at the start
 of a file is dropped. Missing or empty files, files of different line counts and two identical
@@ -37,10 +37,10 @@ def builder(c):
       if not epath.Path(p).is_file():
         found = _names_starting(f"{base}.")
         raise FieldError(
-          "data",
+          "data.source",
           f"text_{split}",
           f"={prefix!r}: no file {p} (expected "
-          "<prefix>.<lang> for data.source_lang and data.target_lang; "
+          "<prefix>.<lang> for data.source.source_lang and data.source.target_lang; "
           f"{'found ' + ', '.join(found) if found else 'no <prefix>.* exists'}).",
         )
     files[split] = paths
@@ -63,11 +63,11 @@ def check_split(c, split, stored):
   del stored
   if split in ("validation", "test") and not getattr(c, f"text_{split}"):
     raise FieldError(
-      "data",
+      "data.source",
       f"text_{split}",
       f"={getattr(c, f'text_{split}')!r}: there is "
       f"no {split} split to read; set it to the prefix of the {split} files "
-      "(or evaluate another split: data.eval_split, decode.split).",
+      "(or evaluate another split: data.source.eval_split, decode.split).",
     )
 
 

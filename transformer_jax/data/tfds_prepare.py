@@ -38,7 +38,8 @@ def prepare(builder, **kwargs) -> bool:
     return False
   except OSError as error:  # An unwritable data dir, an unreadable file, a full disk.
     raise DataError(
-      f"cannot prepare {builder.info.full_name} in {builder.data_dir_root} (data.data_dir): {error}"
+      f"cannot prepare {builder.info.full_name} in {builder.data_dir_root} "
+      f"(data.source.data_dir): {error}"
     ) from None
   return True
 
@@ -96,7 +97,7 @@ def _prepare_and_upload(builder, **kwargs) -> None:
   target = epath.Path(builder.data_path)
   log.info("Uploading %s (%d files) to %s", builder.info.full_name, len(names), target)
   for name in names:
-    _copy(prepared / name, target / name, "data.data_dir")
+    _copy(prepared / name, target / name, "data.source.data_dir")
 
 
 def readable(builder):
@@ -122,7 +123,7 @@ def readable(builder):
     for name in names:  # Each under a temporary name, then renamed: whole, or not there.
       partial = epath.Path(fileio.temporary_name(str(local / name)))
       try:
-        _copy(remote / name, partial, "the local copy of data.data_dir")
+        _copy(remote / name, partial, "the local copy of data.source.data_dir")
         partial.replace(local / name)
       finally:
         partial.unlink(missing_ok=True)

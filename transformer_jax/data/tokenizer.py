@@ -1,10 +1,10 @@
-"""SentencePiece (BPE, or a unigram model with `data.vocab_model`), one vocabulary shared by source
+"""SentencePiece (BPE, or a unigram model with `data.vocab.model`), one vocabulary shared by source
 and target.
 
 Ids (`transformer_jax.conventions`): PAD_ID = 0 (also the decoder's start
 token), EOS_ID = 1, UNK_ID = 2, no BOS. `encode` (sources) and
 `encode_target`, and their `_batch` forms for lists of sentences, add no
-EOS; the pipeline appends it. A `data.vocab_path`
+EOS; the pipeline appends it. A `data.vocab.path`
 that is a directory of Marian tokenizer files (`marian.FILES`) loads a
 `marian.MarianTokenizer` instead, with the same interface and ids.
 """
@@ -90,7 +90,7 @@ _TOO_SMALL = re.compile(r"Vocabulary size is smaller than required_chars\. \d+ v
 def train_model(sentences, vocab_size, model_type="bpe"):
   """Serialized SentencePiece model (`model_type` bpe or unigram) trained on an iterable of strings.
 
-  FieldError naming `data.vocab_size` and the largest (or smallest) size that
+  FieldError naming `data.vocab.size` and the largest (or smallest) size that
   works when the text does not fit `vocab_size` tokens.
   """
   buffer = io.BytesIO()
@@ -114,14 +114,14 @@ def train_model(sentences, vocab_size, model_type="bpe"):
   except RuntimeError as error:
     if match := _TOO_LARGE.search(str(error)):
       raise FieldError(
-        "data",
-        "vocab_size",
+        "data.vocab",
+        "size",
         f"={vocab_size} is more than the training text supports: set it to at most {match[1]}",
       ) from None
     if match := _TOO_SMALL.search(str(error)):
       raise FieldError(
-        "data",
-        "vocab_size",
+        "data.vocab",
+        "size",
         f"={vocab_size} is too small for the characters "
         f"of the training text: set it to at least {match[1]}",
       ) from None
@@ -132,13 +132,13 @@ def train_model(sentences, vocab_size, model_type="bpe"):
 def default_vocab_path(c: DataConfig, vocab_dir):
   """<vocab_dir>/<dataset>-<languages>-<vocab size>.model (same for both directions; unigram
   vocabularies end in -unigram.model)."""
-  name = re.sub(r"[^A-Za-z0-9_.]+", "_", c.name)
-  vocab_key = sources.SOURCES[c.name].vocab_key
+  name = re.sub(r"[^A-Za-z0-9_.]+", "_", c.source.name)
+  vocab_key = sources.SOURCES[c.source.name].vocab_key
   if vocab_key is not None:  # 'text': the prefix of its training files.
-    name += vocab_key(c)
-  langs = "-".join(sorted((c.source_lang, c.target_lang)))
-  kind = "" if c.vocab_model == "bpe" else f"-{c.vocab_model}"
-  return os.path.join(vocab_dir, f"{name}-{langs}-{c.vocab_size}{kind}.model")
+    name += vocab_key(c.source)
+  langs = "-".join(sorted((c.source.source_lang, c.source.target_lang)))
+  kind = "" if c.vocab.model == "bpe" else f"-{c.vocab.model}"
+  return os.path.join(vocab_dir, f"{name}-{langs}-{c.vocab.size}{kind}.model")
 
 
 def _training_sentences(source, n):
@@ -159,24 +159,24 @@ def _save(proto: bytes, path: str) -> None:
 
 
 def get_tokenizer(c: DataConfig, vocab_dir):
-  """Loads the vocabulary at `data.vocab_path` (default: `default_vocab_path` in `vocab_dir`),
+  """Loads the vocabulary at `data.vocab.path` (default: `default_vocab_path` in `vocab_dir`),
   training and saving it first if absent; a directory of Marian files gives a MarianTokenizer."""
-  path = c.vocab_path or default_vocab_path(c, vocab_dir)
+  path = c.vocab.path or default_vocab_path(c, vocab_dir)
   if not epath.Path(path).exists():
-    source = sources.open_split(c, c.train_split)
-    sample = min(len(source), c.tokenizer_sample_size)
+    source = sources.open_split(c, c.source.train_split)
+    sample = min(len(source), c.vocab.sample_size)
     log.info(
       "Training a %d-token SentencePiece %s vocabulary on %d of the %d %s pairs "
       "of %s (%d sentences)",
-      c.vocab_size,
-      c.vocab_model,
+      c.vocab.size,
+      c.vocab.model,
       sample,
       len(source),
-      c.train_split,
-      c.name,
+      c.source.train_split,
+      c.source.name,
       2 * sample,
     )
-    proto = train_model(_training_sentences(source, sample), c.vocab_size, c.vocab_model)
+    proto = train_model(_training_sentences(source, sample), c.vocab.size, c.vocab.model)
     _save(proto, path)
     log.info("Saved the vocabulary to %s", path)
   return load_tokenizer(c, vocab_dir)
@@ -184,7 +184,7 @@ def get_tokenizer(c: DataConfig, vocab_dir):
 
 def load_tokenizer(c: DataConfig, vocab_dir):
   """The vocabulary `get_tokenizer` would load, never trained: DataError when it is not there."""
-  path = c.vocab_path or default_vocab_path(c, vocab_dir)
+  path = c.vocab.path or default_vocab_path(c, vocab_dir)
   if marian.is_marian_directory(path):
     return _checked_size(marian.MarianTokenizer.load(path), c)
   try:
@@ -197,11 +197,11 @@ def load_tokenizer(c: DataConfig, vocab_dir):
 
 
 def _checked_size(tokenizer, c):
-  if tokenizer.vocab_size != c.vocab_size:
+  if tokenizer.vocab_size != c.vocab.size:
     log.warning(
-      "%s has %d tokens, data.vocab_size says %d: using the file.",
+      "%s has %d tokens, data.vocab.size says %d: using the file.",
       tokenizer.path,
       tokenizer.vocab_size,
-      c.vocab_size,
+      c.vocab.size,
     )
   return tokenizer

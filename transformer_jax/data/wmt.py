@@ -1,5 +1,5 @@
 """The WMT sources: TFDS's builders 'wmt14_translate/de-en', 'wmt14_translate/fr-en' and
-'wmt17_translate/de-en', downloaded (or taken from TFDS's manual dir, `data.manual_dir`) and
+'wmt17_translate/de-en', downloaded (or taken from TFDS's manual dir, `data.source.manual_dir`) and
 prepared once. Without a network connection, one error lists the files to download by hand."""
 
 import importlib
@@ -84,7 +84,7 @@ def _prepare(builder, manual_dir):
       f"cannot be downloaded: no network connection to {', '.join(unreachable)}. "
       f"Either run once with network access (it downloads {len(missing)} files, "
       f"{size}, then writes ArrayRecord files there), or download these files "
-      f"elsewhere and put them in {manual_dir} (set by data.manual_dir):\n{listing}"
+      f"elsewhere and put them in {manual_dir} (set by data.source.manual_dir):\n{listing}"
     )
   # TFDS takes a file from the manual dir only if it knows the file's checksum;
   # some WMT files have none registered (wmt14's giga-fren, UN): add them.
