@@ -68,6 +68,18 @@ def _no_get_config(folder):
   return folder / "mine.py"
 
 
+def _config_of_before(folder):
+  """A config file that reads a data setting by its name from before the sections (as the
+  config.py of a work directory imported then did)."""
+  (folder / "old.py").write_text(
+    "from transformer_jax import config as config_lib\n\n\ndef get_config():\n"
+    "  config = config_lib.default_config()\n"
+    '  config.data["max_length"] = min(config.data["max_length"], 64)\n'
+    "  return config\n"
+  )
+  return folder / "old.py"
+
+
 def _a_file(folder):
   (folder / "a_file").write_text("not a directory\n")
   return folder / "a_file"
@@ -234,6 +246,18 @@ ROWS = [
     lambda d: ["--config=experiments/default.py", "--config.data.vocab_sise=8"],
     "--config.data.vocab_sise: config.data has no field 'vocab_sise'; did you mean "
     "--config.data.vocab.size?",
+    flags=True,
+  ),
+  Row(
+    "A data setting by its name from before the sections",
+    lambda d: ["--config=experiments/default.py", "--config.data.tokens_per_batch=8192"],
+    "--config.data.tokens_per_batch is now --config.data.batch.tokens",
+    flags=True,
+  ),
+  Row(
+    "A config file that reads a data setting by its name from before the sections",
+    lambda d: [f"--config={_config_of_before(d)}"],
+    "(data.max_length is now data.batch.max_length)",
     flags=True,
   ),
   Row(

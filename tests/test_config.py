@@ -14,6 +14,8 @@ import pytest
 
 from transformer_jax import config as config_lib
 from transformer_jax import schema
+from transformer_jax.cli import flag_errors
+from transformer_jax.data import DataConfig
 from transformer_jax.errors import FieldError, UserError
 from transformer_jax.experiment import Experiment
 from transformer_jax.model.transformer import TransformerConfig
@@ -189,3 +191,49 @@ def test_a_parameter_that_does_not_split_over_the_mesh_names_the_rules():
     r"\(2 shards\).*",
     config_lib.user_message(caught.value),
   )
+
+
+@pytest.mark.parametrize("old,new", sorted(DataConfig.MOVED.items()))
+def test_a_data_setting_by_its_name_before_the_sections_is_refused_naming_the_new_one(old, new):
+  config = config_lib.default_config()
+  section, field = new.split(".")
+  config.data[old] = config.data[section][field]  # As a config file of before set it.
+  assert _problem(config) == f"config.data.{old} is now data.{new}"
+  problem = flag_errors.config_flag_problem(
+    ["main", "--config=experiments/default.py", f"--config.data.{old}=1"]
+  )
+  assert problem == f"--config.data.{old} is now --config.data.{new}"
+
+
+# The config.py that `python -m transformer_jax.pretrained import` wrote into a work directory
+# before the data settings had sections.
+_IMPORTED_BEFORE = """
+from transformer_jax import config as config_lib
+
+
+def get_config():
+  config = config_lib.default_config()
+  config.data.vocab_path = "vocab/marian"
+  config.data.vocab_size = 58101
+  for field in ("max_source_length", "max_target_length", "max_length"):  # Within the positions.
+    config.data[field] = min(config.data[field], 512)
+  return config
+"""
+
+
+def test_a_work_directory_s_config_file_of_before_gives_one_line_naming_the_new_field(tmp_path):
+  (tmp_path / "config.py").write_text(_IMPORTED_BEFORE)
+  problem = flag_errors.config_flag_problem(["main", f"--config={tmp_path}/config.py"])
+  assert problem == (
+    f"--config={tmp_path}/config.py: KeyError: \"'max_source_length'\" "
+    "(data.max_source_length is now data.batch.max_source_length)"
+  )
+  # Changed as the line says (and the other two it reads, and the two it sets), it runs.
+  fixed = _IMPORTED_BEFORE.replace("config.data[", "config.data.batch[")
+  fixed = fixed.replace("data.vocab_path", "data.vocab.path")
+  (tmp_path / "config.py").write_text(fixed)
+  with pytest.raises(UserError, match=r"^data.vocab_size is now data.vocab.size$"):
+    config_lib.parse(config_lib.load_file(f"{tmp_path}/config.py"))
+  (tmp_path / "config.py").write_text(fixed.replace("data.vocab_size", "data.vocab.size"))
+  data = config_lib.parse(config_lib.load_file(f"{tmp_path}/config.py")).data
+  assert (data.vocab.path, data.vocab.size, data.batch.max_length) == ("vocab/marian", 58101, 128)
