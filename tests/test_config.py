@@ -237,3 +237,9 @@ def test_a_work_directory_s_config_file_of_before_gives_one_line_naming_the_new_
   (tmp_path / "config.py").write_text(fixed.replace("data.vocab_size", "data.vocab.size"))
   data = config_lib.parse(config_lib.load_file(f"{tmp_path}/config.py")).data
   assert (data.vocab.path, data.vocab.size, data.batch.max_length) == ("vocab/marian", 58101, 128)
+
+
+def test_docs_data_md_lists_every_data_setting_that_moved():
+  text = (config_reference.PATH.parent / "data.md").read_text()
+  for old, new in DataConfig.MOVED.items():
+    assert f"| `data.{old}` | `data.{new}` |" in text, old

@@ -9,9 +9,8 @@ import pytest
 
 import helpers
 from transformer_jax import data, experiment
-from transformer_jax.data import parallel_text, sources
+from transformer_jax.data import sources
 from transformer_jax.data import tokenizer as tokenizer_lib
-from transformer_jax.data.source import Source
 from transformer_jax.errors import FieldError
 
 WORDS = {
@@ -35,28 +34,25 @@ def write_pairs(folder, split: str, count: int) -> list[tuple[str, str]]:
 
 @pytest.fixture
 def pairs_source(tmp_path, monkeypatch):
-  """A source 'pairs' of fixed files, added to the table as a source module would add it: one
-  entry. Returns {split: [(en, de)]}."""
-  folder = tmp_path / "pairs"
+  """The source of docs/data.md's "Adding a source", its files written here, added to the table
+  as it says: one entry. Returns {split: [(en, de)]}."""
+  folder = tmp_path / "wmt"
   folder.mkdir()
   written = {"train": write_pairs(folder, "train", 48), "validation": write_pairs(folder, "dev", 8)}
-  files = {
-    split: (str(folder / f"{name}.de"), str(folder / f"{name}.en"))
-    for split, name in (("train", "train"), ("validation", "dev"))
-  }
-
-  def builder(c):
-    return parallel_text.builder(files, ("de", "en"), c.data_dir)
-
-  entry = Source("pairs", ("de", "en"), builder, parallel_text.prepare, splits=tuple(files))
-  monkeypatch.setitem(sources.SOURCES, "pairs", entry)
+  code = helpers.code_block("docs/data.md", "## Adding a source\n")
+  for old, new in (("/data/wmt/europarl-v7.de-en", "train"), ("/data/wmt/newstest2013", "dev")):
+    assert code.count(old) == 2, old
+    code = code.replace(old, str(folder / new))
+  module = {}
+  exec(compile(code, "docs/data.md", "exec"), module)  # pylint: disable=exec-used
+  monkeypatch.setitem(sources.SOURCES, "europarl", module["SOURCE"])
   return written
 
 
 def pairs_config(tmp_path, **fields):
   return helpers.data_config(
     **{
-      "source__name": "pairs",
+      "source__name": "europarl",
       "source__source_lang": "en",
       "source__target_lang": "de",
       "source__data_dir": str(tmp_path / "tfds"),
@@ -70,7 +66,7 @@ def test_a_source_added_as_one_entry_reads_its_splits_in_order(tmp_path, pairs_s
   assert data.open_split(c, "train").all_pairs() == pairs_source["train"]
   assert data.split_texts(c, "validation") == tuple(map(list, zip(*pairs_source["validation"])))
   with pytest.raises(
-    data.DataError, match=r"pairs has no split 'test': it has train \| validation\."
+    data.DataError, match=r"europarl has no split 'test': it has train \| validation\."
   ):
     data.open_split(c, "test")
   with pytest.raises(FieldError, match="data.source.target_lang='fr' is invalid: allowed a lang"):
@@ -80,7 +76,7 @@ def test_a_source_added_as_one_entry_reads_its_splits_in_order(tmp_path, pairs_s
 def test_a_source_added_as_one_entry_trains_a_vocabulary_and_a_model(tmp_path, pairs_source):
   settings = helpers.tiny_experiment(
     tmp_path,
-    data__source__name="pairs",
+    data__source__name="europarl",
     data__source__source_lang="en",
     data__source__target_lang="de",
     data__source__data_dir=str(tmp_path / "tfds"),
@@ -94,7 +90,7 @@ def test_a_source_added_as_one_entry_trains_a_vocabulary_and_a_model(tmp_path, p
   )
   vocab = tmp_path / "vocab"
   tokenizer = data.get_tokenizer(settings.data, str(vocab))
-  assert tokenizer.path == str(vocab / "pairs-de-en-40.model")  # <source>-<languages>-<size>
+  assert tokenizer.path == str(vocab / "europarl-de-en-40.model")  # <source>-<languages>-<size>
   trainer, _ = experiment.make_trainer(settings, vocab_size=tokenizer.vocab_size)
   state, losses = trainer.init(), []
   batches = iter(
