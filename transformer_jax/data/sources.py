@@ -19,7 +19,7 @@ from transformer_jax.data import embedded_source, multi30k, text, tfds_prepare, 
 from transformer_jax.data.errors import DataError
 from transformer_jax.data.source import ParallelSource
 
-if TYPE_CHECKING:  # The settings check their source's name against this table.
+if TYPE_CHECKING:  # Hints only: data/config.py imports this table to check a source's settings.
   from transformer_jax.data.config import DataConfig, SourceSettings
 
 SOURCES = {
