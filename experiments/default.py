@@ -35,10 +35,10 @@ def get_config():
     norm="pre",
     dropout_rate=0.0,
   )
-  config.data.name = "embedded"
-  config.data.vocab_size = 1000
-  config.data.tokens_per_batch = 4096
-  config.data.batch_multiple = 8  # Rows split evenly over up to 8 devices.
+  config.data.source.name = "embedded"
+  config.data.vocab.size = 1000
+  config.data.batch.tokens = 4096
+  config.data.batch.multiple = 8  # Rows split evenly over up to 8 devices.
   config.num_train_steps = 900
   config.warmup_steps = 180
   # Peak rate 0.75 * 128^-0.5 * 180^-0.5 = 4.9e-3 (at step 180), then the paper's inverse square

@@ -34,7 +34,7 @@ What differs, and why:
     60 updates (an epoch of about 29,000 pairs is roughly that many 8k-token batches).
   * Length penalty: fairseq divides a beam's score by its length (lenpen 1.0): decode.alpha 1.0
     with length_normalization 'length'.
-Give the clone of github.com/multi30k/dataset as --config.data.manual_dir (docs/data.md).
+Give the clone of github.com/multi30k/dataset as --config.data.source.manual_dir (docs/data.md).
 `--mode=eval` reports sacreBLEU and, as the paper does, `bleu_as_is` on the tok text.
 """
 
@@ -63,13 +63,13 @@ def get_config(variant: str = "tiny"):
     norm_epsilon=1e-5,
     init="fairseq",
   )
-  config.data.name = "multi30k_tok"
-  config.data.source_lang = "en"
-  config.data.target_lang = "de"
-  config.data.vocab_size = 10_000
-  config.data.tokens_per_batch = 8192
-  config.data.max_source_length = 80
-  config.data.max_target_length = 80
+  config.data.source.name = "multi30k_tok"
+  config.data.source.source_lang = "en"
+  config.data.source.target_lang = "de"
+  config.data.vocab.size = 10_000
+  config.data.batch.tokens = 8192
+  config.data.batch.max_source_length = 80
+  config.data.batch.max_target_length = 80
   config.num_train_steps = 8000
   config.warmup_steps = WARMUP
   # The peak of the schedule, scale * d^-0.5 * warmup^-0.5, is PEAK_LEARNING_RATE.
@@ -88,7 +88,7 @@ def get_config(variant: str = "tiny"):
   config.mesh.data = -1
   if variant == "tiny_fast":
     config.model.norm = "pre"
-    config.data.tokens_per_batch = 2048
+    config.data.batch.tokens = 2048
     config.num_train_steps = 16_000
     config.keep_checkpoints = config.average_last = 20
   return config

@@ -15,7 +15,7 @@ of one shape (tensor2tensor's packed problems) keeps every pair apart through
 its segment ids, wastes few slots on padding and compiles one train step
 instead of 13 (docs/compile.md). The paper's batching, 32768 tokens a side
 counting padding (4096 per GPU on 8 GPUs, as in tensor2tensor, which the
-paper used): `--config.data.batch_mode=tokens`. Meshes are for 8 accelerators and take
+paper used): `--config.data.batch.mode=tokens`. Meshes are for 8 accelerators and take
 the rest of whatever devices there are (-1): base is data parallel, the big
 models are FSDP-sharded. Computation is in bfloat16, parameters in float32.
 The paper evaluates the average of the last 5 (base) or 20 (big) checkpoints
@@ -45,22 +45,22 @@ def get_config(variant: str = "base"):
     **({"dropout_rate": 0.1} if variant == "big_enfr" else {}),
   )
   if variant == "big_enfr":
-    config.data.name = "wmt14_translate/fr-en"
-    config.data.target_lang = "fr"
-    config.data.vocab_size = 32000
+    config.data.source.name = "wmt14_translate/fr-en"
+    config.data.source.target_lang = "fr"
+    config.data.vocab.size = 32000
   else:
-    config.data.name = "wmt14_translate/de-en"
-    config.data.target_lang = "de"
-    config.data.vocab_size = 37000
-  config.data.source_lang = "en"
-  config.data.tokenizer_sample_size = 1_000_000
-  config.data.batch_mode = "packed"
-  config.data.batch_size = 104
-  config.data.max_length = 256
-  config.data.tokens_per_batch = 32768  # With batch_mode=tokens.
-  config.data.max_source_length = 256
-  config.data.max_target_length = 256
-  config.data.batch_multiple = 8
+    config.data.source.name = "wmt14_translate/de-en"
+    config.data.source.target_lang = "de"
+    config.data.vocab.size = 37000
+  config.data.source.source_lang = "en"
+  config.data.vocab.sample_size = 1_000_000
+  config.data.batch.mode = "packed"
+  config.data.batch.size = 104
+  config.data.batch.max_length = 256
+  config.data.batch.tokens = 32768  # With batch_mode=tokens.
+  config.data.batch.max_source_length = 256
+  config.data.batch.max_target_length = 256
+  config.data.batch.multiple = 8
   config.num_train_steps = 300_000 if big else 100_000
   config.warmup_steps = 4000
   config.label_smoothing = 0.1

@@ -138,7 +138,7 @@ def gcs_server():
 @pytest.fixture
 def absl_flags_parsed():
   """absl's flags parsed, as the command line has them, which Grain's worker processes need
-  (`data.num_workers` > 0: docs/library.md); unparsed again after, as pytest found them."""
+  (`data.batch.num_workers` > 0: docs/library.md); unparsed again after, as pytest found them."""
   from absl import flags  # pylint: disable=import-outside-toplevel
 
   if flags.FLAGS.is_parsed():

@@ -7,6 +7,7 @@ vocabulary and a JAX compilation cache are shared by all runs of a test
 session (`shared_dir`), so a run starts in seconds.
 """
 
+import dataclasses
 import io
 import os
 import pathlib
@@ -212,6 +213,20 @@ def leaves(tree) -> list:
   return [np.asarray(tree)]
 
 
+def data_config(base: data.DataConfig | None = None, **fields) -> data.DataConfig:
+  """`base` (default: every default) with `fields` replaced, each named `<section>__<field>`
+  (`vocab__size=200` for `data.vocab.size`); a section's fields are checked together."""
+  base = base or data.DataConfig()
+  sections = {}
+  for key, value in fields.items():
+    section, field = key.split("__")
+    sections.setdefault(section, {})[field] = value
+  return dataclasses.replace(
+    base,
+    **{name: dataclasses.replace(getattr(base, name), **new) for name, new in sections.items()},
+  )
+
+
 # Tiny runs of `python -m transformer_jax.main`.
 
 
@@ -220,11 +235,11 @@ def shared_dir(tmp_path_factory) -> pathlib.Path:
   shared = tmp_path_factory.getbasetemp() / "runs_shared"
   if not (shared / "vocab.model").exists():
     data.get_tokenizer(
-      data.DataConfig(
-        name="embedded_tiny",
-        data_dir=str(shared / "tfds"),
-        vocab_size=200,
-        vocab_path=str(shared / "vocab.model"),
+      data_config(
+        source__name="embedded_tiny",
+        source__data_dir=str(shared / "tfds"),
+        vocab__size=200,
+        vocab__path=str(shared / "vocab.model"),
       ),
       str(shared),
     )
@@ -233,22 +248,22 @@ def shared_dir(tmp_path_factory) -> pathlib.Path:
 
 def tiny_data_config(shared: pathlib.Path):
   """The `config.data` of tiny runs (without their vocabulary path)."""
-  return data.DataConfig(name="embedded_tiny", data_dir=str(shared / "tfds"))
+  return data_config(source__name="embedded_tiny", source__data_dir=str(shared / "tfds"))
 
 
 def tiny_config(shared: pathlib.Path, **overrides) -> dict:
   """`{field path: value}` of a tiny run's config overrides; `overrides` add to them (`__` for
   `.`)."""
   config = {
-    "data.name": "embedded_tiny",
-    "data.data_dir": shared / "tfds",
-    "data.vocab_path": shared / "vocab.model",
-    "data.vocab_size": 200,
-    "data.batch_mode": "packed",
-    "data.batch_size": 8,
-    "data.max_length": 64,
-    "data.max_source_length": 64,
-    "data.max_target_length": 64,
+    "data.source.name": "embedded_tiny",
+    "data.source.data_dir": shared / "tfds",
+    "data.vocab.path": shared / "vocab.model",
+    "data.vocab.size": 200,
+    "data.batch.mode": "packed",
+    "data.batch.size": 8,
+    "data.batch.max_length": 64,
+    "data.batch.max_source_length": 64,
+    "data.batch.max_target_length": 64,
     "model.num_layers": 2,
     "model.d_model": 32,
     "model.d_ff": 64,
@@ -558,14 +573,14 @@ def assert_loader_resumes(make, tmp_path, before: int, after: int) -> None:
 def text_data_config(root, **fields) -> data.DataConfig:
   """The 'text' dataset of files <root>/train.{xx,yy} and <root>/dev.{xx,yy}: batch rows in pairs,
   512 tokens a batch, and `fields`."""
-  return data.DataConfig(
-    name="text",
-    source_lang="xx",
-    target_lang="yy",
-    text_train=str(root / "train"),
-    text_validation=str(root / "dev"),
-    data_dir=str(root / "tfds"),
-    batch_multiple=2,
-    tokens_per_batch=512,
+  return data_config(
+    source__name="text",
+    source__source_lang="xx",
+    source__target_lang="yy",
+    source__text_train=str(root / "train"),
+    source__text_validation=str(root / "dev"),
+    source__data_dir=str(root / "tfds"),
+    batch__multiple=2,
+    batch__tokens=512,
     **fields,
   )

@@ -52,13 +52,13 @@ def _corpus(folder, name="corpus", source=None, target=None, lines=40):
 def _text(folder, **overrides):
   """Overrides of a tiny run on `_corpus(folder)`, its vocabulary trained into `folder`."""
   return {
-    "data__name": "text",
-    "data__source_lang": "en",
-    "data__target_lang": "de",
-    "data__text_train": _corpus(folder),
-    "data__vocab_size": 60,
-    "data__vocab_path": folder / "vocab.model",
-    "data__data_dir": folder / "tfds",
+    "data__source__name": "text",
+    "data__source__source_lang": "en",
+    "data__source__target_lang": "de",
+    "data__source__text_train": _corpus(folder),
+    "data__vocab__size": 60,
+    "data__vocab__path": folder / "vocab.model",
+    "data__source__data_dir": folder / "tfds",
     **overrides,
   }
 
@@ -66,6 +66,18 @@ def _text(folder, **overrides):
 def _no_get_config(folder):
   (folder / "mine.py").write_text("import ml_collections\nCONFIG = ml_collections.ConfigDict()\n")
   return folder / "mine.py"
+
+
+def _config_of_before(folder):
+  """A config file that reads a data setting by its name from before the sections (as the
+  config.py of a work directory imported then did)."""
+  (folder / "old.py").write_text(
+    "from transformer_jax import config as config_lib\n\n\ndef get_config():\n"
+    "  config = config_lib.default_config()\n"
+    '  config.data["max_length"] = min(config.data["max_length"], 64)\n'
+    "  return config\n"
+  )
+  return folder / "old.py"
 
 
 def _a_file(folder):
@@ -98,65 +110,66 @@ class Row:
 ROWS = [
   # Data.
   Row(
-    "`data.vocab_size` more than the training text supports",
-    lambda d: _text(d, data__vocab_size=1000),
-    "config.data.vocab_size=1000 is more than the training text supports: set it to at most ",
+    "`data.vocab.size` more than the training text supports",
+    lambda d: _text(d, data__vocab__size=1000),
+    "config.data.vocab.size=1000 is more than the training text supports: set it to at most ",
   ),
   Row(
-    "`data.vocab_size` too small for the text's characters",
-    lambda d: _text(d, data__vocab_size=16),
-    "config.data.vocab_size=16 is too small for the characters of the training text: set it "
+    "`data.vocab.size` too small for the text's characters",
+    lambda d: _text(d, data__vocab__size=16),
+    "config.data.vocab.size=16 is too small for the characters of the training text: set it "
     "to at least ",
   ),
   Row(
     "The same file (or text) for both languages",
-    lambda d: _text(d, data__text_train=_corpus(d, "same", b"a b\nc d\n", b"a b\nc d\n")),
+    lambda d: _text(d, data__source__text_train=_corpus(d, "same", b"a b\nc d\n", b"a b\nc d\n")),
     "same.de and {d}/same.en are the same text",
   ),
   Row(
     "Files of different line counts",
-    lambda d: _text(d, data__text_train=_corpus(d, "uneven", b"a\nb\n", b"x\n")),
+    lambda d: _text(d, data__source__text_train=_corpus(d, "uneven", b"a\nb\n", b"x\n")),
     "uneven.de has 1 lines but",
   ),
   Row(
     "An empty file",
-    lambda d: _text(d, data__text_train=_corpus(d, "empty", b"a\nb\n", b"")),
+    lambda d: _text(d, data__source__text_train=_corpus(d, "empty", b"a\nb\n", b"")),
     "empty.de is empty",
   ),
   Row(
-    "A `data.text_train` prefix without files",
-    lambda d: _text(d, data__text_train=d / "missing"),
-    "config.data.text_train='{d}/missing': no file {d}/missing.de",
+    "A `data.source.text_train` prefix without files",
+    lambda d: _text(d, data__source__text_train=d / "missing"),
+    "config.data.source.text_train='{d}/missing': no file {d}/missing.de",
   ),
   Row(
-    "A language code the files do not have (`data.target_lang=fr` for `corpus.en`, `corpus.de`)",
-    lambda d: _text(d, data__target_lang="fr"),
-    "config.data.text_train='{d}/corpus': no file {d}/corpus.fr (expected <prefix>.<lang> "
-    "for data.source_lang and data.target_lang; found {d}/corpus.de, {d}/corpus.en)",
+    "A language code the files do not have (`data.source.target_lang=fr` for `corpus.en`, "
+    "`corpus.de`)",
+    lambda d: _text(d, data__source__target_lang="fr"),
+    "config.data.source.text_train='{d}/corpus': no file {d}/corpus.fr (expected <prefix>.<lang> "
+    "for data.source.source_lang and data.source.target_lang; found {d}/corpus.de, {d}/corpus.en)",
   ),
   Row(
     "A language the dataset does not have",
-    lambda d: {"data__source_lang": "de"},
-    "config.data.source_lang='de' is invalid: allowed a language of embedded_tiny: en | sy",
+    lambda d: {"data__source__source_lang": "de"},
+    "config.data.source.source_lang='de' is invalid: allowed a language of embedded_tiny: en | sy",
   ),
   Row(
-    "A `data.text_validation` (or `text_test`) prefix without files",
-    lambda d: _text(d, data__text_validation=d / "dev"),
-    "config.data.text_validation='{d}/dev': no file {d}/dev.de",
+    "A `data.source.text_validation` (or `text_test`) prefix without files",
+    lambda d: _text(d, data__source__text_validation=d / "dev"),
+    "config.data.source.text_validation='{d}/dev': no file {d}/dev.de",
   ),
   Row(
-    "Evaluation (`config.eval_every_steps`) of text data without `data.text_validation`",
+    "Evaluation (`config.eval_every_steps`) of text data without `data.source.text_validation`",
     lambda d: _text(d, eval_every_steps=1),
-    "config.data.text_validation='': there is no validation split to read",
+    "config.data.source.text_validation='': there is no validation split to read",
   ),
   Row(
-    "A `data.vocab_path` that is not a SentencePiece model",
-    lambda d: {"data__vocab_path": _a_file(d)},
+    "A `data.vocab.path` that is not a SentencePiece model",
+    lambda d: {"data__vocab__path": _a_file(d)},
     "a_file is not a SentencePiece model",
   ),
   Row(
-    "A `data.vocab_path` that is a directory",
-    lambda d: {"data__vocab_path": d},
+    "A `data.vocab.path` that is a directory",
+    lambda d: {"data__vocab__path": d},
     "cannot read the vocabulary",
   ),
   # Settings.
@@ -167,8 +180,8 @@ ROWS = [
   ),
   Row(
     "A value that is none of the allowed ones",
-    lambda d: {"data__batch_mode": "rows"},
-    "config.data.batch_mode must be 'tokens' or 'packed' or 'padded'; got 'rows'",
+    lambda d: {"data__batch__mode": "rows"},
+    "config.data.batch.mode must be 'tokens' or 'packed' or 'padded'; got 'rows'",
   ),
   Row(
     "Settings that do not go together",
@@ -232,7 +245,19 @@ ROWS = [
     "A misspelled field",
     lambda d: ["--config=experiments/default.py", "--config.data.vocab_sise=8"],
     "--config.data.vocab_sise: config.data has no field 'vocab_sise'; did you mean "
-    "--config.data.vocab_size?",
+    "--config.data.vocab.size?",
+    flags=True,
+  ),
+  Row(
+    "A data setting by its name from before the sections",
+    lambda d: ["--config=experiments/default.py", "--config.data.tokens_per_batch=8192"],
+    "--config.data.tokens_per_batch is now --config.data.batch.tokens",
+    flags=True,
+  ),
+  Row(
+    "A config file that reads a data setting by its name from before the sections",
+    lambda d: [f"--config={_config_of_before(d)}"],
+    "(data.max_length is now data.batch.max_length)",
     flags=True,
   ),
   Row(

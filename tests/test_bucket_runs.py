@@ -38,7 +38,7 @@ def _losses(output: str) -> dict[int, str]:
 def test_a_run_in_a_bucket_resumes_from_its_checkpoints_as_a_run_on_disk_goes_on(
   shared, tmp_path, bucket_dir
 ):
-  run, data = f"{bucket_dir}/run", {"data__data_dir": f"{bucket_dir}/tfds"}
+  run, data = f"{bucket_dir}/run", {"data__source__data_dir": f"{bucket_dir}/tfds"}
   first = _losses(_run(shared, run, "--mode=train", num_train_steps=4, **data))
   assert epath.Path(f"{bucket_dir}/tfds/transformer_jax_embedded").is_dir()  # Prepared, uploaded.
   second = _run(shared, run, "--mode=train", num_train_steps=6, **data)

@@ -95,7 +95,7 @@ def test_a_marian_model_imported_into_a_bucket_translates_as_hugging_face_and_ex
     stored = epath.Path(f"{workdir}/vocab/marian/{name}").read_bytes()
     assert stored == (tmp_path / "marian" / name).read_bytes()
   config_file = _local_copy(f"{workdir}/config.py", tmp_path)
-  assert config_lib.load_file(config_file).data.vocab_path == f"{workdir}/vocab/marian"
+  assert config_lib.load_file(config_file).data.vocab.path == f"{workdir}/vocab/marian"
   assert [p.name for p in epath.Path(f"{workdir}/checkpoints").iterdir()] == ["0"]
 
   sentences = corpus[0][-12:] + ["Zürich ☃"]

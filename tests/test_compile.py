@@ -160,12 +160,13 @@ def test_the_base_train_step_compiles_for_8_h100_with_cudnn_attention():
   assert program.cost.optimal_seconds is None  # No cost analysis for a GPU without a device.
 
 
-def _small_config(*, mesh=None, eval_every_steps=0, **data):
+def _small_config(*, mesh=None, eval_every_steps=0, **batch):
   config = config_lib.default_config()
   config.model = config_lib.model_fields(
     "base", num_layers=1, d_model=64, d_ff=128, num_heads=4, max_len=64, dtype="bfloat16"
   )
-  config.data.update({"vocab_size": 256, "max_source_length": 32, "max_target_length": 32, **data})
+  config.data.vocab.size = 256
+  config.data.batch.update({"max_source_length": 32, "max_target_length": 32, **batch})
   config.mesh.update(mesh or {})
   config.eval_every_steps = eval_every_steps
   return config_lib.parse(config)
@@ -173,7 +174,7 @@ def _small_config(*, mesh=None, eval_every_steps=0, **data):
 
 def _report_config():
   """The small model trained on 4 batch shapes and evaluated during training."""
-  return _small_config(tokens_per_batch=2048, eval_every_steps=100)
+  return _small_config(tokens=2048, eval_every_steps=100)
 
 
 @pytest.fixture(scope="module")
@@ -316,11 +317,11 @@ def test_the_report_has_every_program_and_the_documented_fields(small_report):
 # with a vocabulary of 3.7M words: its logits (15 MB a token) make about 1024 rows of 8 the
 # largest batch that fits on a v5e, so that the search compiles only small programs.
 _TOO_LARGE = {
-  "data.vocab_size": 3_700_000,
-  "data.tokens_per_batch": 4194304,
-  "data.max_source_length": 32,
-  "data.max_target_length": 32,
-  "data.bucket_growth": 4,
+  "data.vocab.size": 3_700_000,
+  "data.batch.tokens": 4194304,
+  "data.batch.max_source_length": 32,
+  "data.batch.max_target_length": 32,
+  "data.batch.bucket_growth": 4,
   "model.dtype": "bfloat16",
   "model.num_layers": 1,
   "model.d_model": 16,
@@ -353,10 +354,10 @@ def test_a_batch_that_cannot_fit_ends_the_command_naming_the_largest_batch_that_
     "train 131072x32",
   ]
   largest = record["largest_batch"]
-  assert not record["fits"] and largest["field"] == "data.tokens_per_batch"
+  assert not record["fits"] and largest["field"] == "data.batch.tokens"
   assert 0 < largest["value"] < 4194304 and largest["program"]["fits"]
   assert largest["program"]["total_bytes"] <= targets.CHIPS["v5e"].usable_bytes
-  assert last.endswith(f"the largest data.tokens_per_batch that fits is {largest['value']}")
+  assert last.endswith(f"the largest data.batch.tokens that fits is {largest['value']}")
   config = config_lib.load_file(f"{REPO}/experiments/default.py")
   for field, value in _TOO_LARGE.items():
     section, name = field.split(".")

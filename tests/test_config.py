@@ -15,6 +15,8 @@ import pytest
 from tools import config_reference
 from transformer_jax import config as config_lib
 from transformer_jax import schema
+from transformer_jax.cli import flag_errors
+from transformer_jax.data import DataConfig
 from transformer_jax.errors import FieldError, UserError
 from transformer_jax.experiment import Experiment
 from transformer_jax.model.transformer import TransformerConfig
@@ -77,14 +79,15 @@ def test_every_field_rejects_a_value_of_the_wrong_type_naming_the_field(field):
     ({"on_bad_checkpoints": "ignore"}, "config.on_bad_checkpoints must be 'stop' or 'start_over'"),
     ({"preemption_grace_seconds": -5}, "config.preemption_grace_seconds must be a number >= 0"),
     ({"model__dropout_rate": 1.5}, r"config.model.dropout_rate must be a number in \[0, 1\)"),
-    ({"data__vocab_size": 8}, "config.data.vocab_size must be an integer >= 16; got 8"),
+    ({"data__vocab__size": 8}, "config.data.vocab.size must be an integer >= 16; got 8"),
     ({"decode__early_stopping": "never"}, "config.decode.early_stopping must be 'exact' or"),
     ({"mesh__data": -1, "mesh__fsdp": -1}, "config.mesh: at most one axis may be -1"),
     # Unknown and missing fields.
     ({"num_train_step": 5}, "config.num_train_step is not a known field"),
     ({"model__layers": 5}, "config.model.layers is not a known field; known fields: num_layers"),
     ({"model__vocab_size": 100}, "config.model.vocab_size is not a known field"),
-    ({"data__vocab": 5}, "config.data.vocab is not a known field"),
+    ({"data__vocabulary": 5}, "config.data.vocabulary is not a known field"),
+    ({"data__vocab": 5}, "config.data.vocab must be a section of fields; got 5"),
     ({"mesh__pipeline": 2}, r"config.mesh.pipeline is not a known field"),
     ({"decode": 3}, r"config.decode must be a section of fields; got 3"),
     # Combinations.
@@ -92,8 +95,8 @@ def test_every_field_rejects_a_value_of_the_wrong_type_naming_the_field(field):
     ({"mesh__data": 2, "mesh__fsdp": 2}, "config.mesh=.* needs 4 devices but 8"),
     ({"mesh__tensor": 3}, "the fixed axes use 3 devices, which does not divide the 8"),
     (
-      {"data__batch_multiple": 4, "data__eval_batch_size": 64},
-      r"config.data.batch_multiple=4 must be a multiple of 8 = 8 batch shards",
+      {"data__batch__multiple": 4, "data__batch__eval_size": 64},
+      r"config.data.batch.multiple=4 must be a multiple of 8 = 8 batch shards",
     ),
     (
       {"grad_accum_steps": 3},
@@ -109,23 +112,25 @@ def test_every_field_rejects_a_value_of_the_wrong_type_naming_the_field(field):
     ),
     (
       {"model__max_len": 64},
-      r"config.data.max_source_length=72 is longer than config.model.max_len=64, the positions",
+      r"config.data.batch.max_source_length=72 is longer than config.model.max_len=64, the "
+      "positions",
     ),
     (
-      {"data__batch_mode": "packed", "model__max_len": 100},
-      r"config.data.max_length=128 is longer than config.model.max_len=100",
+      {"data__batch__mode": "packed", "model__max_len": 100},
+      r"config.data.batch.max_length=128 is longer than config.model.max_len=100",
     ),
     (
-      {"data__batch_mode": "packed", "data__max_length": 64},
-      r"config.data.max_source_length=72 is invalid: allowed at most data.max_length=64",
+      {"data__batch__mode": "packed", "data__batch__max_length": 64},
+      r"config.data.batch.max_source_length=72 is invalid: allowed at most "
+      "data.batch.max_length=64",
     ),
     (
-      {"data__batch_mode": "packed", "data__batch_size": 12},
-      r"config.data.batch_size=12 is invalid: allowed a multiple of data.batch_multiple=8",
+      {"data__batch__mode": "packed", "data__batch__size": 12},
+      r"config.data.batch.size=12 is invalid: allowed a multiple of data.batch.multiple=8",
     ),
     (
-      {"data__source_lang": "de"},
-      r"config.data.source_lang='de' is invalid: allowed a "
+      {"data__source__source_lang": "de"},
+      r"config.data.source.source_lang='de' is invalid: allowed a "
       r"language of embedded",
     ),
     ({"sharding_rules": "batch=data,heads=cores"}, "unknown mesh axis 'cores'"),
@@ -145,12 +150,12 @@ def test_a_missing_field_is_named():
 def test_model_fields_follow_the_presets_and_build_the_model():
   config = config_lib.default_config()
   config.model = config_lib.model_fields("big")
-  config.data.vocab_size = 37000
+  config.data.vocab.size = 37000
   model = config_lib.parse(config).model
   assert model.vocab_size is None  # The vocabulary sets it when the model is placed.
   assert dataclasses.replace(model, vocab_size=37000) == TransformerConfig.preset("big")
   config.model = config_lib.model_fields("C2", dtype="bfloat16")
-  config.data.vocab_size = 100
+  config.data.vocab.size = 100
   c2 = config_lib.parse(config).placement(vocab_size=100, devices=jax.devices()[:1]).model.config
   assert (c2.num_layers, c2.dtype, c2.key_size, c2.vocab_size) == (4, "bfloat16", 64, 100)
   with pytest.raises(ValueError, match="unknown preset 'huge'; allowed: base"):
@@ -186,3 +191,55 @@ def test_a_parameter_that_does_not_split_over_the_mesh_names_the_rules():
     r"\(2 shards\).*",
     config_lib.user_message(caught.value),
   )
+
+
+@pytest.mark.parametrize("old,new", sorted(DataConfig.MOVED.items()))
+def test_a_data_setting_by_its_name_before_the_sections_is_refused_naming_the_new_one(old, new):
+  config = config_lib.default_config()
+  section, field = new.split(".")
+  config.data[old] = config.data[section][field]  # As a config file of before set it.
+  assert _problem(config) == f"config.data.{old} is now data.{new}"
+  problem = flag_errors.config_flag_problem(
+    ["main", "--config=experiments/default.py", f"--config.data.{old}=1"]
+  )
+  assert problem == f"--config.data.{old} is now --config.data.{new}"
+
+
+# The config.py that `python -m transformer_jax.pretrained import` wrote into a work directory
+# before the data settings had sections.
+_IMPORTED_BEFORE = """
+from transformer_jax import config as config_lib
+
+
+def get_config():
+  config = config_lib.default_config()
+  config.data.vocab_path = "vocab/marian"
+  config.data.vocab_size = 58101
+  for field in ("max_source_length", "max_target_length", "max_length"):  # Within the positions.
+    config.data[field] = min(config.data[field], 512)
+  return config
+"""
+
+
+def test_a_work_directory_s_config_file_of_before_gives_one_line_naming_the_new_field(tmp_path):
+  (tmp_path / "config.py").write_text(_IMPORTED_BEFORE)
+  problem = flag_errors.config_flag_problem(["main", f"--config={tmp_path}/config.py"])
+  assert problem == (
+    f"--config={tmp_path}/config.py: KeyError: \"'max_source_length'\" "
+    "(data.max_source_length is now data.batch.max_source_length)"
+  )
+  # Changed as the line says (and the other two it reads, and the two it sets), it runs.
+  fixed = _IMPORTED_BEFORE.replace("config.data[", "config.data.batch[")
+  fixed = fixed.replace("data.vocab_path", "data.vocab.path")
+  (tmp_path / "config.py").write_text(fixed)
+  with pytest.raises(UserError, match=r"^data.vocab_size is now data.vocab.size$"):
+    config_lib.parse(config_lib.load_file(f"{tmp_path}/config.py"))
+  (tmp_path / "config.py").write_text(fixed.replace("data.vocab_size", "data.vocab.size"))
+  data = config_lib.parse(config_lib.load_file(f"{tmp_path}/config.py")).data
+  assert (data.vocab.path, data.vocab.size, data.batch.max_length) == ("vocab/marian", 58101, 128)
+
+
+def test_docs_data_md_lists_every_data_setting_that_moved():
+  text = (config_reference.PATH.parent / "data.md").read_text()
+  for old, new in DataConfig.MOVED.items():
+    assert f"| `data.{old}` | `data.{new}` |" in text, old

@@ -1,8 +1,7 @@
-"""BPE-dropout (`data.bpe_dropout`): SentencePiece's segmentation at p = 0 and its sampling's
+"""BPE-dropout (`data.vocab.bpe_dropout`): SentencePiece's segmentation at p = 0 and its sampling's
 distribution at p > 0, reproducible from the seed in any process, the text kept, the batch plans
 made on the sampled lengths."""
 
-import dataclasses
 import io
 import random
 
@@ -37,11 +36,11 @@ def corpus(tmp_path_factory):
       (root / f"{split}.{lang}").write_text("".join(p[side] + "\n" for p in pairs))
   c = helpers.text_data_config(
     root,
-    vocab_size=200,
-    max_source_length=80,
-    max_target_length=80,
-    window=N,  # one epoch per window
-    bpe_dropout=0.2,
+    vocab__size=200,
+    batch__max_source_length=80,
+    batch__max_target_length=80,
+    batch__window=N,  # one epoch per window
+    vocab__bpe_dropout=0.2,
   )
   tokenizer = tokenizer_lib.get_tokenizer(c, str(root / "vocab"))
   return c, pairs, tokenizer
@@ -140,7 +139,7 @@ def test_every_epoch_reads_every_pair_once_in_a_new_segmentation(corpus):
 @pytest.mark.parametrize("sides,sampled", [("source", 0), ("target", 1)])
 def test_one_side_sampled_the_other_as_the_vocabulary_segments_it(corpus, sides, sampled):
   c, pairs, tokenizer = corpus
-  c = dataclasses.replace(c, bpe_dropout_sides=sides)
+  c = helpers.data_config(c, vocab__bpe_dropout_sides=sides)
   loader = data.make_train_loader(c, tokenizer, seed=4, shard_index=0, shard_count=1)
   seen = by_pair(read(loader, 20), pairs, tokenizer)
   plain = {i: [ids + [EOS_ID] for ids in tokenizer.encode_batch(pairs[i])] for i in seen}
@@ -150,7 +149,7 @@ def test_one_side_sampled_the_other_as_the_vocabulary_segments_it(corpus, sides,
 
 def test_no_sampling_tokenizes_as_the_vocabulary_does(corpus):
   c, pairs, tokenizer = corpus
-  c = dataclasses.replace(c, bpe_dropout=0.0)
+  c = helpers.data_config(c, vocab__bpe_dropout=0.0)
   loader = data.make_train_loader(c, tokenizer, seed=4, shard_index=0, shard_count=1)
   for i, reads in by_pair(read(loader, 20), pairs, tokenizer).items():
     src, tgt = (ids + [EOS_ID] for ids in tokenizer.encode_batch(pairs[i]))
@@ -175,7 +174,7 @@ def test_host_shards_sample_alike_and_make_up_the_global_batch(corpus):
 @pytest.mark.parametrize("workers", [0, 1])
 def test_resume_through_orbax_reads_the_same_samples(corpus, tmp_path, workers):
   c, _, tokenizer = corpus
-  c = dataclasses.replace(c, window=40, num_workers=workers)
+  c = helpers.data_config(c, batch__window=40, batch__num_workers=workers)
   make = lambda: data.make_train_loader(c, tokenizer, seed=6, shard_index=0, shard_count=1)
   helpers.assert_loader_resumes(make, tmp_path, before=9, after=12)  # crosses windows of 40 pairs
 
@@ -204,7 +203,7 @@ def test_a_vocabulary_that_is_not_bpe_is_one_error(corpus, tmp_path):
 
   for vocabulary, name in ((unigram, "uni.model"), (Marian(), str(tmp_path))):
     with pytest.raises(
-      FieldError, match=f"data.bpe_dropout=0.2 needs a SentencePiece BPE vocabulary.*; {name}"
+      FieldError, match=f"data.vocab.bpe_dropout=0.2 needs a SentencePiece BPE vocabulary.*; {name}"
     ):
       bpe_dropout.PairSampler(
         sources.open_split(c, "train"), vocabulary, 0.2, np.array([8, 8]), seed=0
@@ -243,5 +242,5 @@ def test_bpe_options_it_does_not_do_are_refused(corpus, option, why):
 
 @pytest.mark.parametrize("value", [-0.1, 1.0])
 def test_dropout_outside_zero_to_one_names_the_field(value):
-  with pytest.raises(FieldError, match=r"data.bpe_dropout"):
-    data.DataConfig(bpe_dropout=value)
+  with pytest.raises(FieldError, match=r"data.vocab.bpe_dropout"):
+    helpers.data_config(vocab__bpe_dropout=value)

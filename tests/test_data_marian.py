@@ -10,6 +10,7 @@ import pickle
 import pytest
 import sentencepiece as spm
 
+import helpers
 from transformer_jax import data
 from transformer_jax.conventions import EOS_ID, PAD_ID, UNK_ID
 from transformer_jax.data import marian
@@ -69,7 +70,7 @@ def test_project_order_rejects_a_vocabulary_it_cannot_map(vocab, message):
 def test_get_tokenizer_loads_a_marian_directory_with_source_and_target_pieces(directory):
   path, vocab = directory
   tokenizer = data.get_tokenizer(
-    data.DataConfig(vocab_path=str(path), vocab_size=len(vocab)), "unused"
+    helpers.data_config(vocab__path=str(path), vocab__size=len(vocab)), "unused"
   )
   assert isinstance(tokenizer, marian.MarianTokenizer) and tokenizer.vocab_size == len(vocab)
   order = marian.project_order(vocab)

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from etils import epath
 
+import helpers
 from transformer_jax import data
-from transformer_jax.data import config as data_config
-from transformer_jax.data import multi30k, parallel_text
+from transformer_jax.data import multi30k, parallel_text, sources
 from transformer_jax.errors import FieldError
 
 WORDS = {  # word i of one language translates word i of the others
@@ -59,12 +59,12 @@ def repo(tmp_path_factory):
 
 
 def config(root, tmp_path, name="multi30k", source="en", target="de", **overrides):
-  return data.DataConfig(
-    name=name,
-    source_lang=source,
-    target_lang=target,
-    manual_dir=str(root),
-    data_dir=str(tmp_path / "tfds"),
+  return helpers.data_config(
+    source__name=name,
+    source__source_lang=source,
+    source__target_lang=target,
+    source__manual_dir=str(root),
+    source__data_dir=str(tmp_path / "tfds"),
     **overrides,
   )
 
@@ -76,7 +76,9 @@ def test_the_layout_written_here_is_the_repository_s():
   )
   assert multi30k.relative_path("multi30k_tok", "val", "cs") == "data/task1/tok/val.lc.norm.tok.cs"
   assert (
-    data_config.DATASETS["multi30k"] == data_config.DATASETS["multi30k_tok"] == multi30k.LANGUAGES
+    sources.SOURCES["multi30k"].languages
+    == sources.SOURCES["multi30k_tok"].languages
+    == multi30k.LANGUAGES
   )
 
 
@@ -150,9 +152,9 @@ def test_without_manual_dir_one_line_says_how_to_get_the_data(tmp_path):
     data.open_split(c, "train")
   message = str(error.value)
   assert "\n" not in message
-  assert "data.manual_dir is not set" in message
+  assert "data.source.manual_dir is not set" in message
   assert "git clone https://github.com/multi30k/dataset" in message
-  assert "--config.data.manual_dir=" in message
+  assert "--config.data.source.manual_dir=" in message
 
 
 def test_a_missing_file_is_named_with_where_to_put_it(tmp_path):
@@ -165,7 +167,7 @@ def test_a_missing_file_is_named_with_where_to_put_it(tmp_path):
   message = str(error.value)
   assert "\n" not in message
   assert (
-    f"{root} (data.manual_dir) lacks 1 of the 12 files of en-de: "
+    f"{root} (data.source.manual_dir) lacks 1 of the 12 files of en-de: "
     "data/task1/raw/test_2018_flickr.de.gz." in message
   )
   assert "git clone https://github.com/multi30k/dataset" in message
@@ -202,7 +204,8 @@ def test_an_unknown_split_lists_the_splits(repo, tmp_path):
 def test_a_language_multi30k_lacks_names_the_field(repo, tmp_path):
   with pytest.raises(
     FieldError,
-    match="data.target_lang='es' is invalid: allowed a language of multi30k: en | de | fr | cs",
+    match="data.source.target_lang='es' is invalid: allowed a language of multi30k: "
+    "en | de | fr | cs",
   ):
     config(repo[0], tmp_path, target="es")
 
@@ -234,12 +237,12 @@ def test_batches_of_multi30k_hold_its_sentences(repo, tmp_path):
   c = config(
     root,
     tmp_path,
-    vocab_size=80,
-    eval_batch_size=8,
-    tokens_per_batch=256,
-    max_source_length=32,
-    max_target_length=32,
-    window=40,
+    vocab__size=80,
+    batch__eval_size=8,
+    batch__tokens=256,
+    batch__max_source_length=32,
+    batch__max_target_length=32,
+    batch__window=40,
   )
   tokenizer = data.get_tokenizer(c, str(tmp_path / "vocab"))
 
@@ -302,7 +305,7 @@ def test_a_file_missing_in_a_bucket_is_one_line_naming_the_url(repo, tmp_path, b
   message = str(error.value)
   assert "\n" not in message
   assert (
-    f"multi30k: {bucket_dir} (data.manual_dir) lacks 1 of the 12 files of en-de: "
+    f"multi30k: {bucket_dir} (data.source.manual_dir) lacks 1 of the 12 files of en-de: "
     "data/task1/raw/test_2018_flickr.de.gz. Put a copy of" in message
   )
   with pytest.raises(data.DataUnavailableError, match=f"{bucket_dir} .*lacks 12 of the 12 files"):

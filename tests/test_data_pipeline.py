@@ -5,7 +5,6 @@ The data are plain text files made here: pair i is the word "i+3" repeated
 the word to the id, so every token names the pair it came from.
 """
 
-import dataclasses
 import logging
 
 import jax
@@ -57,17 +56,17 @@ def corpus(tmp_path_factory):
         fy.write(" ".join([str(i + 3)] * tgt_len[i]) + "\n")
   c = helpers.text_data_config(
     root,
-    max_source_length=63,
-    max_target_length=63,
-    window=N - 5,  # one epoch of the pairs that are not over-long
-    batch_size=8,
-    max_length=64,
+    batch__max_source_length=63,
+    batch__max_target_length=63,
+    batch__window=N - 5,  # one epoch of the pairs that are not over-long
+    batch__size=8,
+    batch__max_length=64,
   )
   return src_len + 1, tgt_len + 1, c  # lengths with EOS
 
 
 def config(corpus, **overrides):
-  return dataclasses.replace(corpus[2], **overrides)
+  return helpers.data_config(corpus[2], **overrides)
 
 
 def take(loader, n):
@@ -124,7 +123,7 @@ def one_epoch(loader, n_pairs):
 @pytest.mark.parametrize("mode", ["tokens", "packed", "padded"])
 def test_every_pair_exactly_once_in_order_with_segments_and_positions(corpus, mode):
   src_len, tgt_len, _ = corpus
-  c = config(corpus, batch_mode=mode)
+  c = config(corpus, batch__mode=mode)
   batches = one_epoch(
     data.make_train_loader(c, WordIds(), seed=1, shard_index=0, shard_count=1), N - 5
   )
@@ -147,7 +146,7 @@ def test_every_pair_exactly_once_in_order_with_segments_and_positions(corpus, mo
 
 
 def test_token_batches_keep_the_budget_and_declared_shapes(corpus):
-  c = config(corpus, batch_mode="tokens")
+  c = config(corpus, batch__mode="tokens")
   shapes = set()
   for b in take(data.make_train_loader(c, WordIds(), seed=2, shard_index=0, shard_count=1), 40):
     rows, length = b["inputs"].shape
@@ -160,7 +159,7 @@ def test_token_batches_keep_the_budget_and_declared_shapes(corpus):
 
 
 def test_epochs_repeat_in_a_new_order(corpus):
-  c = config(corpus, batch_mode="tokens")
+  c = config(corpus, batch__mode="tokens")
   loader = data.make_train_loader(c, WordIds(), seed=3, shard_index=0, shard_count=1)
   first = one_epoch(loader, N - 5)
   both = one_epoch(loader, 2 * (N - 5))
@@ -186,7 +185,7 @@ def test_other_seed_other_order(corpus):
 
 def test_overlong_pairs_truncated_and_counted(corpus, caplog):
   src_len, _, _ = corpus
-  c = config(corpus, overlong="truncate", window=N)
+  c = config(corpus, batch__overlong="truncate", batch__window=N)
   with caplog.at_level(logging.INFO):
     loader = data.make_train_loader(c, WordIds(), seed=6, shard_index=0, shard_count=1)
   assert "5 of 400 training pairs exceed 63 source / 63 target tokens: truncated" in (caplog.text)
@@ -198,7 +197,7 @@ def test_overlong_pairs_truncated_and_counted(corpus, caplog):
 
 @pytest.mark.parametrize("mode", ["tokens", "packed"])
 def test_host_shards_are_disjoint_and_make_up_the_global_batch(corpus, mode):
-  c = config(corpus, batch_mode=mode)
+  c = config(corpus, batch__mode=mode)
   whole = take(data.make_train_loader(c, WordIds(), seed=7, shard_index=0, shard_count=1), 12)
   parts = [
     take(data.make_train_loader(c, WordIds(), seed=7, shard_index=h, shard_count=2), 12)
@@ -219,13 +218,13 @@ def test_host_shards_are_disjoint_and_make_up_the_global_batch(corpus, mode):
 @pytest.mark.usefixtures("absl_flags_parsed")  # Grain's worker processes read them.
 @pytest.mark.parametrize("mode,workers", [("tokens", 0), ("packed", 0), ("tokens", 1)])
 def test_resume_through_orbax_sees_the_same_batches(corpus, tmp_path, mode, workers):
-  c = config(corpus, batch_mode=mode, num_workers=workers, window=64)
+  c = config(corpus, batch__mode=mode, batch__num_workers=workers, batch__window=64)
   make = lambda: data.make_train_loader(c, WordIds(), seed=8, shard_index=0, shard_count=1)
   helpers.assert_loader_resumes(make, tmp_path, before=7, after=10)  # crosses windows of 64 pairs
 
 
 def test_eval_batches_cover_the_split_in_order_without_dropping(corpus):
-  c = config(corpus, eval_batch_size=8, max_source_length=8)  # caps do not apply
+  c = config(corpus, batch__eval_size=8, batch__max_source_length=8)  # caps do not apply
   batches = data.make_eval_batches(c, WordIds(), "validation")
   sources, targets = data.split_texts(c, "validation")
   assert len(batches) == 5 and len(sources) == len(targets) == 37
@@ -246,7 +245,7 @@ def test_eval_batches_cover_the_split_in_order_without_dropping(corpus):
 
 
 def test_eval_batches_fit_the_models_positions(corpus, caplog):
-  c = config(corpus, eval_batch_size=8)
+  c = config(corpus, batch__eval_size=8)
   whole = data.make_eval_batches(c, WordIds(), "validation")
   longest = max(max(f[1], f[2]) for batch in whole for f in unpack(batch))
   limit = longest - 3  # Some pairs are longer, and a batch padded up past it would not fit.
@@ -265,7 +264,7 @@ def test_eval_batches_fit_the_models_positions(corpus, caplog):
 
 
 def test_eval_shards_are_consecutive_parts_of_the_same_batches(corpus):
-  c = config(corpus, eval_batch_size=8)
+  c = config(corpus, batch__eval_size=8)
   whole = data.make_eval_batches(c, WordIds(), "validation")
   parts = [
     data.make_eval_batches(c, WordIds(), "validation", shard_index=h, shard_count=2)
@@ -288,23 +287,23 @@ def test_bucket_lengths():
 
 
 def test_train_batch_shapes_follow_from_the_batch_settings_alone():
-  c = data.DataConfig(
-    tokens_per_batch=1000,
-    max_source_length=40,
-    max_target_length=64,
-    batch_multiple=8,
-    bucket_growth=2,
+  c = helpers.data_config(
+    batch__tokens=1000,
+    batch__max_source_length=40,
+    batch__max_target_length=64,
+    batch__multiple=8,
+    batch__bucket_growth=2,
   )
-  # Rows: 1000 // length, down to a multiple of 8 (data.batch_multiple; one host).
+  # Rows: 1000 // length, down to a multiple of 8 (data.batch.multiple; one host).
   assert data.train_batch_shapes(c) == [(120, 8), (56, 16), (24, 32), (8, 64)]
   # 3 hosts: rows in multiples of lcm(8, 3) = 24, and the longest bucket gets none.
   with pytest.raises(FieldError, match="needs at least 1536 for 24 rows"):
     data.train_batch_shapes(c, shard_count=3)
-  assert data.train_batch_shapes(dataclasses.replace(c, batch_mode="padded")) == [(8, 64)]
-  packed = dataclasses.replace(c, batch_mode="packed", batch_size=32, max_length=128)
+  assert data.train_batch_shapes(helpers.data_config(c, batch__mode="padded")) == [(8, 64)]
+  packed = helpers.data_config(c, batch__mode="packed", batch__size=32, batch__max_length=128)
   assert data.train_batch_shapes(packed) == [(32, 128)]
-  with pytest.raises(FieldError, match="tokens_per_batch=100 is too small"):
-    data.train_batch_shapes(dataclasses.replace(c, tokens_per_batch=100))
+  with pytest.raises(FieldError, match="data.batch.tokens=100 is too small"):
+    data.train_batch_shapes(helpers.data_config(c, batch__tokens=100))
 
 
 def test_layout_packs_by_hand():
@@ -327,32 +326,32 @@ def test_layout_packs_by_hand():
 @pytest.mark.parametrize(
   "field,value,allowed",
   [
-    ("name", "wmt99", "embedded"),
-    ("batch_mode", "buckets", "tokens | packed | padded"),
-    ("overlong", "keep", "drop | truncate"),
-    ("tokens_per_batch", 0, "a positive integer"),
-    ("bucket_growth", 1, r"a number in \(1, 4\]"),
-    ("num_workers", -1, "an integer >= 0"),
-    ("vocab_size", 8, "an integer >= 16"),
-    ("target_lang", "fr", "en | sy"),
-    ("eval_batch_size", 12, "a multiple of data.batch_multiple=8"),
+    ("source.name", "wmt99", "embedded"),
+    ("batch.mode", "buckets", "tokens | packed | padded"),
+    ("batch.overlong", "keep", "drop | truncate"),
+    ("batch.tokens", 0, "a positive integer"),
+    ("batch.bucket_growth", 1, r"a number in \(1, 4\]"),
+    ("batch.num_workers", -1, "an integer >= 0"),
+    ("vocab.size", 8, "an integer >= 16"),
+    ("source.target_lang", "fr", "en | sy"),
+    ("batch.eval_size", 12, "a multiple of data.batch.multiple=8"),
   ],
 )
 def test_config_errors_name_the_field(field, value, allowed):
   with pytest.raises(FieldError, match=f"data.{field}.*{allowed}"):
-    data.DataConfig(**{field: value})
+    helpers.data_config(**{field.replace(".", "__"): value})
 
 
 def test_loader_rejects_a_budget_below_one_longest_row(corpus):
-  c = config(corpus, tokens_per_batch=100)
-  with pytest.raises(FieldError, match="data.tokens_per_batch=100 is too small"):
+  c = config(corpus, batch__tokens=100)
+  with pytest.raises(FieldError, match="data.batch.tokens=100 is too small"):
     data.make_train_loader(c, WordIds(), seed=0, shard_index=0, shard_count=1)
 
 
 @pytest.mark.parametrize("mode", ["tokens", "packed"])
 def test_batches_feed_make_array_from_process_local_data(corpus, mode):
   mesh = Mesh(np.array(jax.devices()), ("data",))
-  c = config(corpus, batch_mode=mode, batch_multiple=jax.device_count())
+  c = config(corpus, batch__mode=mode, batch__multiple=jax.device_count())
   for batch in take(data.make_train_loader(c, WordIds(), seed=9, shard_index=0, shard_count=1), 3):
     for value in batch.values():
       array = jax.make_array_from_process_local_data(

@@ -1,7 +1,6 @@
 """Sources: plain text files (and every way they can be bad), the embedded builder, the WMT
 path up to the network, and text files and data dirs in a bucket (the tests' local server)."""
 
-import dataclasses
 import importlib
 import logging
 import os
@@ -13,8 +12,17 @@ import sentencepiece as spm
 import tensorflow_datasets as tfds
 from etils import epath
 
+import helpers
 from transformer_jax import data
-from transformer_jax.data import embedded, parallel_text, sources, tokenizer
+from transformer_jax.data import (
+  embedded,
+  embedded_source,
+  parallel_text,
+  sources,
+  tfds_prepare,
+  tokenizer,
+  wmt,
+)
 from transformer_jax.errors import FieldError
 
 
@@ -23,12 +31,12 @@ def text_config(tmp_path, lines_en, lines_de, **overrides):
     (tmp_path / f"train.{lang}").write_text(
       "".join(line + "\n" for line in lines), encoding="utf-8"
     )
-  return data.DataConfig(
-    name="text",
-    source_lang="en",
-    target_lang="de",
-    text_train=str(tmp_path / "train"),
-    data_dir=str(tmp_path / "tfds"),
+  return helpers.data_config(
+    source__name="text",
+    source__source_lang="en",
+    source__target_lang="de",
+    source__text_train=str(tmp_path / "train"),
+    source__data_dir=str(tmp_path / "tfds"),
     **overrides,
   )
 
@@ -43,7 +51,9 @@ def test_text_files_become_an_arrayrecord_source_in_file_order(tmp_path):
   files = list((tmp_path / "tfds").rglob("*.array_record*"))
   assert files, "stored as ArrayRecord"
 
-  c = dataclasses.replace(c, source_lang="de", target_lang="en")  # The other direction.
+  c = helpers.data_config(
+    c, source__source_lang="de", source__target_lang="en"
+  )  # The other direction.
   assert sources.open_split(c, "train").pairs([0, 3]) == [(de[0], en[0]), (de[3], en[3])]
   assert list((tmp_path / "tfds").rglob("*.array_record*")) == files, "converted once"
 
@@ -70,8 +80,8 @@ def test_text_files_of_different_lengths_are_refused(tmp_path):
 
 
 def test_missing_text_file_names_the_field(tmp_path):
-  c = text_config(tmp_path, ["a"], ["x"], text_validation=str(tmp_path / "nope"))
-  with pytest.raises(FieldError, match="data.text_validation="):
+  c = text_config(tmp_path, ["a"], ["x"], source__text_validation=str(tmp_path / "nope"))
+  with pytest.raises(FieldError, match="data.source.text_validation="):
     sources.open_split(c, "train")
 
 
@@ -82,7 +92,7 @@ def test_unknown_split_lists_the_splits(tmp_path):
 
 
 def test_embedded_builder_holds_the_seeded_corpus_in_order(tmp_path):
-  c = data.DataConfig(name="embedded_tiny", data_dir=str(tmp_path))
+  c = helpers.data_config(source__name="embedded_tiny", source__data_dir=str(tmp_path))
   sizes = {"train": 2_000, "validation": 200, "test": 200}
   expected = embedded.generate_corpus(1, sizes)  # the tiny config's seed
   for split, n in sizes.items():
@@ -93,7 +103,7 @@ def test_embedded_builder_holds_the_seeded_corpus_in_order(tmp_path):
 @pytest.fixture
 def offline(monkeypatch):
   """No host is reachable, and any download attempt fails the test."""
-  monkeypatch.setattr(sources, "_reachable", lambda host, port: False)
+  monkeypatch.setattr(wmt, "reachable", lambda host, port: False)
 
   def no_download(*args, **kwargs):
     raise AssertionError("tried to download")
@@ -111,7 +121,12 @@ def offline(monkeypatch):
   ],
 )
 def test_wmt_offline_fails_at_once_with_one_clear_message(tmp_path, offline, name, expected_file):
-  c = data.DataConfig(name=name, source_lang="en", target_lang=name[-5:-3], data_dir=str(tmp_path))
+  c = helpers.data_config(
+    source__name=name,
+    source__source_lang="en",
+    source__target_lang=name[-5:-3],
+    source__data_dir=str(tmp_path),
+  )
   with pytest.raises(data.DataUnavailableError) as error:
     data.make_eval_batches(c, None, "test")
   message = str(error.value)
@@ -120,7 +135,7 @@ def test_wmt_offline_fails_at_once_with_one_clear_message(tmp_path, offline, nam
   assert "cannot be downloaded: no network connection to " in message
   assert "www.statmt.org" in message
   assert "run once with network access" in message
-  assert f"put them in {manual} (set by data.manual_dir)" in message
+  assert f"put them in {manual} (set by data.source.manual_dir)" in message
   assert expected_file in message
   assert error.value.__cause__ is None and error.value.__context__ is None
 
@@ -130,16 +145,16 @@ def test_wmt_with_every_file_in_the_manual_dir_goes_on_to_prepare(
   tmp_path, offline, monkeypatch, request, where
 ):
   manual = str(tmp_path / "manual") if where == "local" else request.getfixturevalue("bucket_dir")
-  c = data.DataConfig(
-    name="wmt14_translate/fr-en",
-    source_lang="en",
-    target_lang="fr",
-    data_dir=str(tmp_path / "tfds"),
-    manual_dir=manual,
+  c = helpers.data_config(
+    source__name="wmt14_translate/fr-en",
+    source__source_lang="en",
+    source__target_lang="fr",
+    source__data_dir=str(tmp_path / "tfds"),
+    source__manual_dir=manual,
   )
   importlib.import_module("tensorflow_datasets.translate.wmt14")  # registers it
-  builder = tfds.builder(c.name, data_dir=c.data_dir)
-  for _, filename, _ in sources._wmt_downloads(builder):
+  builder = tfds.builder(c.source.name, data_dir=c.source.data_dir)
+  for _, filename, _ in wmt.downloads(builder):
     path = epath.Path(manual) / filename
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(filename.encode())
@@ -156,7 +171,7 @@ def test_wmt_with_every_file_in_the_manual_dir_goes_on_to_prepare(
     with pytest.raises(KeyboardInterrupt):
       sources.open_split(c, "train")
     assert calls[0]["file_format"] == "array_record"
-    assert str(calls[0]["download_config"].manual_dir) == c.manual_dir
+    assert str(calls[0]["download_config"].manual_dir) == c.source.manual_dir
     # ... and TFDS will take giga-fren from the manual dir: its checksum is known.
     assert builder.url_infos[giga].filename == "training-giga-fren.tar"
     assert builder.url_infos[giga].size == len("training-giga-fren.tar")
@@ -168,19 +183,19 @@ def test_wmt_with_every_file_in_the_manual_dir_goes_on_to_prepare(
 def _text(tmp_path, source: bytes, target: bytes):
   (tmp_path / "corpus.en").write_bytes(source)
   (tmp_path / "corpus.de").write_bytes(target)
-  return data.DataConfig(
-    name="text",
-    source_lang="en",
-    target_lang="de",
-    text_train=str(tmp_path / "corpus"),
-    data_dir=str(tmp_path / "tfds"),
+  return helpers.data_config(
+    source__name="text",
+    source__source_lang="en",
+    source__target_lang="de",
+    source__text_train=str(tmp_path / "corpus"),
+    source__data_dir=str(tmp_path / "tfds"),
   )
 
 
 def test_a_missing_file_names_the_field_and_the_path(tmp_path):
   c = _text(tmp_path, b"a\n", b"b\n")
-  c = dataclasses.replace(c, text_validation=str(tmp_path / "nowhere"))
-  with pytest.raises(FieldError, match=r"data.text_validation=.* no file .*nowhere.de"):
+  c = helpers.data_config(c, source__text_validation=str(tmp_path / "nowhere"))
+  with pytest.raises(FieldError, match=r"data.source.text_validation=.* no file .*nowhere.de"):
     sources.open_split(c, "train")
 
 
@@ -247,10 +262,10 @@ def test_two_files_of_the_same_text_are_an_error(tmp_path):
 
 def test_a_language_without_a_file_lists_the_files_there_are(tmp_path):
   c = _text(tmp_path, b"a\n", b"b\n")
-  c = dataclasses.replace(c, target_lang="fr")
+  c = helpers.data_config(c, source__target_lang="fr")
   with pytest.raises(
     FieldError,
-    match=r"data.text_train=.*: no file .*corpus.fr \(expected "
+    match=r"data.source.text_train=.*: no file .*corpus.fr \(expected "
     r".*; found .*corpus.de, .*corpus.en\)",
   ):
     sources.open_split(c, "train")
@@ -258,7 +273,7 @@ def test_a_language_without_a_file_lists_the_files_there_are(tmp_path):
 
 @pytest.mark.parametrize("split", ["validation", "test"])
 def test_an_evaluation_split_without_files_names_its_field(tmp_path, split):
-  with pytest.raises(FieldError, match=f"data.text_{split}='': there is no {split} split"):
+  with pytest.raises(FieldError, match=f"data.source.text_{split}='': there is no {split} split"):
     sources.open_split(_text(tmp_path, b"a\n", b"b\n"), split)
 
 
@@ -274,8 +289,8 @@ def test_text_files_in_a_bucket_read_as_the_same_files_on_disk(tmp_path, bucket_
   de = "\ufeffHallo Welt.\r\nDie Katze schläft.\nkaputt\nEine letzte Zeile"
   local = _text(tmp_path, en.encode(), de.encode().replace(b"kaputt", b"\xfe"))
   upload(tmp_path, f"{bucket_dir}/text")
-  c = dataclasses.replace(
-    local, text_train=f"{bucket_dir}/text/corpus", data_dir=str(tmp_path / "b")
+  c = helpers.data_config(
+    local, source__text_train=f"{bucket_dir}/text/corpus", source__data_dir=str(tmp_path / "b")
   )
   split = sources.open_split(c, "train")
   expected = sources.open_split(local, "train")
@@ -285,22 +300,22 @@ def test_text_files_in_a_bucket_read_as_the_same_files_on_disk(tmp_path, bucket_
 
 def test_a_missing_text_file_in_a_bucket_is_one_line_naming_its_url(tmp_path, bucket_dir):
   (epath.Path(bucket_dir) / "corpus.en").write_bytes(b"a\n")
-  c = data.DataConfig(
-    name="text",
-    source_lang="en",
-    target_lang="de",
-    text_train=f"{bucket_dir}/corpus",
-    data_dir=str(tmp_path / "tfds"),
+  c = helpers.data_config(
+    source__name="text",
+    source__source_lang="en",
+    source__target_lang="de",
+    source__text_train=f"{bucket_dir}/corpus",
+    source__data_dir=str(tmp_path / "tfds"),
   )
   with pytest.raises(FieldError) as error:
     sources.open_split(c, "train")
   assert str(error.value).endswith(
-    f"data.text_train='{bucket_dir}/corpus': no file {bucket_dir}/corpus.de (expected "
-    "<prefix>.<lang> for data.source_lang and data.target_lang; "
+    f"data.source.text_train='{bucket_dir}/corpus': no file {bucket_dir}/corpus.de (expected "
+    "<prefix>.<lang> for data.source.source_lang and data.source.target_lang; "
     f"found {bucket_dir}/corpus.en)."
   )
   assert "\n" not in str(error.value)
-  c = dataclasses.replace(c, text_train=f"{bucket_dir}/nowhere/corpus")
+  c = helpers.data_config(c, source__text_train=f"{bucket_dir}/nowhere/corpus")
   with pytest.raises(
     FieldError, match=r"no file gs://\S+/nowhere/corpus.de .*no <prefix>.\* exists"
   ):
@@ -318,17 +333,17 @@ def test_a_data_dir_in_a_bucket_is_read_from_a_local_copy_of_a_dataset_prepared_
   tmp_path, bucket_dir, monkeypatch
 ):
   monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-  local = data.DataConfig(name="embedded_tiny", data_dir=str(tmp_path / "tfds"))
+  local = helpers.data_config(source__name="embedded_tiny", source__data_dir=str(tmp_path / "tfds"))
   expected = sources.open_split(local, "validation").all_pairs()
   upload(tmp_path / "tfds", f"{bucket_dir}/tfds")
-  _no_preparing(monkeypatch, sources.TransformerJaxEmbedded)
-  c = dataclasses.replace(local, data_dir=f"{bucket_dir}/tfds")
+  _no_preparing(monkeypatch, embedded_source.TransformerJaxEmbedded)
+  c = helpers.data_config(local, source__data_dir=f"{bucket_dir}/tfds")
   split = sources.open_split(c, "validation")
   assert f":{bucket_dir}/tfds/transformer_jax_embedded/tiny/1.0.0:" in split.fingerprint
   assert split.all_pairs() == expected
   assert pickle.loads(pickle.dumps(split)).pairs([7, 3]) == [expected[7], expected[3]]  # Workers
   copy = tmp_path / "cache/transformer_jax/tfds/gs" / bucket_dir[5:] / "tfds"
-  assert sources.local_copy_root(c.data_dir) == str(copy)
+  assert tfds_prepare.local_copy_root(c.source.data_dir) == str(copy)
   version = copy / "transformer_jax_embedded/tiny/1.0.0"
   assert sorted(p.name for p in version.iterdir()) == sorted(
     p.name for p in (tmp_path / "tfds/transformer_jax_embedded/tiny/1.0.0").iterdir()
@@ -344,7 +359,7 @@ def test_a_dataset_for_a_data_dir_in_a_bucket_is_prepared_on_disk_and_uploaded(
 ):
   monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
   local = _text(tmp_path, b"one\ntwo\nthree\n", b"eins\nzwei\ndrei\n")
-  c = dataclasses.replace(local, data_dir=f"{bucket_dir}/tfds")
+  c = helpers.data_config(local, source__data_dir=f"{bucket_dir}/tfds")
   split = sources.open_split(c, "train")
   assert split.all_pairs() == [("one", "eins"), ("two", "zwei"), ("three", "drei")]
   builder = sources.get_builder(c)
@@ -354,7 +369,7 @@ def test_a_dataset_for_a_data_dir_in_a_bucket_is_prepared_on_disk_and_uploaded(
     "features.json",
     "transformer_jax_parallel_text-train.array_record-00000-of-00001",
   }
-  prepared_here = sources.local_copy_root(c.data_dir)
+  prepared_here = tfds_prepare.local_copy_root(c.source.data_dir)
   assert prepared_here.startswith(str(tmp_path / "cache"))
   assert list(epath.Path(prepared_here).glob("*/*/1.1.0/*.array_record-*"))
 

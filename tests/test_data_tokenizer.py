@@ -1,7 +1,6 @@
 """The shared SentencePiece vocabulary (BPE; unigram on request) on the tiny embedded corpus, and
 the pipeline with it."""
 
-import dataclasses
 import io
 import logging
 import os
@@ -13,6 +12,7 @@ import sentencepiece as spm
 from etils import epath
 from sentencepiece import sentencepiece_model_pb2
 
+import helpers
 from transformer_jax import data
 from transformer_jax.conventions import EOS_ID, PAD_ID, UNK_ID
 from transformer_jax.data import embedded, sources
@@ -27,7 +27,9 @@ TINY = {"train": 2_000, "validation": 200, "test": 200}
 def setup(tmp_path_factory):
   """(config, vocabulary directory, tokenizer) for the tiny embedded corpus, vocabulary of 400."""
   root = tmp_path_factory.mktemp("tok")
-  c = data.DataConfig(name="embedded_tiny", data_dir=str(root / "tfds"), vocab_size=400)
+  c = helpers.data_config(
+    source__name="embedded_tiny", source__data_dir=str(root / "tfds"), vocab__size=400
+  )
   vocab_dir = str(root / "work" / "vocab")
   return c, vocab_dir, data.get_tokenizer(c, vocab_dir)
 
@@ -50,7 +52,7 @@ def _model_type(path):
 
 def test_a_unigram_vocabulary_is_trained_on_request_beside_the_bpe_one(setup):
   c, vocab_dir, bpe = setup
-  unigram = data.get_tokenizer(dataclasses.replace(c, vocab_model="unigram"), vocab_dir)
+  unigram = data.get_tokenizer(helpers.data_config(c, vocab__model="unigram"), vocab_dir)
   assert unigram.path == os.path.join(vocab_dir, "embedded_tiny-en-sy-400-unigram.model")
   assert _model_type(unigram.path) == sentencepiece_model_pb2.TrainerSpec.UNIGRAM
   assert _model_type(bpe.path) == sentencepiece_model_pb2.TrainerSpec.BPE
@@ -131,7 +133,7 @@ def test_the_log_gives_the_sample_actually_trained_on(
   setup, tmp_path, monkeypatch, caplog, sample_size, logged
 ):
   c, _, tok = setup
-  c = dataclasses.replace(c, tokenizer_sample_size=sample_size)
+  c = helpers.data_config(c, vocab__sample_size=sample_size)
   seen = []
   monkeypatch.setattr(
     tokenizer_lib,
@@ -154,7 +156,7 @@ _SENTENCES = [
 def test_a_vocabulary_larger_than_the_text_supports_names_the_largest_that_works():
   with pytest.raises(
     FieldError,
-    match=r"^data.vocab_size=1000 is more than the training text "
+    match=r"^data.vocab.size=1000 is more than the training text "
     r"supports: set it to at most \d+$",
   ) as info:
     tokenizer_lib.train_model(_SENTENCES, 1000)
@@ -169,7 +171,7 @@ def test_a_vocabulary_smaller_than_the_characters_names_the_smallest_that_works(
   smallest = characters + 1 + 3  # "▁", and pad, EOS, unk.
   with pytest.raises(
     FieldError,
-    match=f"^data.vocab_size=16 is too small for the characters of "
+    match=f"^data.vocab.size=16 is too small for the characters of "
     f"the training text: set it to at least {smallest}$",
   ):
     tokenizer_lib.train_model(_SENTENCES, 16)
@@ -204,7 +206,9 @@ def test_length_table_is_counted_once_and_cached_beside_the_vocabulary(setup, mo
 @pytest.mark.parametrize("mode", ["tokens", "packed"])
 def test_end_to_end_batches_decode_to_the_corpus(setup, mode):
   c, _, tok = setup
-  c = dataclasses.replace(c, batch_mode=mode, tokens_per_batch=1024, batch_size=8, max_length=128)
+  c = helpers.data_config(
+    c, batch__mode=mode, batch__tokens=1024, batch__size=8, batch__max_length=128
+  )
   train = embedded.generate_corpus(1, TINY)["train"]
   it = iter(data.make_train_loader(c, tok, seed=0, shard_index=0, shard_count=1))
   batch = next(it)
@@ -224,7 +228,7 @@ def test_eval_batches_in_both_directions(setup):
   batches = data.make_eval_batches(c, tok, "test")
   assert data.split_texts(c, "test") == ([p[0] for p in test], [p[1] for p in test])
   assert tok.decode(batches[0]["inputs"][0]) == test[0][0]
-  reverse = dataclasses.replace(c, source_lang="sy", target_lang="en")
+  reverse = helpers.data_config(c, source__source_lang="sy", source__target_lang="en")
   batch = data.make_eval_batches(reverse, tok, "test")[0]
   srcs, tgts = data.split_texts(reverse, "test")
   assert (srcs[0], tgts[0]) == (test[0][1], test[0][0])
@@ -236,10 +240,10 @@ def test_a_vocab_path_in_a_bucket_loads_the_file_there(setup, bucket_dir):
   c, _, local = setup
   url = f"{bucket_dir}/shared/my.model"
   epath.Path(url).write_bytes(epath.Path(local.path).read_bytes())
-  tok = data.load_tokenizer(dataclasses.replace(c, vocab_path=url), "unused")
+  tok = data.load_tokenizer(helpers.data_config(c, vocab__path=url), "unused")
   assert (tok.path, tok.digest) == (url, local.digest)
   with pytest.raises(data.DataError, match=f"^no vocabulary at {bucket_dir}/shared/none.model$"):
-    data.load_tokenizer(dataclasses.replace(c, vocab_path=f"{bucket_dir}/shared/none.model"), "")
+    data.load_tokenizer(helpers.data_config(c, vocab__path=f"{bucket_dir}/shared/none.model"), "")
 
 
 def test_a_vocabulary_and_its_length_table_in_a_bucket(setup, bucket_dir, tmp_path, monkeypatch):

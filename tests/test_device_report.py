@@ -287,7 +287,7 @@ def test_a_trace_without_the_time_for_it_is_skipped_and_the_figures_kept(tmp_pat
 @pytest.mark.slow
 def test_the_largest_step_trains_at_the_batch_the_compile_mode_found(tmp_path):
   plan = dataclasses.replace(plan_lib.TINY, fit_search=True)
-  found = {"field": "data.batch_size", "value": 16, "rows": 16, "length": 32}
+  found = {"field": "data.batch.size", "value": 16, "rows": 16, "length": 32}
   (tmp_path / "prediction_compile.json").write_text(json.dumps({"largest_batch": found}))
   result = stage.Result(tmp_path / "largest.json", time.monotonic() + 300)
   largest.run(plan, plan.step("prediction:largest"), result, stage.Context(tmp_path, "1xh100"))
@@ -316,7 +316,7 @@ def test_the_full_plans_models_are_the_papers_in_bfloat16(name):
     6,
     "bfloat16",
   )
-  assert settings.data.vocab_size == 37000
+  assert settings.data.vocab.size == 37000
   assert plan_lib.FULL.length <= model.max_len
   assert model.attention_impl == ("xla" if name == "base_xla" else "auto")
   assert model.remat == ("full" if name == "base_remat" else "none")

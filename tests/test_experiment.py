@@ -23,11 +23,11 @@ def test_the_library_docs_example_trains_translates_and_leaves_its_checkpoints(
 ):
   code = _example()
   tiny = (
-    f'name="embedded_tiny", data_dir={str(shared / "tfds")!r}, vocab_size=200, '
-    f"vocab_path={str(shared / 'vocab.model')!r}"
+    f'source=data.SourceSettings(name="embedded_tiny", data_dir={str(shared / "tfds")!r}), '
+    f"vocab=data.VocabSettings(size=200, path={str(shared / 'vocab.model')!r})"
   )
   for old, new in (
-    ('name="embedded", ', tiny + ", "),
+    ('source=data.SourceSettings(name="embedded")', tiny),
     ('"/tmp/transformer_jax_from_python"', repr(str(tmp_path))),
   ):
     assert code.count(old) == 1, old

@@ -3,8 +3,9 @@ asserted)."""
 
 import pytest
 
+import helpers
 from tools import experiment_benchmark
-from transformer_jax import data, experiment
+from transformer_jax import experiment
 from transformer_jax.model.transformer import TransformerConfig
 from transformer_jax.workdir import Workdir
 
@@ -14,15 +15,15 @@ pytestmark = pytest.mark.slow
 def test_experiment_measures_every_batch_mode_on_its_own_data(tmp_path):
   settings = experiment.Experiment(
     model=TransformerConfig(num_layers=1, d_model=32, d_ff=64, num_heads=4, max_len=128),
-    data=data.DataConfig(
-      name="embedded_tiny",
-      data_dir=str(tmp_path / "tfds"),
-      vocab_size=200,
-      tokens_per_batch=512,
-      batch_size=8,
-      max_length=64,
-      max_source_length=64,
-      max_target_length=64,
+    data=helpers.data_config(
+      source__name="embedded_tiny",
+      source__data_dir=str(tmp_path / "tfds"),
+      vocab__size=200,
+      batch__tokens=512,
+      batch__size=8,
+      batch__max_length=64,
+      batch__max_source_length=64,
+      batch__max_target_length=64,
     ),
   )
   results = experiment_benchmark.run_experiment(

@@ -17,7 +17,11 @@ def test_multi30k_tiny_is_the_literatures_transformer_tiny():
   # fairseq's layers: attention biases, LayerNorm epsilon 1e-5, its initial parameters.
   assert model.attention_bias and model.norm_epsilon == 1e-5 and model.init == "fairseq"
   data = settings.data
-  assert (data.name, data.source_lang, data.target_lang) == ("multi30k_tok", "en", "de")
+  assert (data.source.name, data.source.source_lang, data.source.target_lang) == (
+    "multi30k_tok",
+    "en",
+    "de",
+  )
   # About 2.6M parameters with a 10k vocabulary, as reported for Transformer-Tiny.
   assert 2.5e6 < count_params(model.__class__(**{**model.__dict__, "vocab_size": 10_000})) < 2.7e6
   rate = lambda step: float(
@@ -46,7 +50,7 @@ def test_multi30k_tiny_fast_is_tiny_in_pre_ln_on_a_quarter_of_the_batch_for_twic
   tiny, fast = flat("tiny"), flat("tiny_fast")
   assert {key: (tiny[key], fast[key]) for key in tiny if tiny[key] != fast[key]} == {
     "model.norm": ("post", "pre"),
-    "data.tokens_per_batch": (8192, 2048),
+    "data.batch.tokens": (8192, 2048),
     "num_train_steps": (8000, 16_000),
     "keep_checkpoints": (10, 20),
     "average_last": (10, 20),

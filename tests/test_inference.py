@@ -138,13 +138,13 @@ def test_user_mistakes_give_one_clear_message(run, tmp_path):
   (tmp_path / "bad.txt").write_bytes(b"a fine line\nnot \xc3\x28 fine\n")
   other_vocab = tmp_path / "vocab150.model"
   data.get_tokenizer(
-    dataclasses.replace(
-      helpers.tiny_data_config(run["shared"]), vocab_path=str(other_vocab), vocab_size=150
+    helpers.data_config(
+      helpers.tiny_data_config(run["shared"]), vocab__path=str(other_vocab), vocab__size=150
     ),
     str(tmp_path),
   )
   other = helpers.tiny_experiment(
-    run["shared"], data__vocab_path=other_vocab, data__vocab_size=150, **OVERRIDES
+    run["shared"], data__vocab__path=other_vocab, data__vocab__size=150, **OVERRIDES
   )
   good = tmp_path / "good.txt"
   good.write_text("a line\n")

@@ -321,8 +321,9 @@ def test_the_compile_report_of_a_gpu_target_has_the_kernels():
   config.model = config_lib.model_fields(
     "base", num_layers=1, d_model=64, d_ff=128, num_heads=4, max_len=64, dtype="bfloat16"
   )
-  config.data.update(
-    {"vocab_size": 256, "batch_mode": "packed", "batch_size": 8, "max_length": 32}
+  config.data.vocab.size = 256
+  config.data.batch.update(
+    {"mode": "packed", "size": 8, "max_length": 32}
     | {"max_source_length": 32, "max_target_length": 32}
   )
   experiment = config_lib.parse(config)

@@ -19,7 +19,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from transformer_jax import data, experiment, sharding
+import helpers
+from transformer_jax import experiment, sharding
 from transformer_jax.conventions import BATCH_KEYS
 from transformer_jax.decode import transformer_search
 from transformer_jax.model.transformer import TransformerConfig
@@ -37,7 +38,7 @@ def _trainer(mesh: dict, rules: str, grad_accum_steps: int = 1):
     model=TransformerConfig(
       num_layers=2, d_model=64, d_ff=128, num_heads=4, max_len=32, dtype="bfloat16"
     ),
-    data=data.DataConfig(max_source_length=32, max_target_length=32),
+    data=helpers.data_config(batch__max_source_length=32, batch__max_target_length=32),
     mesh=sharding.MeshConfig(**{"data": 1, **mesh}),
     sharding_rules=rules,
     grad_accum_steps=grad_accum_steps,

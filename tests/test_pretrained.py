@@ -263,7 +263,11 @@ def cli(shared, module, *args, status=0):
 
 def data_flags(shared, **overrides):
   """Flags of the embedded_tiny data, for a work directory's own config.py."""
-  values = {"data.name": "embedded_tiny", "data.data_dir": shared / "tfds", **overrides}
+  values = {
+    "data.source.name": "embedded_tiny",
+    "data.source.data_dir": shared / "tfds",
+    **overrides,
+  }
   return [f"--config.{name.replace('__', '.')}={value}" for name, value in values.items()]
 
 
@@ -332,7 +336,9 @@ def test_translations_equal_generate_on_every_line_and_eval_runs(
     assert 3 <= capped <= len(sentences) - 5  # Lines that end, and lines cut at the cap.
   test_split = dataclasses.replace(
     config,
-    data=dataclasses.replace(config.data, name="embedded_tiny", data_dir=str(shared / "tfds")),
+    data=helpers.data_config(
+      config.data, source__name="embedded_tiny", source__data_dir=str(shared / "tfds")
+    ),
     decode=dataclasses.replace(config.decode, split="test"),
   )
   record = evaluate_split(test_split, Workdir(str(workdir)))
@@ -673,11 +679,11 @@ def test_fine_tuning_an_imported_model_through_the_command_line_lowers_the_loss_
     "--mode=train",
     *data_flags(
       shared,
-      data__batch_mode="packed",
-      data__batch_size=8,
-      data__max_length=64,
-      data__max_source_length=64,
-      data__max_target_length=64,
+      data__batch__mode="packed",
+      data__batch__size=8,
+      data__batch__max_length=64,
+      data__batch__max_source_length=64,
+      data__batch__max_target_length=64,
       warmup_steps=4,
       log_every_steps=1,
       checkpoint_every_steps=4,

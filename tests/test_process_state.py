@@ -198,9 +198,10 @@ def main(root):
       lines = "".join(f"{i + 3} " * repeat + "\\n" for i in range(pairs))
       (root / f"{split}.{side}").write_text(lines)
   config = data.DataConfig(
-    name="text", source_lang="xx", target_lang="yy", text_train=str(root / "train"),
-    text_validation=str(root / "dev"), data_dir=str(root / "tfds"), batch_multiple=2,
-    tokens_per_batch=512, window=32)
+    source=data.SourceSettings(
+      name="text", source_lang="xx", target_lang="yy", text_train=str(root / "train"),
+      text_validation=str(root / "dev"), data_dir=str(root / "tfds")),
+    batch=data.BatchSettings(multiple=2, tokens=512, window=32))
   make = lambda c: data.make_train_loader(c, WordIds(), seed=0, shard_index=0, shard_count=1)
   before = state()
   batches = iter(make(config))
@@ -209,7 +210,8 @@ def main(root):
   batches.close()
   after_read = state()
   try:
-    batches = iter(make(dataclasses.replace(config, num_workers=1)))
+    batches = iter(make(dataclasses.replace(
+      config, batch=dataclasses.replace(config.batch, num_workers=1))))
     next(batches)
     batches.close()
     refused = None
@@ -231,5 +233,5 @@ def test_a_data_pipeline_built_and_read_leaves_absl_flags_unparsed(tmp_path):
   assert seen["after read"] == seen["before"]
   assert seen["after"] == seen["before"] and not seen["after"]["absl flags parsed"]
   assert seen["refused"] is not None, "workers started with absl's flags unparsed"
-  assert seen["refused"].startswith("data.num_workers=1 starts Grain worker processes")
+  assert seen["refused"].startswith("data.batch.num_workers=1 starts Grain worker processes")
   assert "absl.flags.FLAGS.mark_as_parsed()" in seen["refused"]

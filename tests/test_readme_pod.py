@@ -62,9 +62,9 @@ def test_the_readme_pod_example_trains_two_processes_into_a_bucket(shared, bucke
       shared,
       num_train_steps=STEPS,
       checkpoint_every_steps=2,
-      data__source_lang="en",
-      data__target_lang="sy",
-      data__data_dir=f"{bucket_dir}/tfds",
+      data__source__source_lang="en",
+      data__source__target_lang="sy",
+      data__source__data_dir=f"{bucket_dir}/tfds",
     )
     if not flag.startswith("--config=")  # The README's experiment stays, shrunk by the rest.
   ]

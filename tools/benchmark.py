@@ -90,7 +90,7 @@ def define_flags():
     "sweep_tokens",
     list(map(str, sweep.DEFAULT_TOKENS)),
     "Sweep: tokens per batch on each side (source tokens = target tokens, padding "
-    "included, as data.tokens_per_batch counts them). Giving it implies --sweep.",
+    "included, as data.batch.tokens counts them). Giving it implies --sweep.",
   )
   flags.DEFINE_list(
     "sweep_lengths",

@@ -1,7 +1,7 @@
 """The command line of `training_curves`: our training and the PyTorch reference, side by side.
 
   python -m tools.compare_training --config=experiments/multi30k.py:tiny \\
-      --config.data.manual_dir=DIR --workdir=DIR --updates=600 --out=curves.json \\
+      --config.data.source.manual_dir=DIR --workdir=DIR --updates=600 --out=curves.json \\
       [--reference_init=fairseq|copied] [--reference_device=cpu|cuda] [--plot=curves.png]
 
 Our model trains on jax's first device; the reference on --reference_device.

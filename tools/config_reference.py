@@ -24,7 +24,7 @@ generated from the code: `python -m tools.config_reference` rewrites it, and
 
 A config file (`experiments/*.py`) starts from these defaults (`transformer_jax.config.
 default_config()`) and sets what its experiment changes; any field can then be overridden on
-the command line, `--config.<field>=<value>` (`--config.data.batch_size=4096`). Every value is
+the command line, `--config.<field>=<value>` (`--config.data.batch.size=4096`). Every value is
 checked before anything compiles, and a mistake ends the run with one line naming the field and
 what it allows. [training.md](training.md) says how the experiments use them.
 """
@@ -35,7 +35,9 @@ _SECTIONS = {
     "The model (`config.model.<field>`; presets of the paper: "
     "`transformer_jax.config.model_fields(preset)`)"
   ),
-  "data": "Data, vocabulary and batches (`config.data.<field>`; see [data.md](data.md))",
+  "data.source": "The data's source (`config.data.source.<field>`; see [data.md](data.md))",
+  "data.vocab": "Its vocabulary (`config.data.vocab.<field>`; see [data.md](data.md))",
+  "data.batch": "Its batches (`config.data.batch.<field>`; see [data.md](data.md))",
   "decode": "Search and evaluation (`config.decode.<field>`)",
   "mesh": "The device mesh (`config.mesh.<field>`; see [multihost.md](multihost.md))",
 }

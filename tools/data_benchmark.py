@@ -26,9 +26,9 @@ def define_flags():
     "/tmp/transformer_jax_data_benchmark",
     "Where the vocabulary is kept (in its vocab/).",
   )
-  flags.DEFINE_string("name", "embedded", "data.name")
+  flags.DEFINE_string("name", "embedded", "data.source.name")
   flags.DEFINE_float("seconds", 20.0, "Measuring time per mode.")
-  flags.DEFINE_integer("num_workers", 0, "data.num_workers")
+  flags.DEFINE_integer("num_workers", 0, "data.batch.num_workers")
 
 
 def _measure(c, tokenizer, seconds):
@@ -52,21 +52,24 @@ def _measure(c, tokenizer, seconds):
 
 def main(argv):
   del argv
-  base = data.DataConfig(name=FLAGS.name, data_dir=FLAGS.data_dir, num_workers=FLAGS.num_workers)
+  base = data.DataConfig(
+    source=data.SourceSettings(name=FLAGS.name, data_dir=FLAGS.data_dir),
+    batch=data.BatchSettings(num_workers=FLAGS.num_workers),
+  )
   start = time.perf_counter()
   tokenizer = data.get_tokenizer(base, Workdir(FLAGS.workdir).vocab)
   print(f"dataset + vocabulary ready in {time.perf_counter() - start:.1f} s")
   for mode in data.BATCH_MODES:
-    c = dataclasses.replace(base, batch_mode=mode)
+    c = dataclasses.replace(base, batch=dataclasses.replace(base.batch, mode=mode))
+    b = c.batch
     shape = {
-      "tokens": f"tokens_per_batch={c.tokens_per_batch}",
-      "packed": f"[{c.batch_size}, {c.max_length}]",
-      "padded": f"tokens_per_batch={c.tokens_per_batch}, rows of "
-      f"{max(c.max_source_length, c.max_target_length)}",
+      "tokens": f"tokens={b.tokens}",
+      "packed": f"[{b.size}, {b.max_length}]",
+      "padded": f"tokens={b.tokens}, rows of {max(b.max_source_length, b.max_target_length)}",
     }[mode]
     first, rate, tokens, useful = _measure(c, tokenizer, FLAGS.seconds)
     print(
-      f"{mode:>6} ({shape}, num_workers={c.num_workers}): first batch after "
+      f"{mode:>6} ({shape}, num_workers={b.num_workers}): first batch after "
       f"{first:.1f} s, {rate:.1f} batches/s, {tokens / 1e3:.0f}k real tokens/s, "
       f"{100 * useful:.0f}% of the batch is real tokens"
     )

@@ -51,9 +51,9 @@ def run_experiment(
   """Real tokens/s of `experiment`'s model on `steps` batches of each batch mode.
 
   All modes train one state on batches of the experiment's own data, sized
-  by its data config: 'tokens' (`data.tokens_per_batch`, length buckets),
-  'packed' (`data.batch_size` rows of `data.max_length`) and 'padded'
-  (`data.tokens_per_batch`, every row as long as the longest pair allowed).
+  by its data config: 'tokens' (`data.batch.tokens`, length buckets),
+  'packed' (`data.batch.size` rows of `data.batch.max_length`) and 'padded'
+  (`data.batch.tokens`, every row as long as the longest pair allowed).
   """
   experiment.check_devices(jax.device_count())
   tokenizer = data.get_tokenizer(experiment.data, workdir.vocab)
@@ -71,8 +71,9 @@ def run_experiment(
   shard_index, shard_count = trainer.placement.data_shard
   for mode in data.BATCH_MODES:
     # Checked as a whole: e.g. rows that fit the model's positions.
+    batch = dataclasses.replace(experiment.data.batch, mode=mode)
     data_config = dataclasses.replace(
-      experiment, data=dataclasses.replace(experiment.data, batch_mode=mode)
+      experiment, data=dataclasses.replace(experiment.data, batch=batch)
     ).data
     iterator = iter(
       data.make_train_loader(

@@ -36,8 +36,8 @@ PLAN = (
   ("big", "v5e-8", "fsdp", {"model.remat": "full"}, False),
   ("base", "v5p-8", "dp", {}, False),
   ("big", "v5p-8", "fsdp", {}, False),
-  ("base", "v5p-128", "dp", {"data.batch_size": 128, "data.batch_multiple": 64}, False),
-  ("big", "v5p-128", "fsdp", {"data.batch_size": 128, "data.batch_multiple": 64}, False),
+  ("base", "v5p-128", "dp", {"data.batch.size": 128, "data.batch.multiple": 64}, False),
+  ("big", "v5p-128", "fsdp", {"data.batch.size": 128, "data.batch.multiple": 64}, False),
   ("base", "8xh100", "dp", {}, False),
   ("big", "8xh100", "fsdp", {}, False),
 )

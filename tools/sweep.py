@@ -1,7 +1,7 @@
 """The benchmark's scaling sweep: its grid of batch shapes, and its table and figure of step times.
 
 A point of the grid is `tokens` per batch on each side (source tokens =
-target tokens, padding included, as `data.tokens_per_batch` counts them) in
+target tokens, padding included, as `data.batch.tokens` counts them) in
 rows of `length` source and `length` target tokens. `run_sweep` times the
 train step at each point and returns one record (a dict) per point; the table
 and the figure are drawn from such records alone.

@@ -75,7 +75,7 @@ def compare(
       "ours": str(trainer.placement.mesh.devices.flat[0]),
       "reference": str(reference.device),
     },
-    "tokens_per_batch": experiment.data.tokens_per_batch,
+    "tokens_per_batch": experiment.data.batch.tokens,
     "updates": 0,
     "ours": {"loss": [], "nll": []},
     "reference": {"loss": [], "nll": []},

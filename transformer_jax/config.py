@@ -60,11 +60,26 @@ def parse(config: ml_collections.ConfigDict) -> Experiment:
   return schema.build(Experiment, config.to_dict())
 
 
+def moved_fields() -> dict[str, str]:
+  """`{old path: new path}` of the settings that moved (`data.vocab_size`: `data.vocab.size`)."""
+  return schema.moved(Experiment)
+
+
 def _described(error: Exception) -> str:
-  """`error` in a line: a FieldError by its `--config.` path, anything else with its type."""
+  """`error` in a line: a FieldError by its `--config.` path, anything else with its type; a
+  config file reading a setting that moved (a KeyError or AttributeError naming it) is told
+  where it went."""
   if isinstance(error, FieldError):
     return user_message(error)
-  return f"{type(error).__name__}: {error}"
+  text = f"{type(error).__name__}: {error}"
+  if isinstance(error, (KeyError, AttributeError)):
+    name = str(error).strip("\"'")
+    moved = [
+      f"{old} is now {new}" for old, new in moved_fields().items() if old.endswith("." + name)
+    ]
+    if moved:
+      text += f" ({'; '.join(moved)})"
+  return text
 
 
 def user_message(error: UserError) -> str:

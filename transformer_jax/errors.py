@@ -8,9 +8,9 @@ class UserError(Exception):
 class FieldError(UserError, ValueError):
   """An invalid value of one named setting of an experiment: its `path`, then `detail`.
 
-  `owner` is the section holding the setting (`model`, `data`, `mesh`, or ''
+  `owner` is the section holding the setting (`model`, `data.vocab`, `mesh`, or ''
   for the experiment's top-level fields), `field` its name (empty when the
-  whole section is at fault): `data.vocab_size=3 ...`. The command line names
+  whole section is at fault): `data.vocab.size=3 ...`. The command line names
   it as `config.<path>`.
   """
 

@@ -79,7 +79,7 @@ _TARGET = flags.DEFINE_string(
 _FIND_LARGEST_BATCH = flags.DEFINE_bool(
   "find_largest_batch",
   False,
-  "compile: also find the largest batch (data.tokens_per_batch, or data.batch_size for "
+  "compile: also find the largest batch (data.batch.tokens, or data.batch.size for "
   "packed rows) whose train step fits the target (a few more compiles); done anyway when the "
   "configured batch does not fit.",
 )

@@ -9,8 +9,10 @@ instance exists only with valid values; an invalid one raises FieldError naming 
 `build` makes an instance from a mapping of plain values (a config file's section), refusing
 unknown and missing names; a field declared with `group` is a settings class whose fields sit
 beside its owner's in that mapping, and one declared with `section` a settings class of its own
-sub-mapping. `defaults` and `describe` list what a class declares, for a config file's defaults
-and the reference of every setting.
+sub-mapping. A class may declare `MOVED` (a ClassVar `{old name: new path}`), settings it once
+had that are now elsewhere: `build` refuses an old name with one line naming its new path, and
+`moved` lists them all. `defaults` and `describe` list what a class declares, for a config
+file's defaults and the reference of every setting.
 """
 
 import dataclasses
@@ -36,7 +38,7 @@ class Allowed:
   lt: float | None = None
   le: float | None = None
   multiple_of: int | None = None
-  choices: tuple = ()
+  choices: tuple | Mapping = ()
   also: tuple = ()
   nonempty: bool = False
   means: tuple[tuple[Any, str], ...] = ()
@@ -103,11 +105,12 @@ class Declared:
 
 def setting(default: Any, help_: str, **allowed):
   """A settings field: its default, its help and what it allows (the fields of `Allowed`; `means`
-  may be a dict)."""
+  may be a dict). `choices` may be a mapping: its keys, as they are when a value is checked (a
+  table that grows)."""
   if isinstance(allowed.get("means"), dict):
     allowed["means"] = tuple(allowed["means"].items())
   for name in ("choices", "also"):
-    if name in allowed:
+    if name in allowed and not (name == "choices" and isinstance(allowed[name], Mapping)):
       allowed[name] = tuple(allowed[name])
   return dataclasses.field(default=default, metadata={_META: Declared(Allowed(**allowed), help_)})
 
@@ -192,6 +195,8 @@ def build(cls: type, values: Mapping, owner: str = ""):
   """
   known = names(cls)
   for name in values:
+    if name in getattr(cls, "MOVED", {}):
+      raise FieldError(owner, name, f" is now {FieldError(owner, cls.MOVED[name], '').path}")
     if name not in known:
       raise FieldError(owner, name, f" is not a known field; known fields: {', '.join(known)}")
   for name in known:
@@ -213,6 +218,15 @@ def build(cls: type, values: Mapping, owner: str = ""):
     elif spec is not None:
       arguments[field.name] = values[field.name]
   return cls(**arguments)
+
+
+def moved(cls: type, prefix: str = "") -> dict[str, str]:
+  """`{old path: new path}` of the settings that `cls` and its sections declare `MOVED`."""
+  out = {prefix + old: prefix + new for old, new in getattr(cls, "MOVED", {}).items()}
+  for field, spec in _read(cls):
+    if spec == "section":
+      out.update(moved(field.type, f"{prefix}{field.name}."))
+  return out
 
 
 def _named(field: dataclasses.Field, path: str, values: Mapping):

@@ -10,7 +10,7 @@ from transformer_jax.experiment import make_trainer
 def run(plan, step, result, context) -> None:
   del step, context
   experiment = experiment_of(*plan.variants["base"])
-  trainer, _ = make_trainer(experiment, vocab_size=experiment.data.vocab_size)
+  trainer, _ = make_trainer(experiment, vocab_size=experiment.data.vocab.size)
   times = decode_benchmark.measure_decoding(
     trainer.placement.model,
     trainer.init().params,

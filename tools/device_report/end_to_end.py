@@ -15,7 +15,7 @@ def run(plan, step, result, context) -> None:
   spec, overrides = plan.end_to_end
   work = context.work / "end_to_end"
   shutil.rmtree(work, ignore_errors=True)
-  experiment = experiment_of(spec, {**overrides, "data.data_dir": str(work / "tfds")})
+  experiment = experiment_of(spec, {**overrides, "data.source.data_dir": str(work / "tfds")})
   workdir = Workdir(str(work / "workdir"))
   result.put(experiment=spec, overrides=overrides, steps=experiment.fit.num_train_steps)
   start = time.perf_counter()

@@ -150,7 +150,7 @@ def train_speed(
 ) -> tuple[dict, Ran]:
   """Compile, run and time the train step of `experiment` on a packed `rows` x `length` batch,
   in the order of the module's docstring. Returns the figures and what the step left (`Ran`)."""
-  trainer, _ = make_trainer(experiment, vocab_size=experiment.data.vocab_size)
+  trainer, _ = make_trainer(experiment, vocab_size=experiment.data.vocab.size)
   placement = trainer.placement
   cfg = placement.model.config
   local = packed_batch(rows, length, cfg.vocab_size)

@@ -39,6 +39,8 @@ def _field_paths(config, prefix: str = "") -> list[str]:
 def _check_override(config: ml_collections.ConfigDict, path: str) -> None:
   """UserError unless the override `--config.<path>` names a field of `config`; it names the
   closest known field."""
+  if new := config_lib.moved_fields().get(path):
+    raise UserError(f"--config.{path} is now --config.{new}")
   parts, node = path.split("."), config
   for depth, part in enumerate(parts):
     holder = ".".join(["config", *parts[:depth]])

@@ -200,7 +200,7 @@ class Compiler:
     experiment.check_devices(len(self.devices))
     # The vocabulary size the experiment asks for (a run takes its tokenizer's, the same for a
     # trained vocabulary; a Marian vocabulary file may differ).
-    self.vocab_size = experiment.data.vocab_size
+    self.vocab_size = experiment.data.vocab.size
     self.trainer, _ = make_trainer(experiment, vocab_size=self.vocab_size, devices=self.devices)
     self.placement = self.trainer.placement
     self.model_config = self.placement.model.config
@@ -280,7 +280,7 @@ def compile_experiment(
   """The report of every program of `experiment` compiled for `target`.
 
   With `find_largest_batch`, or when a train step does not fit, also the
-  largest batch (`data.batch_size` packed, else `data.tokens_per_batch`) whose train step fits
+  largest batch (`data.batch.size` packed, else `data.batch.tokens`) whose train step fits
   (`largest_batch`).
   Raises FieldError for an experiment the target cannot run (a mesh that does not
   divide its chips, a parameter that does not split), TargetError when its
@@ -293,17 +293,19 @@ def compile_experiment(
   max_len = compiler.model_config.max_len
   # Evaluation reads whole pairs (none cut) in lengths of the padded series, at most max_len.
   eval_length = min(
-    data.padded_length(max(experiment.data.max_source_length, experiment.data.max_target_length)),
+    data.padded_length(
+      max(experiment.data.batch.max_source_length, experiment.data.batch.max_target_length)
+    ),
     max_len,
   )
-  decode_length = min(data.padded_length(experiment.data.max_source_length), max_len)
+  decode_length = min(data.padded_length(experiment.data.batch.max_source_length), max_len)
   settings = experiment.decode
   decode_rows = Translator(placement, None, settings).batch_size
   jobs = [(f"train {r}x{n}", lambda r=r, n=n: compiler.train(r, n)) for r, n in shapes]
   jobs.append(
     (
-      f"eval {experiment.data.eval_batch_size}x{eval_length}",
-      lambda: compiler.evaluate(experiment.data.eval_batch_size, eval_length),
+      f"eval {experiment.data.batch.eval_size}x{eval_length}",
+      lambda: compiler.evaluate(experiment.data.batch.eval_size, eval_length),
     )
   )
   searches = {settings.beam_size: settings}  # --mode=eval and translate
@@ -344,8 +346,8 @@ def compile_experiment(
 
 
 def largest_batch(compiler: Compiler, most_memory: Program) -> dict:
-  """The largest batch whose train step fits (`field`: `data.tokens_per_batch`, or
-  `data.batch_size` for packed rows, and its `value`), to within 1/16, found by compiling the
+  """The largest batch whose train step fits (`field`: `data.batch.tokens`, or
+  `data.batch.size` for packed rows, and its `value`), to within 1/16, found by compiling the
   step at the length of `most_memory` (the train shape that needs the most memory at the
   configured batch) with other row counts: doubling while it fits, then a bisection. `capped`:
   the search stopped at its largest batch, 2**24 tokens, which fits."""
@@ -376,9 +378,9 @@ def largest_batch(compiler: Compiler, most_memory: Program) -> dict:
       low = middle
     else:
       high = middle
-  packed = compiler.experiment.data.batch_mode == "packed"
+  packed = compiler.experiment.data.batch.mode == "packed"
   record = {
-    "field": "data.batch_size" if packed else "data.tokens_per_batch",
+    "field": "data.batch.size" if packed else "data.batch.tokens",
     "value": low * multiple if packed else low * multiple * length,
     "tokens_per_batch": low * multiple * length,
     "rows": low * multiple,

@@ -161,5 +161,5 @@ def does_not_fit(record: dict) -> str | None:
   elif worst["kind"] in ("beam", "greedy"):
     line += "; lower config.decode.batch_size"
   elif worst["kind"] == "eval":
-    line += "; lower config.data.eval_batch_size"
+    line += "; lower config.data.batch.eval_size"
   return line

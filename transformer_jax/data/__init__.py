@@ -2,8 +2,10 @@
 
 Public API (the rest of the package uses exactly these; tests/test_imports.py
 keeps it so):
-  DataConfig(...)                   the data settings (`config.data`), checked on construction
-  BATCH_MODES                       the values of DataConfig.batch_mode
+  DataConfig(source=, vocab=, batch=)  the data settings (`config.data`), checked on
+                                    construction: its sections SourceSettings (which pairs),
+                                    VocabSettings (their vocabulary), BatchSettings (batches)
+  BATCH_MODES                       the values of BatchSettings.mode
   get_tokenizer(c, vocab_dir)       -> Tokenizer (trained once, then loaded)
   load_tokenizer(c, vocab_dir)      -> Tokenizer (loaded; DataError when there is none)
   make_train_loader(c, tokenizer, *, seed, shard_index, shard_count)
@@ -19,7 +21,13 @@ Errors the user fixes: DataError (a file or split), DataUnavailableError (not pr
 """
 
 from transformer_jax.data import marian
-from transformer_jax.data.config import BATCH_MODES, DataConfig
+from transformer_jax.data.config import (
+  BATCH_MODES,
+  BatchSettings,
+  DataConfig,
+  SourceSettings,
+  VocabSettings,
+)
 from transformer_jax.data.errors import DataError, DataUnavailableError
 from transformer_jax.data.pipeline import (
   make_eval_batches,
@@ -33,9 +41,11 @@ from transformer_jax.data.tokenizer import Tokenizer, get_tokenizer, load_tokeni
 
 __all__ = [
   "BATCH_MODES",
+  "BatchSettings",
   "DataConfig",
   "DataError",
   "DataUnavailableError",
+  "SourceSettings",
   "Tokenizer",
   "get_tokenizer",
   "load_tokenizer",
@@ -47,4 +57,5 @@ __all__ = [
   "rows_multiple",
   "split_texts",
   "train_batch_shapes",
+  "VocabSettings",
 ]

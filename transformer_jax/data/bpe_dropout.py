@@ -1,6 +1,6 @@
-"""BPE-dropout of training pairs (`data.bpe_dropout`; Provilkov, Emelianenko and Voita, ACL 2020):
-a new segmentation of every pair each time the training stream reads it, drawn from the seed and
-the window alone, so that a resumed run and every host read the same tokens.
+"""BPE-dropout of training pairs (`data.vocab.bpe_dropout`; Provilkov, Emelianenko and Voita, ACL
+2020): a new segmentation of every pair each time the training stream reads it, drawn from the seed
+and the window alone, so that a resumed run and every host read the same tokens.
 
 SentencePiece samples BPE-dropout too, but from a generator that its seed does not fix across
 processes; this is its algorithm over the same pieces, driven by Python's own generator. Each
@@ -154,7 +154,7 @@ class PairSampler:
 
 def _refuse(p, why):
   raise FieldError(
-    "data",
+    "data.vocab",
     "bpe_dropout",
     f"={p} needs a SentencePiece BPE vocabulary as this project trains; {why}.",
   )

@@ -37,15 +37,15 @@ def require_grain_flags(num_workers: int) -> None:
   (Abseil's, `flags` here) are parsed: it reads its settings from them. The command line has
   parsed them; any other caller parses them itself (`app.run`, or `flags.FLAGS.mark_as_parsed()`
   for Grain's defaults), since the process's flags are its own. FieldError naming
-  data.num_workers otherwise."""
+  data.batch.num_workers otherwise."""
   if num_workers and not flags.FLAGS.is_parsed():
     raise FieldError(
-      "data",
+      "data.batch",
       "num_workers",
       f"={num_workers} starts Grain worker processes, which read their settings from the "
       f"command-line flags ({flags.__name__}), and this process has not parsed them: parse "
       f"them first, or call {flags.__name__}.FLAGS.mark_as_parsed() for Grain's defaults, or "
-      "set data.num_workers=0.",
+      "set data.batch.num_workers=0.",
     )
 
 

@@ -17,7 +17,7 @@ import sentencepiece as spm
 from etils import epath
 
 from transformer_jax.conventions import EOS_ID, PAD_ID, UNK_ID
-from transformer_jax.data.sources import DataError
+from transformer_jax.data.errors import DataError
 
 FILES = ("source.spm", "target.spm", "vocab.json")
 WORD_START = "\u2581"  # SentencePiece's mark of a piece that starts a word.

@@ -1,21 +1,21 @@
 """Multi30k (WMT16 multimodal task 1): image captions in en, de, fr, cs, read from a copy of
-https://github.com/multi30k/dataset (`data.manual_dir`, the directory holding `data/task1`).
+https://github.com/multi30k/dataset (`data.source.manual_dir`, the directory holding `data/task1`).
 
-Two variants, chosen by `data.name`: 'multi30k' reads the cased text
+Two variants, chosen by `data.source.name`: 'multi30k' reads the cased text
 `data/task1/raw/<file>.<lang>.gz`, 'multi30k_tok' the lowercased, normalized and
 tokenized text `data/task1/tok/<file>.lc.norm.tok.<lang>`. The files of the two
-languages of `data.source_lang` / `data.target_lang` are converted once into
-ArrayRecord in `data.data_dir` (again when a file changes) as parallel text
+languages of `data.source.source_lang` / `data.source.target_lang` are converted once into
+ArrayRecord in `data.source.data_dir` (again when a file changes) as parallel text
 (`parallel_text.py`), as the 'text' source is. Nothing is downloaded. The copy may be in a
-bucket (`data.manual_dir` a URL such as gs://).
+bucket (`data.source.manual_dir` a URL such as gs://).
 """
 
 from etils import epath
 
 from transformer_jax import fileio
 from transformer_jax.data import parallel_text
-from transformer_jax.data.config import DataConfig
 from transformer_jax.data.errors import DataError, DataUnavailableError
+from transformer_jax.data.source import Source
 
 NAMES = ("multi30k", "multi30k_tok")
 LANGUAGES = ("en", "de", "fr", "cs")
@@ -41,12 +41,9 @@ def relative_path(name: str, file: str, lang: str) -> str:
   return f"data/task1/raw/{file}.{lang}.gz"
 
 
-def stored_split(c: DataConfig, split: str) -> str:
-  """The split of the prepared dataset that `split` names ('test' is test_2016_flickr);
-  DataError if Multi30k has no such split, or not in both languages of `c`."""
-  stored = ALIASES.get(split, split)
-  if stored not in SPLITS:
-    raise DataError(f"{c.name} has no split {split!r}: it has {' | '.join([*SPLITS, *ALIASES])}.")
+def check_split(c, split: str, stored: str) -> None:
+  """`Source.check_split`: DataError unless the repository's file of split `stored` (asked for as
+  `split`) has both languages of `c`."""
   file, langs = SPLITS[stored]
   for lang in (c.source_lang, c.target_lang):
     if lang not in langs:
@@ -55,13 +52,12 @@ def stored_split(c: DataConfig, split: str) -> str:
       raise DataError(
         f"{c.name} has no {lang} text for split {split!r} (the repository's "
         f"{file} is {', '.join(langs)} only): {c.source_lang}-{c.target_lang} "
-        f"has {' | '.join(have)} (data.train_split, data.eval_split, "
+        f"has {' | '.join(have)} (data.source.train_split, data.source.eval_split, "
         "decode.split)."
       )
-  return stored
 
 
-def _expected_files(c: DataConfig) -> dict:
+def _expected_files(c) -> dict:
   """{split: (path of language a, path of language b)} inside the repository of every split
   with both languages."""
   languages = sorted((c.source_lang, c.target_lang))
@@ -72,14 +68,14 @@ def _expected_files(c: DataConfig) -> dict:
   }
 
 
-def builder(c: DataConfig):
+def builder(c):
   """The (maybe not yet prepared) builder of `c`'s language pair; DataUnavailableError when
-  `data.manual_dir` is not set or lacks a file of the pair."""
+  `data.source.manual_dir` is not set or lacks a file of the pair."""
   if not c.manual_dir:
     raise DataUnavailableError(
-      f"data.name={c.name!r} reads a copy of {URL} and data.manual_dir is not set: git clone "
-      f"{URL} and run with --config.data.manual_dir=<the clone> (the directory holding "
-      f"{relative_path(c.name, 'train', c.source_lang)}); nothing is downloaded."
+      f"data.source.name={c.name!r} reads a copy of {URL} and data.source.manual_dir is not "
+      f"set: git clone {URL} and run with --config.data.source.manual_dir=<the clone> (the "
+      f"directory holding {relative_path(c.name, 'train', c.source_lang)}); nothing is downloaded."
     )
   root = fileio.absolute(c.manual_dir)
   relative = _expected_files(c)
@@ -88,9 +84,9 @@ def builder(c: DataConfig):
   ]
   if missing:
     raise DataUnavailableError(
-      f"{c.name}: {root} (data.manual_dir) lacks {len(missing)} of the {2 * len(relative)} "
+      f"{c.name}: {root} (data.source.manual_dir) lacks {len(missing)} of the {2 * len(relative)} "
       f"files of {c.source_lang}-{c.target_lang}: {', '.join(missing)}. Put a copy of {URL} "
-      f"there (git clone {URL}) or set --config.data.manual_dir to one (the directory "
+      f"there (git clone {URL}) or set --config.data.source.manual_dir to one (the directory "
       "holding data/task1); nothing is downloaded."
     )
   files = {
@@ -98,3 +94,17 @@ def builder(c: DataConfig):
     for split, names in relative.items()
   }
   return parallel_text.builder(files, tuple(sorted((c.source_lang, c.target_lang))), c.data_dir)
+
+
+SOURCES = tuple(
+  Source(
+    name,
+    LANGUAGES,
+    builder,
+    parallel_text.prepare,
+    splits=tuple(SPLITS),
+    aliases=ALIASES,
+    check_split=check_split,
+  )
+  for name in NAMES
+)

@@ -14,6 +14,7 @@ import tensorflow_datasets as tfds
 from etils import epath
 
 from transformer_jax import fileio
+from transformer_jax.data import tfds_prepare
 from transformer_jax.data.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -126,6 +127,17 @@ def builder(files: dict, languages: tuple[str, str], data_dir: str):
     data_dir=data_dir or None,
     file_format="array_record",
   )
+
+
+def prepare(builder, c) -> bool:
+  """`Source.prepare` of parallel text: unless converted, its files checked (`check_files`),
+  then converted (`tfds_prepare.prepare`)."""
+  del c
+  if builder.is_prepared():
+    return True
+  for path_a, path_b in builder.builder_config.files.values():
+    check_files(path_a, path_b)
+  return tfds_prepare.prepare(builder)
 
 
 def _digest_and_count(path):

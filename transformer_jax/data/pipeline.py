@@ -11,12 +11,12 @@ The training stream, deterministic from the seed:
      training pair, computed once and cached beside the vocabulary. Over-long
      pairs are dropped or cut here, counted and logged.
   2. `MapDataset.range(pairs).shuffle(seed).repeat()` (a new order every
-     epoch), cut into windows of `data.window` pairs. Each window becomes a plan
+     epoch), cut into windows of `data.batch.window` pairs. Each window becomes a plan
      of global batches from the lengths alone: 'tokens' mode sorts the pairs
      into length buckets, 'packed' mode packs them first-fit-decreasing into
      rows; the batches are shuffled; every host keeps its rows of every batch.
      As plans depend on lengths only, all hosts agree on each step's shape
-     while reading disjoint pairs. With `data.bpe_dropout`, every host first
+     while reading disjoint pairs. With `data.vocab.bpe_dropout`, every host first
      samples the window's segmentations (`bpe_dropout.PairSampler`, from the
      seed and the window) and plans on their lengths.
   3. A Grain flat-map yields one plan per step; the host then reads, tokenizes
@@ -36,6 +36,7 @@ from transformer_jax.conventions import BATCH_KEYS
 from transformer_jax.data import bpe_dropout, sources
 from transformer_jax.data import lengths as lengths_lib
 from transformer_jax.data.config import BPE_DROPOUT_SIDES, DataConfig
+from transformer_jax.data.errors import DataError
 from transformer_jax.errors import FieldError
 
 log = logging.getLogger(__name__)
@@ -63,24 +64,25 @@ def train_batch_shapes(c: DataConfig, shard_count=1):
   alone (no data is read). FieldError when the longest bucket gets no rows or packed rows do not
   split over the shards; `make_train_loader` checks this before it reads any data."""
   multiple = rows_multiple(c, 0, shard_count)
-  if c.batch_mode == "packed":
-    if c.batch_size % multiple:
+  if c.batch.mode == "packed":
+    if c.batch.size % multiple:
       raise FieldError(
-        "data",
-        "batch_size",
-        f"={c.batch_size} must be a multiple of {multiple} (data.batch_multiple x shard count).",
+        "data.batch",
+        "size",
+        f"={c.batch.size} must be a multiple of {multiple} (data.batch.multiple x shard count).",
       )
-    return [(c.batch_size, c.max_length)]
-  longest = max(c.max_source_length, c.max_target_length)
-  buckets = bucket_lengths(longest, c.bucket_growth) if c.batch_mode == "tokens" else (longest,)
-  rows = [c.tokens_per_batch // length // multiple * multiple for length in buckets]
+    return [(c.batch.size, c.batch.max_length)]
+  b = c.batch
+  longest = max(b.max_source_length, b.max_target_length)
+  buckets = bucket_lengths(longest, b.bucket_growth) if b.mode == "tokens" else (longest,)
+  rows = [b.tokens // length // multiple * multiple for length in buckets]
   if not rows[-1]:
     raise FieldError(
-      "data",
-      "tokens_per_batch",
-      f"={c.tokens_per_batch} is too small: the longest "
+      "data.batch",
+      "tokens",
+      f"={c.batch.tokens} is too small: the longest "
       f"bucket ({buckets[-1]} tokens) needs at least {buckets[-1] * multiple} "
-      f"for {multiple} rows (data.batch_multiple x shard count).",
+      f"for {multiple} rows (data.batch.multiple x shard count).",
     )
   return list(zip(rows, buckets))
 
@@ -252,7 +254,7 @@ class _Build:
 
 
 def rows_multiple(c, shard_index, shard_count):
-  """Global batch rows come in multiples of this: `data.batch_multiple` and the shard count.
+  """Global batch rows come in multiples of this: `data.batch.multiple` and the shard count.
   ValueError for a shard that is not one of `shard_count`."""
   if not (
     isinstance(shard_count, int)
@@ -264,7 +266,7 @@ def rows_multiple(c, shard_index, shard_count):
       f"shard_index={shard_index!r}, shard_count={shard_count!r}: "
       "need 0 <= shard_index < shard_count."
     )
-  return math.lcm(c.batch_multiple, shard_count)
+  return math.lcm(c.batch.multiple, shard_count)
 
 
 def make_train_loader(c: DataConfig, tokenizer, *, seed, shard_index, shard_count):
@@ -278,41 +280,42 @@ def make_train_loader(c: DataConfig, tokenizer, *, seed, shard_index, shard_coun
   batches the saved one would have. Sizes in the config are global: each of
   the `shard_count` hosts gets 1/shard_count of every batch's rows, and all
   hosts get the same shapes at every step. Resume with the same
-  `data.num_workers`: it changes the order of batches. Workers are spawned
+  `data.batch.num_workers`: it changes the order of batches. Workers are spawned
   processes, so the main program must be an importable file, not stdin, and
   Grain starts them only where the command-line flags are parsed (FieldError
   otherwise: `lengths.require_grain_flags`).
   """
   rows_multiple(c, shard_index, shard_count)  # A bad shard stops here.
-  lengths_lib.require_grain_flags(c.num_workers)
+  lengths_lib.require_grain_flags(c.batch.num_workers)
   shapes = train_batch_shapes(c, shard_count)
   if not (isinstance(seed, (int, np.integer)) and 0 <= seed < 2**32):
     raise ValueError(f"seed={seed!r}: need an integer in [0, 2**32).")
-  source = sources.open_split(c, c.train_split)
-  caps = np.array([c.max_source_length, c.max_target_length])
+  source = sources.open_split(c, c.source.train_split)
+  caps = np.array([c.batch.max_source_length, c.batch.max_target_length])
   sampler = None
-  if c.bpe_dropout:  # A vocabulary it cannot use stops here, before the length table.
-    sides = BPE_DROPOUT_SIDES[c.bpe_dropout_sides]
-    sampler = bpe_dropout.PairSampler(source, tokenizer, c.bpe_dropout, caps, int(seed), sides)
+  if c.vocab.bpe_dropout:  # A vocabulary it cannot use stops here, before the length table.
+    sides = BPE_DROPOUT_SIDES[c.vocab.bpe_dropout_sides]
+    p = c.vocab.bpe_dropout
+    sampler = bpe_dropout.PairSampler(source, tokenizer, p, caps, int(seed), sides)
     log.info(
       "BPE-dropout %g on %s: every epoch segments the training pairs anew.",
-      c.bpe_dropout,
-      "both sides" if len(sides) == 2 else f"the {c.bpe_dropout_sides} side",
+      c.vocab.bpe_dropout,
+      "both sides" if len(sides) == 2 else f"the {c.vocab.bpe_dropout_sides} side",
     )
-  lengths = lengths_lib.pair_lengths(source, tokenizer, c.num_workers)
+  lengths = lengths_lib.pair_lengths(source, tokenizer, c.batch.num_workers)
   overlong = (lengths > caps).any(axis=1)
   log.info(
     "%s: %d of %d training pairs exceed %d source / %d target tokens: %s.",
-    c.name,
+    c.source.name,
     overlong.sum(),
     len(lengths),
     *caps,
-    "dropped" if c.overlong == "drop" else "truncated",
+    "dropped" if c.batch.overlong == "drop" else "truncated",
   )
-  ids = np.flatnonzero(~overlong) if c.overlong == "drop" else np.arange(len(lengths))
+  ids = np.flatnonzero(~overlong) if c.batch.overlong == "drop" else np.arange(len(lengths))
   if not len(ids):
-    raise sources.DataError(
-      f"No training pair of {c.name} fits data.max_source_length / data.max_target_length."
+    raise DataError(
+      f"No training pair of {c.source.name} fits data.batch.max_source_length / max_target_length."
     )
   lengths = np.minimum(lengths, caps)
   common = dict(
@@ -323,25 +326,25 @@ def make_train_loader(c: DataConfig, tokenizer, *, seed, shard_index, shard_coun
     shard_count=shard_count,
     sampler=sampler,
   )
-  if c.batch_mode in ("tokens", "padded"):
+  if c.batch.mode in ("tokens", "padded"):
     planner = _TokenPlanner(
       [length for _, length in shapes], [rows for rows, _ in shapes], **common
     )
   else:
-    planner = _PackPlanner(c.max_length, c.batch_size, **common)
+    planner = _PackPlanner(c.batch.max_length, c.batch.size, **common)
   plans = (
     grain.MapDataset.range(len(ids))
     .shuffle(int(seed))
     .repeat()
-    .batch(c.window)
+    .batch(c.batch.window)
     .map_with_index(planner)
     .to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=2))
   )
   batches = grain.experimental.FlatMapIterDataset(plans, _Unpack()).map(
     _Build(source, tokenizer, tuple(int(x) for x in caps))
   )
-  if c.num_workers:
-    return batches.mp_prefetch(grain.MultiprocessingOptions(num_workers=c.num_workers))
+  if c.batch.num_workers:
+    return batches.mp_prefetch(grain.MultiprocessingOptions(num_workers=c.batch.num_workers))
   return grain.experimental.ThreadPrefetchIterDataset(batches, prefetch_buffer_size=4)
 
 
@@ -350,7 +353,7 @@ def make_eval_batches(
 ):
   """Every pair of `split` exactly once, in order, as a list of batches.
 
-  Nothing is dropped. Batches have `data.eval_batch_size` global rows
+  Nothing is dropped. Batches have `data.batch.eval_size` global rows
   (this host: 1/shard_count of them, its consecutive share of each batch) and a
   length from the small series of `padded_length`, the same on every host,
   and at most `max_length` (the model's positions, `model.max_len`): a side
@@ -359,11 +362,11 @@ def make_eval_batches(
   (segmentation 0). The texts of the split are `sources.split_texts`.
   """
   multiple = rows_multiple(c, shard_index, shard_count)
-  if c.eval_batch_size % multiple:
+  if c.batch.eval_size % multiple:
     raise FieldError(
-      "data",
-      "eval_batch_size",
-      f"={c.eval_batch_size} must be a multiple of {multiple} (data.batch_multiple x shard count).",
+      "data.batch",
+      "eval_size",
+      f"={c.batch.eval_size} must be a multiple of {multiple} (data.batch.multiple x shard count).",
     )
   pairs = sources.open_split(c, split).all_pairs(lengths_lib.CHUNK)
   examples = lengths_lib.tokenize_pairs(tokenizer, pairs)
@@ -382,10 +385,10 @@ def make_eval_batches(
         max_length,
       )
       examples = [(s[:max_length], t[:max_length]) for s, t in examples]
-  local = c.eval_batch_size // shard_count
+  local = c.batch.eval_size // shard_count
   out = []
-  for start in range(0, len(pairs), c.eval_batch_size):
-    stop = min(start + c.eval_batch_size, len(pairs))
+  for start in range(0, len(pairs), c.batch.eval_size):
+    stop = min(start + c.batch.eval_size, len(pairs))
     length = padded_length(max(max(len(s), len(t)) for s, t in examples[start:stop]))
     if max_length is not None:
       length = min(length, max_length)

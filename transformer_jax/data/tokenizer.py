@@ -1,10 +1,10 @@
-"""SentencePiece (BPE, or a unigram model with `data.vocab_model`), one vocabulary shared by source
+"""SentencePiece (BPE, or a unigram model with `data.vocab.model`), one vocabulary shared by source
 and target.
 
 Ids (`transformer_jax.conventions`): PAD_ID = 0 (also the decoder's start
 token), EOS_ID = 1, UNK_ID = 2, no BOS. `encode` (sources) and
 `encode_target`, and their `_batch` forms for lists of sentences, add no
-EOS; the pipeline appends it. A `data.vocab_path`
+EOS; the pipeline appends it. A `data.vocab.path`
 that is a directory of Marian tokenizer files (`marian.FILES`) loads a
 `marian.MarianTokenizer` instead, with the same interface and ids.
 """
@@ -23,6 +23,7 @@ from transformer_jax import fileio
 from transformer_jax.conventions import EOS_ID, PAD_ID, UNK_ID
 from transformer_jax.data import marian, sources
 from transformer_jax.data.config import DataConfig
+from transformer_jax.data.errors import DataError
 from transformer_jax.errors import FieldError
 
 log = logging.getLogger(__name__)
@@ -41,10 +42,10 @@ class Tokenizer:
     try:
       self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
     except RuntimeError:  # SentencePiece's error for bytes that are not a model.
-      raise sources.DataError(f"{path or 'the vocabulary'} is not a SentencePiece model") from None
+      raise DataError(f"{path or 'the vocabulary'} is not a SentencePiece model") from None
     ids = (self._sp.pad_id(), self._sp.eos_id(), self._sp.unk_id(), self._sp.bos_id())
     if ids != (PAD_ID, EOS_ID, UNK_ID, -1):
-      raise sources.DataError(
+      raise DataError(
         f"SentencePiece model {path or ''} has (pad, eos, unk, bos) "
         f"ids {ids}; this project needs {(PAD_ID, EOS_ID, UNK_ID, -1)}."
       )
@@ -89,7 +90,7 @@ _TOO_SMALL = re.compile(r"Vocabulary size is smaller than required_chars\. \d+ v
 def train_model(sentences, vocab_size, model_type="bpe"):
   """Serialized SentencePiece model (`model_type` bpe or unigram) trained on an iterable of strings.
 
-  FieldError naming `data.vocab_size` and the largest (or smallest) size that
+  FieldError naming `data.vocab.size` and the largest (or smallest) size that
   works when the text does not fit `vocab_size` tokens.
   """
   buffer = io.BytesIO()
@@ -113,14 +114,14 @@ def train_model(sentences, vocab_size, model_type="bpe"):
   except RuntimeError as error:
     if match := _TOO_LARGE.search(str(error)):
       raise FieldError(
-        "data",
-        "vocab_size",
+        "data.vocab",
+        "size",
         f"={vocab_size} is more than the training text supports: set it to at most {match[1]}",
       ) from None
     if match := _TOO_SMALL.search(str(error)):
       raise FieldError(
-        "data",
-        "vocab_size",
+        "data.vocab",
+        "size",
         f"={vocab_size} is too small for the characters "
         f"of the training text: set it to at least {match[1]}",
       ) from None
@@ -131,13 +132,13 @@ def train_model(sentences, vocab_size, model_type="bpe"):
 def default_vocab_path(c: DataConfig, vocab_dir):
   """<vocab_dir>/<dataset>-<languages>-<vocab size>.model (same for both directions; unigram
   vocabularies end in -unigram.model)."""
-  name = re.sub(r"[^A-Za-z0-9_.]+", "_", c.name)
-  if c.name == "text":
-    prefix = fileio.absolute(c.text_train)
-    name += "_" + hashlib.sha1(prefix.encode()).hexdigest()[:8]
-  langs = "-".join(sorted((c.source_lang, c.target_lang)))
-  kind = "" if c.vocab_model == "bpe" else f"-{c.vocab_model}"
-  return os.path.join(vocab_dir, f"{name}-{langs}-{c.vocab_size}{kind}.model")
+  name = re.sub(r"[^A-Za-z0-9_.]+", "_", c.source.name)
+  vocab_key = sources.SOURCES[c.source.name].vocab_key
+  if vocab_key is not None:  # 'text': the prefix of its training files.
+    name += vocab_key(c.source)
+  langs = "-".join(sorted((c.source.source_lang, c.source.target_lang)))
+  kind = "" if c.vocab.model == "bpe" else f"-{c.vocab.model}"
+  return os.path.join(vocab_dir, f"{name}-{langs}-{c.vocab.size}{kind}.model")
 
 
 def _training_sentences(source, n):
@@ -154,30 +155,28 @@ def _save(proto: bytes, path: str) -> None:
   try:
     fileio.write_atomically(fileio.absolute(path), proto)
   except OSError as error:
-    raise sources.DataError(
-      f"cannot write the vocabulary {path}: {error.strerror or error}"
-    ) from None
+    raise DataError(f"cannot write the vocabulary {path}: {error.strerror or error}") from None
 
 
 def get_tokenizer(c: DataConfig, vocab_dir):
-  """Loads the vocabulary at `data.vocab_path` (default: `default_vocab_path` in `vocab_dir`),
+  """Loads the vocabulary at `data.vocab.path` (default: `default_vocab_path` in `vocab_dir`),
   training and saving it first if absent; a directory of Marian files gives a MarianTokenizer."""
-  path = c.vocab_path or default_vocab_path(c, vocab_dir)
+  path = c.vocab.path or default_vocab_path(c, vocab_dir)
   if not epath.Path(path).exists():
-    source = sources.open_split(c, c.train_split)
-    sample = min(len(source), c.tokenizer_sample_size)
+    source = sources.open_split(c, c.source.train_split)
+    sample = min(len(source), c.vocab.sample_size)
     log.info(
       "Training a %d-token SentencePiece %s vocabulary on %d of the %d %s pairs "
       "of %s (%d sentences)",
-      c.vocab_size,
-      c.vocab_model,
+      c.vocab.size,
+      c.vocab.model,
       sample,
       len(source),
-      c.train_split,
-      c.name,
+      c.source.train_split,
+      c.source.name,
       2 * sample,
     )
-    proto = train_model(_training_sentences(source, sample), c.vocab_size, c.vocab_model)
+    proto = train_model(_training_sentences(source, sample), c.vocab.size, c.vocab.model)
     _save(proto, path)
     log.info("Saved the vocabulary to %s", path)
   return load_tokenizer(c, vocab_dir)
@@ -185,26 +184,24 @@ def get_tokenizer(c: DataConfig, vocab_dir):
 
 def load_tokenizer(c: DataConfig, vocab_dir):
   """The vocabulary `get_tokenizer` would load, never trained: DataError when it is not there."""
-  path = c.vocab_path or default_vocab_path(c, vocab_dir)
+  path = c.vocab.path or default_vocab_path(c, vocab_dir)
   if marian.is_marian_directory(path):
     return _checked_size(marian.MarianTokenizer.load(path), c)
   try:
     proto = epath.Path(path).read_bytes()
   except FileNotFoundError:
-    raise sources.DataError(f"no vocabulary at {path}") from None
+    raise DataError(f"no vocabulary at {path}") from None
   except OSError as error:
-    raise sources.DataError(
-      f"cannot read the vocabulary {path}: {error.strerror or error}"
-    ) from None
+    raise DataError(f"cannot read the vocabulary {path}: {error.strerror or error}") from None
   return _checked_size(Tokenizer(proto, path), c)
 
 
 def _checked_size(tokenizer, c):
-  if tokenizer.vocab_size != c.vocab_size:
+  if tokenizer.vocab_size != c.vocab.size:
     log.warning(
-      "%s has %d tokens, data.vocab_size says %d: using the file.",
+      "%s has %d tokens, data.vocab.size says %d: using the file.",
       tokenizer.path,
       tokenizer.vocab_size,
-      c.vocab_size,
+      c.vocab.size,
     )
   return tokenizer

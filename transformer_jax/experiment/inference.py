@@ -106,7 +106,7 @@ def _model(experiment: Experiment, workdir: Workdir) -> tuple[Placement, data.To
     tokenizer = data.load_tokenizer(experiment.data, workdir.vocab)
   except data.DataError as error:
     raise UserError(
-      f"{error}: pass the --workdir of a trained run and its config (or --config.data.vocab_path)"
+      f"{error}: pass the --workdir of a trained run and its config (or --config.data.vocab.path)"
     ) from None
   return experiment.placement(vocab_size=tokenizer.vocab_size), tokenizer
 

@@ -27,7 +27,7 @@ class Experiment:
   """An experiment: the paper's base model and training settings unless given.
 
   The model's vocabulary size comes from the vocabulary alone: a run places
-  the model with its tokenizer's size (`placement`); `data.vocab_size` is the
+  the model with its tokenizer's size (`placement`); `data.vocab.size` is the
   size asked of a vocabulary trained here. FieldError (naming the field's path) for an
   invalid value.
   """
@@ -89,15 +89,15 @@ class Experiment:
       raise FieldError("", "cooldown_steps", f"={self.optimizer.cooldown_steps}{problem}")
     fields = (
       ("max_length",)
-      if self.data.batch_mode == "packed"
+      if self.data.batch.mode == "packed"
       else ("max_source_length", "max_target_length")
     )
     for field in fields:
-      if getattr(self.data, field) > self.model.max_len:
+      if getattr(self.data.batch, field) > self.model.max_len:
         raise FieldError(
-          "data",
+          "data.batch",
           field,
-          f"={getattr(self.data, field)} is longer than "
+          f"={getattr(self.data.batch, field)} is longer than "
           f"config.model.max_len={self.model.max_len}, the positions the model "
           "has; lower it or raise config.model.max_len",
         )
@@ -112,11 +112,11 @@ class Experiment:
     its batch shards and the micro-batches."""
     sizes = sharding.resolve_mesh_shape(self.mesh.shape, num_devices)
     shards = sharding.num_batch_shards(dict(zip(sharding.MESH_AXES, sizes)), self.rules)
-    if self.data.batch_multiple % (shards * self.grad_accum_steps):
+    if self.data.batch.multiple % (shards * self.grad_accum_steps):
       raise FieldError(
-        "data",
-        "batch_multiple",
-        f"={self.data.batch_multiple} must be a multiple of {shards * self.grad_accum_steps} = "
+        "data.batch",
+        "multiple",
+        f"={self.data.batch.multiple} must be a multiple of {shards * self.grad_accum_steps} = "
         f"{shards} batch shards (config.mesh with config.sharding_rules) x "
         f"config.grad_accum_steps={self.grad_accum_steps}, so that every batch splits evenly",
       )

@@ -129,7 +129,7 @@ def _resume(experiment: Experiment, manager, trainer: Trainer, train_iter) -> Tr
     )
   except store.CheckpointMismatchError as error:
     raise store.CheckpointMismatchError(
-      f"{error}. Was config.model, config.data.vocab_size (or the vocabulary file) or "
+      f"{error}. Was config.model, config.data.vocab.size (or the vocabulary file) or "
       "config.grad_clip_norm changed? Use the config it was trained with, or another "
       "--workdir"
     ) from None
@@ -160,7 +160,7 @@ def _train(experiment: Experiment, workdir: Workdir, manager, preemption, lock_k
   start = time.perf_counter()
   tokenizer = data.get_tokenizer(experiment.data, workdir.vocab)
   if experiment.fit.eval_every_steps:  # A split that is not there stops the run now, not later.
-    data.open_split(experiment.data, experiment.data.eval_split)
+    data.open_split(experiment.data, experiment.data.source.eval_split)
   trainer, schedule = make_trainer(experiment, vocab_size=tokenizer.vocab_size)
   placement = trainer.placement
   model_config = placement.model.config
@@ -224,9 +224,9 @@ def _train(experiment: Experiment, workdir: Workdir, manager, preemption, lock_k
 
 
 def _evaluator(experiment: Experiment, workdir: Workdir, placement, tokenizer):
-  """`evaluate(state) -> (split, sums)` for `fit`: loss sums on `data.eval_split` and, with
+  """`evaluate(state) -> (split, sums)` for `fit`: loss sums on `data.source.eval_split` and, with
   `eval_bleu_sentences`, the BLEU of that many of its sentences."""
-  split = experiment.data.eval_split
+  split = experiment.data.source.eval_split
   loss = metrics.TeacherForcedLoss(placement, experiment.loss())
   settings = dataclasses.replace(experiment.decode, beam_size=experiment.eval_bleu_beam_size)
   validation_bleu = validation.ValidationBleu(

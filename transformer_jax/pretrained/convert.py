@@ -3,7 +3,7 @@
 `import_marian(source, workdir)` writes
   <workdir>/config.py          the experiment: the model's architecture, its tokenizer, its
                                generation settings; `--config=<workdir>/config.py`
-  <workdir>/vocab/marian/      source.spm, target.spm, vocab.json (`data.vocab_path`)
+  <workdir>/vocab/marian/      source.spm, target.spm, vocab.json (`data.vocab.path`)
   <workdir>/checkpoints/0/     the parameters, a params-only checkpoint at step 0
 Every mode of `transformer_jax.main` then uses the work directory as is:
 translate and eval read step 0 as `--checkpoint=latest`, and train starts
@@ -37,7 +37,8 @@ from transformer_jax.workdir import Workdir
 _CONFIG_TEMPLATE = '''"""A Marian model imported from {source}.
 
 Use: {usage}; override any field with --config.<field>=<value>
-(the data to fine-tune on: --config.data.name=text --config.data.text_train=PREFIX ...).
+(the data to fine-tune on: --config.data.source.name=text
+--config.data.source.text_train=PREFIX ...).
 """
 
 import os
@@ -51,10 +52,10 @@ DECODE = {decode!r}
 def get_config():
   config = config_lib.default_config()
   config.model = config_lib.model_fields("base", **MODEL)
-  config.data.vocab_path = {vocab_path}
-  config.data.vocab_size = {vocab_size}
+  config.data.vocab.path = {vocab_path}
+  config.data.vocab.size = {vocab_size}
   for field in ("max_source_length", "max_target_length", "max_length"):  # Within the positions.
-    config.data[field] = min(config.data[field], MODEL["max_len"])
+    config.data.batch[field] = min(config.data.batch[field], MODEL["max_len"])
   config.decode.update(DECODE)
   return config
 '''
@@ -68,7 +69,7 @@ def usage(config_file: str, workdir: str) -> str:
 
 
 def _vocab_path_code(vocab_dir: str, root: str) -> str:
-  """The Python expression of `data.vocab_path` in the config.py of `root`: on the local disk,
+  """The Python expression of `data.vocab.path` in the config.py of `root`: on the local disk,
   `vocab_dir` beside that file, wherever the work directory moves; in a bucket, the URL itself,
   which any copy of the file (`--config` reads a local one) then names."""
   if fileio.is_url(root):
