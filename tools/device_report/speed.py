@@ -28,7 +28,7 @@ from tools.device_report import op_times, roofline
 from tools.timing import batch_flops, peak_memory_bytes, summary, timed
 from transformer_jax import config as config_lib
 from transformer_jax.compile import analysis, targets, thunks
-from transformer_jax.conventions import EOS_ID, UNK_ID
+from transformer_jax.conventions import BATCH_KEYS, EOS_ID, UNK_ID
 from transformer_jax.experiment import Experiment, make_trainer
 
 
@@ -50,17 +50,7 @@ def packed_batch(
   """A packed batch of random pairs (each side `pair_lengths[0]` to `[1]` tokens, EOS last): a row
   takes pairs until `tries` draws in a row fit it on neither side; padding after them."""
   rng = np.random.default_rng(seed)
-  batch = {
-    key: np.zeros((rows, length), np.int32)
-    for key in (
-      "inputs",
-      "targets",
-      "inputs_segmentation",
-      "targets_segmentation",
-      "inputs_position",
-      "targets_position",
-    )
-  }
+  batch = {key: np.zeros((rows, length), np.int32) for key in BATCH_KEYS}
   for row in range(rows):
     used, segment, misses = {"inputs": 0, "targets": 0}, 1, 0
     while misses < tries:
