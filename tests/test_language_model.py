@@ -17,8 +17,10 @@ import optax
 import pytest
 
 import helpers
+from transformer_jax import config as config_lib
 from transformer_jax import data, sharding
 from transformer_jax import experiment as experiment_lib
+from transformer_jax.compile import programs, targets
 from transformer_jax.errors import FieldError
 from transformer_jax.model import language_model
 from transformer_jax.model.transformer import TransformerConfig
@@ -242,3 +244,27 @@ def test_a_sigkilled_language_model_run_resumes_bit_for_bit(shared, tmp_path):
   ours, theirs = (helpers.restore_state(d, steps) for d in (killed, reference))
   for a, b in zip(helpers.leaves(ours), helpers.leaves(theirs), strict=True):
     np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.slow
+def test_the_compile_mode_compiles_its_train_and_eval_steps_for_v5e_8_and_no_search():
+  if not targets.installed("libtpu") or jax.default_backend() != "cpu":
+    pytest.skip("needs the tpu extra (libtpu) and the CPU backend")
+  config = config_lib.load_file(str(helpers.REPO / "experiments" / "lm.py"))
+  config.model.update(num_layers=1, d_model=64, d_ff=128, max_len=64)
+  config.data.vocab.size = 256
+  config.data.batch.update(
+    mode="packed", size=64, max_length=32, max_source_length=32, max_target_length=32
+  )
+  report = programs.compile_experiment(config_lib.parse(config), targets.parse_target("v5e-8"))
+  record = report.record()
+  assert [p["name"] for p in record["programs"]] == ["train 64x32", "eval 64x32"], record
+  # Parameters: the embedding, one layer (4 attention matrices, feed-forward with biases, 2
+  # norms) and the final norm.
+  assert (
+    record["parameters"]["count"]
+    == 256 * 64 + 4 * 64 * 64 + 2 * 64 * 128 + 128 + 64 + 2 * 128 + 128
+  )
+  (train,) = [p for p in record["programs"] if p["kind"] == "train"]
+  # The model's FLOPs leave out softmaxes, norms and the loss: a few percent under XLA's count.
+  assert 0.85 * train["flops"] <= train["model_flops_per_device"] <= train["flops"]
