@@ -3,8 +3,11 @@
 Its sections are the libraries' own settings: `model` (`TransformerConfig`),
 `data` (`DataConfig`), `decode` (`DecodeSettings`), `mesh` (`MeshConfig`);
 `optimizer` (`OptimizerSettings`) and `fit` (`FitSettings`) are groups, whose
-fields a config file holds at its top level beside the experiment's own. A
-command line builds one from a config file (`transformer_jax.config.parse`);
+fields a config file holds at its top level beside the experiment's own.
+`model_kind` picks the model that `model` sizes: the paper's translation model
+or a decoder-only language model (`model.language_model`), each with its loss
+(`loss`). A command line builds one from a config file
+(`transformer_jax.config.parse`);
 Python code constructs it directly, or with `dataclasses.replace`.
 """
 

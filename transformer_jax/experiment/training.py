@@ -50,9 +50,9 @@ def train(experiment: Experiment, workdir: Workdir, *, description: str = "") ->
 
   Writes `checkpoints/` (Orbax), `tensorboard/`, `vocab/` and `config.txt`
   (`description`, default the experiment's settings) under `workdir`
-  (`Workdir`). Each evaluation also scores BLEU on the first
-  `eval_bleu_sentences` sentences and keeps the best parameters in `best/`
-  with `best.json`. Returns the final state. SIGTERM from here on stops the
+  (`Workdir`). Each evaluation of a translation model also scores BLEU on the
+  first `eval_bleu_sentences` sentences and keeps the best parameters in
+  `best/` with `best.json`. Returns the final state. SIGTERM from here on stops the
   run at the next step boundary with a checkpoint (`PreemptionWatch`);
   broken checkpoints are skipped (`recovery.resume`).
   """
