@@ -132,9 +132,11 @@ def test_it_learns_alike_on_1_device_and_on_8_data_parallel_and_fsdp():
   assert embedding.sharding.shard_shape(embedding.shape) == (40, 8)  # embed over fsdp.
 
 
-def test_a_language_model_refuses_bleu_and_an_unknown_model_kind_is_named(shared):
+def test_bad_language_model_settings_are_named(shared):
   with pytest.raises(FieldError, match=r"^eval_bleu_sentences=1000: a language model has no BLEU"):
     helpers.tiny_experiment(shared, model_kind="language_model")
+  with pytest.raises(FieldError, match=r"^model.num_decoder_layers=1: the language model is one"):
+    helpers.tiny_experiment(shared, **LM, model__num_decoder_layers=1)
   with pytest.raises(
     FieldError, match=r"^model_kind must be 'translation' or 'language_model'; got 'gpt'"
   ):

@@ -108,6 +108,13 @@ class Experiment:
         f"={self.eval_bleu_sentences}: a language model has no BLEU (it is scored by "
         "perplexity); set it to 0 with config.model_kind='language_model'",
       )
+    if self.is_language_model and self.model.num_decoder_layers is not None:
+      raise FieldError(
+        "model",
+        "num_decoder_layers",
+        f"={self.model.num_decoder_layers}: the language model is one stack of "
+        "config.model.num_layers layers; leave num_decoder_layers unset",
+      )
     problem = cooldown_problem(self.optimizer.cooldown_steps, self.fit.num_train_steps)
     if problem:
       raise FieldError("", "cooldown_steps", f"={self.optimizer.cooldown_steps}{problem}")
