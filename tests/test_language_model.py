@@ -25,6 +25,7 @@ from transformer_jax.errors import FieldError
 from transformer_jax.model import language_model
 from transformer_jax.model.transformer import TransformerConfig
 from transformer_jax.placement import Placement
+from transformer_jax.pretrained import convert
 from transformer_jax.train.step import Trainer
 from transformer_jax.workdir import Workdir
 
@@ -270,3 +271,16 @@ def test_the_compile_mode_compiles_its_train_and_eval_steps_for_v5e_8_and_no_sea
   (train,) = [p for p in record["programs"] if p["kind"] == "train"]
   # The model's FLOPs leave out softmaxes, norms and the loss: a few percent under XLA's count.
   assert 0.85 * train["flops"] <= train["model_flops_per_device"] <= train["flops"]
+
+
+def test_translating_and_the_marian_export_refuse_a_language_model_before_reading_anything(
+  shared, tmp_path
+):
+  experiment = helpers.tiny_experiment(shared, **LM)
+  says = r"^model_kind='language_model': {} needs a translation model; a language model has no"
+  with pytest.raises(FieldError, match=says.format("--mode=translate")):
+    experiment_lib.translate_file(
+      experiment, Workdir(str(tmp_path)), experiment_lib.Checkpoint(), "/no/such/file", None
+    )
+  with pytest.raises(FieldError, match=says.format("export to Marian")):
+    convert.export_marian(experiment, Workdir(str(tmp_path)), str(tmp_path / "out"))
