@@ -21,17 +21,14 @@ import jax.numpy as jnp
 
 from transformer_jax.model import attention
 from transformer_jax.model.config import TransformerConfig, weight_counts
-from transformer_jax.model.embedding import Embed
-from transformer_jax.model.layers import EncoderLayer
+from transformer_jax.model.dropout import Dropout
+from transformer_jax.model.embedding import Embed, PositionalEncoding
+from transformer_jax.model.layers import EncoderLayer, LayerNorm
 from transformer_jax.model.loss import cross_entropy
 from transformer_jax.model.spec import ModelSpec, linen_spec
-from transformer_jax.model.transformer import (
-  _embed_positions,
-  _final_norm,
-  _stack_layers,
-  check_tokens,
-  shift_right,
-)
+
+# The Transformer's stacking of layers: a loop, or `nn.scan` (`scan_layers`), with `remat`.
+from transformer_jax.model.transformer import _stack_layers, check_tokens, shift_right
 
 # The batch arrays the model reads: the target side of the pipeline's batches.
 LM_BATCH_KEYS = ("targets", "targets_segmentation", "targets_position")
@@ -67,11 +64,14 @@ class LanguageModel(nn.Module):
       vocab_multiple=cfg.vocab_multiple,
       name="embed",
     )
-    inputs = shift_right(targets, targets_segmentation)
-    x = _embed_positions(cfg, embed, inputs, targets_position, not train)
+    x = embed(shift_right(targets, targets_segmentation))
+    x = PositionalEncoding(cfg.max_len, cfg.positional, name="positions")(x, targets_position)
+    x = Dropout(cfg.dropout_rate)(x, deterministic=not train)
     mask = causal_self_mask(targets, targets_segmentation)
     x = _stack_layers(cfg, cfg.num_layers, EncoderLayer, x, (mask,), (not train,))
-    logits = embed.attend(_final_norm(cfg, x))
+    if cfg.norm == "pre":  # Pre-LN sublayers normalise only their inputs.
+      x = LayerNorm(cfg.norm_epsilon, cfg.compute_dtype, name="final_norm")(x)
+    logits = embed.attend(x)
     return nn.with_logical_constraint(logits, ("batch", "length", "vocab"))
 
 
