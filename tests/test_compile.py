@@ -359,9 +359,7 @@ def test_a_batch_that_cannot_fit_ends_the_command_naming_the_largest_batch_that_
   assert largest["program"]["total_bytes"] <= targets.CHIPS["v5e"].usable_bytes
   assert last.endswith(f"the largest data.batch.tokens that fits is {largest['value']}")
   config = config_lib.load_file(f"{REPO}/experiments/default.py")
-  for field, value in _TOO_LARGE.items():
-    section, name = field.split(".")
-    config[section][name] = value
+  config.update_from_flattened_dict(_TOO_LARGE)
   compiler = programs.Compiler(config_lib.parse(config), targets.parse_target("v5e-8"))
   rows = largest["rows"]
   bigger = compiler.train(rows + max(8, rows // 8 // 8 * 8), largest["length"])

@@ -102,14 +102,20 @@ def run_mode(
     record = experiment_lib.evaluate_split(
       experiment, workdir, experiment_lib.Checkpoint.parse(request.checkpoint)
     )
-    print(
-      f"{record['split']} BLEU {record['bleu']:.2f}"
-      + (f" (tokenized {record['bleu_tokenized']:.2f})" if "bleu_tokenized" in record else "")
-      + (f" (as is {record['bleu_as_is']:.2f})" if "bleu_as_is" in record else "")
-      + f" | perplexity {record['perplexity']:.3f} | {record['checkpoint']} | "
-      f"{record['sentences']} sentences, {record['sentences_per_second']:.1f}/s | "
-      f"{record['hypotheses']}"
-    )
+    if "bleu" not in record:  # A language model's.
+      print(
+        f"{record['split']} perplexity {record['perplexity']:.3f} | {record['checkpoint']} | "
+        f"{record['tokens']} tokens | {record['record']}"
+      )
+    else:
+      print(
+        f"{record['split']} BLEU {record['bleu']:.2f}"
+        + (f" (tokenized {record['bleu_tokenized']:.2f})" if "bleu_tokenized" in record else "")
+        + (f" (as is {record['bleu_as_is']:.2f})" if "bleu_as_is" in record else "")
+        + f" | perplexity {record['perplexity']:.3f} | {record['checkpoint']} | "
+        f"{record['sentences']} sentences, {record['sentences_per_second']:.1f}/s | "
+        f"{record['hypotheses']}"
+      )
     logging.info("eval record: %s", json.dumps(record))
   elif mode == "translate":
     result = experiment_lib.translate_file(

@@ -28,7 +28,7 @@ from transformer_jax.decode.metrics import TeacherForcedLoss
 from transformer_jax.decode.translator import DecodeSettings, Translator
 from transformer_jax.errors import UserError
 from transformer_jax.experiment import Experiment, make_trainer
-from transformer_jax.model.config import TransformerConfig, count_params
+from transformer_jax.model.config import TransformerConfig
 
 log = logging.getLogger(__name__)
 
@@ -308,8 +308,9 @@ def compile_experiment(
       lambda: compiler.evaluate(experiment.data.batch.eval_size, eval_length),
     )
   )
-  searches = {settings.beam_size: settings}  # --mode=eval and translate
-  if experiment.fit.eval_every_steps and experiment.eval_bleu_sentences:  # Validation BLEU.
+  # --mode=eval and translate (a language model has no search).
+  searches = {} if experiment.is_language_model else {settings.beam_size: settings}
+  if searches and experiment.fit.eval_every_steps and experiment.eval_bleu_sentences:
     searches.setdefault(
       experiment.eval_bleu_beam_size,
       dataclasses.replace(settings, beam_size=experiment.eval_bleu_beam_size),
@@ -332,7 +333,7 @@ def compile_experiment(
     mesh=dict(placement.mesh.shape),
     rules=experiment.sharding_rules,
     attention=compiler.model_config.attention_impl,
-    parameters=count_params(compiler.model_config),
+    parameters=experiment.count_params(placement),
     state_bytes_per_device=_state_bytes_per_device(compiler.trainer.abstract_state),
     data_shards=placement.data_shard[1],
     programs=programs,

@@ -14,6 +14,7 @@ from transformer_jax.experiment.inference import (
   Loaded,
   average,
   evaluate_split,
+  language_model_perplexity,
   load,
   translate_file,
 )
@@ -26,6 +27,7 @@ __all__ = [
   "Loaded",
   "average",
   "evaluate_split",
+  "language_model_perplexity",
   "load",
   "make_trainer",
   "train",

@@ -189,25 +189,18 @@ def evaluate_split(
   Writes `<workdir>/eval/<split>-<checkpoint>-<search>.txt` (one hypothesis
   per line; e.g. `test-averaged-beam4.txt`, `validation-step800-greedy.txt`)
   and `.json` (BLEU, perplexity, settings, speed) and returns the JSON record.
+  A language model (`model_kind`) is scored by its perplexity alone: `language_model_perplexity`.
   """
+  if experiment.is_language_model:
+    return language_model_perplexity(experiment, workdir, checkpoint)
   loaded = load(experiment, workdir, checkpoint)
   settings = experiment.decode
   split = settings.split
-  shard_index, shard_count = loaded.placement.data_shard
+  sums = _split_sums(experiment, loaded, split)
   try:
     sources, references = data.split_texts(experiment.data, split)
-    batches = data.make_eval_batches(
-      experiment.data,
-      loaded.tokenizer,
-      split,
-      shard_index=shard_index,
-      shard_count=shard_count,
-      max_length=loaded.placement.model.config.max_len,
-    )
   except (data.DataError, data.DataUnavailableError) as error:
     raise UserError(f"config.decode.split={split!r}: {error}") from None
-  loss = metrics.TeacherForcedLoss(loaded.placement, experiment.loss())
-  sums = loss(loaded.params, batches)
 
   start = time.perf_counter()
   hypotheses = Translator(loaded.placement, loaded.tokenizer, settings).translate(
@@ -245,6 +238,49 @@ def evaluate_split(
   return record
 
 
+def _split_sums(experiment: Experiment, loaded: Loaded, split: str) -> dict:
+  """The loss sums (`experiment.loss()`, teacher-forced, no dropout) of `split`."""
+  shard_index, shard_count = loaded.placement.data_shard
+  try:
+    batches = data.make_eval_batches(
+      experiment.data,
+      loaded.tokenizer,
+      split,
+      shard_index=shard_index,
+      shard_count=shard_count,
+      max_length=loaded.placement.model.config.max_len,
+    )
+  except (data.DataError, data.DataUnavailableError) as error:
+    raise UserError(f"config.decode.split={split!r}: {error}") from None
+  loss = metrics.TeacherForcedLoss(loaded.placement, experiment.loss())
+  return loss(loaded.params, batches)
+
+
+def language_model_perplexity(
+  experiment: Experiment, workdir: Workdir, checkpoint: Checkpoint = Checkpoint()
+) -> dict:
+  """The perplexity of a language model (`model_kind`) on the target side of `decode.split`.
+
+  Writes `<workdir>/eval/<split>-<checkpoint>-perplexity.json` and returns its record: split,
+  checkpoint, step, tokens, perplexity and the mean loss (`label_smoothing`'s) per token.
+  """
+  loaded = load(experiment, workdir, checkpoint)
+  split = experiment.decode.split
+  sums = _split_sums(experiment, loaded, split)
+  tokens = int(sums["tokens"])
+  record = {
+    "split": split,
+    "checkpoint": loaded.name,
+    "step": loaded.step,
+    "tokens": tokens,
+    "perplexity": perplexity(float(sums["nll"]), tokens),
+    "loss": float(sums["loss"]) / max(tokens, 1),
+  }
+  path = loaded.workdir.eval_file(f"{split}-{loaded.label}-perplexity") + ".json"
+  fileio.write_json(path, record)
+  return {**record, "record": path}
+
+
 def translate_file(
   experiment: Experiment,
   workdir: Workdir,
@@ -255,8 +291,9 @@ def translate_file(
   """Translate the lines of `input_path` (stdin for None or '-') into `output_path` (stdout).
 
   One line out per line in, in order (written by process 0). Returns
-  `{"lines": n, "seconds": decoding time}`.
+  `{"lines": n, "seconds": decoding time}`. FieldError for a language model (`model_kind`).
   """
+  experiment.refuse_for_language_model("--mode=translate")
   lines = fileio.read_lines(input_path)  # Fails on bad input before loading anything.
   loaded = load(experiment, workdir, checkpoint)
   start = time.perf_counter()

@@ -3,23 +3,33 @@
 Its sections are the libraries' own settings: `model` (`TransformerConfig`),
 `data` (`DataConfig`), `decode` (`DecodeSettings`), `mesh` (`MeshConfig`);
 `optimizer` (`OptimizerSettings`) and `fit` (`FitSettings`) are groups, whose
-fields a config file holds at its top level beside the experiment's own. A
-command line builds one from a config file (`transformer_jax.config.parse`);
+fields a config file holds at its top level beside the experiment's own.
+`model_kind` picks the model that `model` sizes: the paper's translation model
+or a decoder-only language model (`model.language_model`), each with its loss
+(`loss`). A command line builds one from a config file
+(`transformer_jax.config.parse`);
 Python code constructs it directly, or with `dataclasses.replace`.
 """
 
 import dataclasses
+import math
+
+import jax
 
 from transformer_jax import schema, sharding
 from transformer_jax.data import DataConfig
 from transformer_jax.decode.translator import DecodeSettings
 from transformer_jax.errors import FieldError
+from transformer_jax.model.config import count_params
+from transformer_jax.model.language_model import language_model_loss, language_model_spec
 from transformer_jax.model.loss import transformer_loss
 from transformer_jax.model.spec import LossFn
 from transformer_jax.model.transformer import TransformerConfig
-from transformer_jax.placement import Placement
+from transformer_jax.placement import Placement, for_platform
 from transformer_jax.train.loop import FitSettings
 from transformer_jax.train.objective import OptimizerSettings, cooldown_problem
+
+MODEL_KINDS = ("translation", "language_model")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,6 +42,13 @@ class Experiment:
   invalid value.
   """
 
+  model_kind: str = schema.setting(
+    "translation",
+    "the model: translation (the paper's encoder-decoder of config.model) or language_model "
+    "(a decoder-only model of config.model's num_layers, trained on the target side of "
+    "config.data; scored by perplexity, no BLEU; model/language_model.py)",
+    choices=MODEL_KINDS,
+  )
   seed: int = schema.setting(
     0, "parameter initialization, dropout (fold_in(key, step)) and data order", ge=0
   )
@@ -84,6 +101,20 @@ class Experiment:
   def __post_init__(self):
     schema.check(self, "")
     sharding.logical_rules(self.sharding_rules)
+    if self.is_language_model and self.eval_bleu_sentences:
+      raise FieldError(
+        "",
+        "eval_bleu_sentences",
+        f"={self.eval_bleu_sentences}: a language model has no BLEU (it is scored by "
+        "perplexity); set it to 0 with config.model_kind='language_model'",
+      )
+    if self.is_language_model and self.model.num_decoder_layers is not None:
+      raise FieldError(
+        "model",
+        "num_decoder_layers",
+        f"={self.model.num_decoder_layers}: the language model is one stack of "
+        "config.model.num_layers layers; leave num_decoder_layers unset",
+      )
     problem = cooldown_problem(self.optimizer.cooldown_steps, self.fit.num_train_steps)
     if problem:
       raise FieldError("", "cooldown_steps", f"={self.optimizer.cooldown_steps}{problem}")
@@ -101,6 +132,22 @@ class Experiment:
           f"config.model.max_len={self.model.max_len}, the positions the model "
           "has; lower it or raise config.model.max_len",
         )
+
+  @property
+  def is_language_model(self) -> bool:
+    """Whether the run trains the decoder-only language model (`model_kind`)."""
+    return self.model_kind == "language_model"
+
+  def refuse_for_language_model(self, what: str) -> None:
+    """UserError saying that `what` (a mode, for people) needs a translation model, when the
+    experiment's model is the language model."""
+    if self.is_language_model:
+      raise FieldError(
+        "",
+        "model_kind",
+        f"='language_model': {what} needs a translation model; a language model has no "
+        "source to translate (--mode=eval reports its perplexity)",
+      )
 
   @property
   def rules(self) -> sharding.Rules:
@@ -126,10 +173,22 @@ class Experiment:
     every device) as `mesh` and `sharding_rules` say; FieldError when a parameter does not split
     over it or the platform cannot run the model's attention."""
     mesh = sharding.make_mesh(self.mesh.shape, devices)
-    return Placement(
-      dataclasses.replace(self.model, vocab_size=vocab_size), mesh, self.rules
-    )  # Placement resolves the attention for the platform.
+    model = dataclasses.replace(self.model, vocab_size=vocab_size)
+    if self.is_language_model:
+      spec = language_model_spec(for_platform(model, mesh.devices.flat[0].platform))
+      return Placement(spec, mesh, self.rules)
+    return Placement(model, mesh, self.rules)  # Placement resolves the attention for the platform.
+
+  def count_params(self, placement: Placement) -> int:
+    """The number of parameters of the placed model: from the config for the translation model
+    (`model.config.count_params`), from the parameters' shapes for the language model."""
+    if not self.is_language_model:
+      return count_params(placement.model.config)
+    return sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(placement.abstract_params))
 
   def loss(self) -> LossFn:
-    """The model's loss function: label-smoothed cross entropy (`label_smoothing`)."""
+    """The model's loss function: label-smoothed cross entropy (`label_smoothing`) of the
+    translation model (`transformer_loss`) or the language model (`language_model_loss`)."""
+    if self.is_language_model:
+      return language_model_loss(self.label_smoothing)
     return transformer_loss(self.label_smoothing)

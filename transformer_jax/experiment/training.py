@@ -19,7 +19,6 @@ from transformer_jax.decode.translator import Translator
 from transformer_jax.errors import first_line
 from transformer_jax.experiment.settings import Experiment
 from transformer_jax.hosts import liveness, workdir_lock
-from transformer_jax.model.config import count_params
 from transformer_jax.train import validation
 from transformer_jax.train.loop import PreemptionWatch, fit
 from transformer_jax.train.reporting import TrainLogger, measure_matmul_flops
@@ -51,9 +50,9 @@ def train(experiment: Experiment, workdir: Workdir, *, description: str = "") ->
 
   Writes `checkpoints/` (Orbax), `tensorboard/`, `vocab/` and `config.txt`
   (`description`, default the experiment's settings) under `workdir`
-  (`Workdir`). Each evaluation also scores BLEU on the first
-  `eval_bleu_sentences` sentences and keeps the best parameters in `best/`
-  with `best.json`. Returns the final state. SIGTERM from here on stops the
+  (`Workdir`). Each evaluation of a translation model also scores BLEU on the
+  first `eval_bleu_sentences` sentences and keeps the best parameters in
+  `best/` with `best.json`. Returns the final state. SIGTERM from here on stops the
   run at the next step boundary with a checkpoint (`PreemptionWatch`);
   broken checkpoints are skipped (`recovery.resume`).
   """
@@ -167,7 +166,7 @@ def _train(experiment: Experiment, workdir: Workdir, manager, preemption, lock_k
   log.info(
     "model: %s, %s parameters; mesh %s; sharding rules %s",
     model_config,
-    f"{count_params(model_config):,}",
+    f"{experiment.count_params(placement):,}",
     dict(placement.mesh.shape),
     placement.rules,
   )
@@ -225,17 +224,19 @@ def _train(experiment: Experiment, workdir: Workdir, manager, preemption, lock_k
 
 def _evaluator(experiment: Experiment, workdir: Workdir, placement, tokenizer):
   """`evaluate(state) -> (split, sums)` for `fit`: loss sums on `data.source.eval_split` and, with
-  `eval_bleu_sentences`, the BLEU of that many of its sentences."""
+  `eval_bleu_sentences`, the BLEU of that many of its sentences (a translation model's)."""
   split = experiment.data.source.eval_split
   loss = metrics.TeacherForcedLoss(placement, experiment.loss())
-  settings = dataclasses.replace(experiment.decode, beam_size=experiment.eval_bleu_beam_size)
-  validation_bleu = validation.ValidationBleu(
-    Translator(placement, tokenizer, settings),
-    experiment.data,
-    workdir,
-    split=split,
-    sentences=experiment.eval_bleu_sentences,
-  )
+  validation_bleu = None
+  if not experiment.is_language_model:
+    settings = dataclasses.replace(experiment.decode, beam_size=experiment.eval_bleu_beam_size)
+    validation_bleu = validation.ValidationBleu(
+      Translator(placement, tokenizer, settings),
+      experiment.data,
+      workdir,
+      split=split,
+      sentences=experiment.eval_bleu_sentences,
+    )
   batches = []
 
   def evaluate(state):
@@ -252,7 +253,7 @@ def _evaluator(experiment: Experiment, workdir: Workdir, placement, tokenizer):
         )
       )
     sums = loss(state.params, batches)
-    if experiment.eval_bleu_sentences:
+    if validation_bleu is not None and experiment.eval_bleu_sentences:
       sums = {**sums, "bleu": validation_bleu(int(state.step), state.params)}
     return split, sums
 

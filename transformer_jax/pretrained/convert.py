@@ -149,8 +149,10 @@ def export_marian(
   A work directory trained with the project's own SentencePiece vocabulary
   gets that model as both `source.spm` and `target.spm` and a `vocab.json` in
   Marian's order. Raises FieldError naming a model field Marian cannot
-  represent. Single-process only (it gathers the parameters on this host).
+  represent (a language model: `model_kind`). Single-process only (it gathers the parameters on
+  this host).
   """
+  experiment.refuse_for_language_model("export to Marian")
   loaded = load(experiment, workdir, checkpoint)
   model = loaded.placement.model.config
   tokenizer = loaded.tokenizer
