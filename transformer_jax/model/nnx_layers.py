@@ -20,6 +20,7 @@ from flax import nnx
 
 from transformer_jax.model import attention, dropout, functional
 from transformer_jax.model.decode_cache import SentenceCache
+from transformer_jax.model.settings import LayerSettings
 
 Dtype = Any
 
@@ -29,8 +30,15 @@ def _annotated(name: str, value) -> nnx.Param:
   return nnx.Param(value, out_sharding=functional.AXES[name], eager_sharding=False)
 
 
-def _param(name: str, init, rngs: nnx.Rngs, shape, param_dtype) -> nnx.Param:
-  return _annotated(name, init(rngs.params(), shape, param_dtype))
+def _make(module, specs: dict[str, functional.ParamSpec], rngs, param_dtype, names=()):
+  """Set the parameters `specs` (a table of model/functional.py) on `module`, each drawn with the
+  next `rngs.params()` key (`rngs` None: made without a key), and the `names` not in `specs` to
+  None."""
+  for name, spec in specs.items():
+    key = None if rngs is None else rngs.params()
+    setattr(module, name, _annotated(name, spec.init(key, spec.shape, param_dtype)))
+  for name in set(names) - set(specs):
+    setattr(module, name, nnx.data(None))
 
 
 class Dropout(nnx.Module):
@@ -79,13 +87,15 @@ class LayerNorm(nnx.Module):
     self, d: int, *, epsilon: float = 1e-6, dtype: Dtype = jnp.float32, param_dtype=jnp.float32
   ):
     self.epsilon, self.dtype = epsilon, dtype
-    self.scale = _annotated("scale", jnp.ones((d,), param_dtype))
-    self.bias = _annotated("bias", jnp.zeros((d,), param_dtype))
+    _make(self, functional.norm_params(d), None, param_dtype)
 
   def __call__(self, x):
     return functional.layer_norm(
       x, self.scale[...], self.bias[...], epsilon=self.epsilon, dtype=self.dtype
     )
+
+
+_BIASES = ("query_bias", "key_bias", "value_bias", "out_bias")
 
 
 class MultiHeadAttention(nnx.Module):
@@ -117,26 +127,18 @@ class MultiHeadAttention(nnx.Module):
     dropout_rate: float = 0.0,
     rngs: nnx.Rngs,
   ):
-    d_kv = d_kv or d_model
-    d_out = out_features or d_model
     self.dtype, self.attention_impl = dtype, attention_impl
-    inits = functional.attention_inits(init_scheme, d_model, d_kv)
-    shapes = {
-      "query": (d_model, num_heads, d_k),
-      "key": (d_kv, num_heads, d_k),
-      "value": (d_kv, num_heads, d_v),
-      "out": (num_heads, d_v, d_out),
-    }
-    biases = {
-      "query_bias": (num_heads, d_k),
-      "key_bias": (num_heads, d_k),
-      "value_bias": (num_heads, d_v),
-      "out_bias": (d_out,),
-    }
-    for name, shape in (shapes | biases).items():
-      wanted = name in shapes or use_bias
-      value = _param(name, inits[name], rngs, shape, param_dtype) if wanted else nnx.data(None)
-      setattr(self, name, value)
+    specs = functional.attention_params(
+      init_scheme,
+      d_model,
+      d_kv or d_model,
+      num_heads,
+      d_k,
+      d_v,
+      d_out=out_features,
+      use_bias=use_bias,
+    )
+    _make(self, specs, rngs, param_dtype, names=_BIASES)
     self.cached_key = self.cached_value = self.cache_index = nnx.data(None)
     self.static_key = self.static_value = nnx.data(None)
     self.weights_dropout = Dropout(dropout_rate, rngs=rngs)
@@ -217,10 +219,7 @@ class FeedForward(nnx.Module):
     rngs: nnx.Rngs,
   ):
     self.activation, self.dtype = activation, dtype
-    inits = functional.feed_forward_inits(init_scheme, d_model, d_ff)
-    shapes = {"wi": (d_model, d_ff), "bi": (d_ff,), "wo": (d_ff, d_model), "bo": (d_model,)}
-    for name, shape in shapes.items():
-      setattr(self, name, _param(name, inits[name], rngs, shape, param_dtype))
+    _make(self, functional.feed_forward_params(init_scheme, d_model, d_ff), rngs, param_dtype)
     self.activation_dropout = Dropout(dropout_rate, rngs=rngs)
 
   def __call__(self, x, deterministic: bool | None = None):
@@ -251,14 +250,8 @@ class Embed(nnx.Module):
     rngs: nnx.Rngs,
   ):
     self.dtype, self.vocab_multiple = dtype, vocab_multiple
-    init = functional.embedding_init(d_model)
-    self.embedding = _param("embedding", init, rngs, (vocab_size, d_model), param_dtype)
-    zeros = nnx.initializers.zeros
-    self.logits_bias = (
-      _param("logits_bias", zeros, rngs, (vocab_size,), param_dtype)
-      if logits_bias
-      else nnx.data(None)
-    )
+    specs = functional.embed_params(vocab_size, d_model, logits_bias)
+    _make(self, specs, rngs, param_dtype, names=("logits_bias",))
 
   def __call__(self, ids):
     return functional.embed(self.embedding[...], ids, self.dtype)
@@ -281,14 +274,9 @@ class PositionalEncoding(nnx.Module):
     param_dtype: Dtype = jnp.float32,
     rngs: nnx.Rngs | None = None,
   ):
-    if kind not in functional.POSITIONALS:
-      raise ValueError(f"positional kind {kind!r}; allowed: sinusoidal, learned")
     self.max_len = max_len
-    self.table = (
-      _param("table", functional.embedding_init(d_model), rngs, (max_len, d_model), param_dtype)
-      if kind == "learned"
-      else nnx.data(None)
-    )
+    specs = functional.positional_params(max_len, d_model, kind)
+    _make(self, specs, rngs, param_dtype, names=("table",))
 
   def __call__(self, x, positions=None):
     table = None if self.table is None else self.table[...]
@@ -296,47 +284,28 @@ class PositionalEncoding(nnx.Module):
 
 
 class _Layer(nnx.Module):
-  """The settings and sub-layers shared by EncoderLayer and DecoderLayer (the paper's base model
-  by default; the Linen layers' fields)."""
+  """The settings and sub-layers shared by EncoderLayer and DecoderLayer: `settings` (a
+  `LayerSettings`), or its fields as arguments (the paper's base model by default)."""
 
   def __init__(
     self,
     d_model: int,
-    num_heads: int = 8,
-    d_k: int = 64,
-    d_v: int = 64,
-    d_ff: int = 2048,
-    dropout_rate: float = 0.1,
-    pre_norm: bool = False,
-    *,
-    attention_dropout_rate: float = 0.0,
-    activation_dropout_rate: float = 0.0,
-    dtype: Dtype = jnp.float32,
-    param_dtype: Dtype = jnp.float32,
-    attention_impl: attention.Implementation = "auto",
-    attention_bias: bool = False,
-    activation: str = "relu",
-    norm_epsilon: float = 1e-6,
-    init_scheme: str = "xavier",
+    *args,
+    settings: LayerSettings | None = None,
     attentions: tuple = ("self_attention",),
     rngs: nnx.Rngs,
+    **kwargs,
   ):
-    self.pre_norm = pre_norm
-    dtypes = dict(dtype=dtype, param_dtype=param_dtype)
-    made = dict(**dtypes, init_scheme=init_scheme, rngs=rngs)
-    attend = dict(attention_impl=attention_impl, dropout_rate=attention_dropout_rate)
+    if settings is not None and args:
+      raise TypeError("give settings or its fields as positional arguments, not both")
+    s = self.settings = (settings or LayerSettings(*args)).replace(**kwargs)
+    self.pre_norm = s.pre_norm
     for name in attentions:
-      setattr(
-        self,
-        name,
-        MultiHeadAttention(d_model, num_heads, d_k, d_v, use_bias=attention_bias, **attend, **made),
-      )
-      setattr(self, f"{name}_norm", LayerNorm(d_model, epsilon=norm_epsilon, **dtypes))
-    self.feed_forward = FeedForward(
-      d_model, d_ff, activation=activation, dropout_rate=activation_dropout_rate, **made
-    )
-    self.feed_forward_norm = LayerNorm(d_model, epsilon=norm_epsilon, **dtypes)
-    self.dropout = Dropout(dropout_rate, rngs=rngs)
+      setattr(self, name, MultiHeadAttention(d_model, **s.attention(), rngs=rngs))
+      setattr(self, f"{name}_norm", LayerNorm(d_model, **s.norm()))
+    self.feed_forward = FeedForward(d_model, **s.feed_forward(), rngs=rngs)
+    self.feed_forward_norm = LayerNorm(d_model, **s.norm())
+    self.dropout = Dropout(s.dropout_rate, rngs=rngs)
 
   def _feed_forward(self, deterministic):
     return functools.partial(self.feed_forward, deterministic=deterministic)

@@ -23,13 +23,7 @@ from transformer_jax.model.nnx_layers import (
   LayerNorm,
   PositionalEncoding,
 )
-from transformer_jax.model.transformer import (
-  check_tokens,
-  decoder_masks,
-  encoder_mask,
-  layer_settings,
-  shift_right,
-)
+from transformer_jax.model.transformer import check_tokens, decoder_masks, encoder_mask, shift_right
 
 
 class _Stack(nnx.Module):
@@ -40,8 +34,9 @@ class _Stack(nnx.Module):
     self.depth, self.pre_norm = depth, cfg.norm == "pre"
     self.positions = PositionalEncoding(cfg.max_len, cfg.d_model, cfg.positional, rngs=rngs)
     self.dropout = Dropout(cfg.dropout_rate, rngs=rngs)
+    settings = cfg.layer_settings()
     for i in range(depth):
-      setattr(self, f"layer_{i}", layer_cls(cfg.d_model, **layer_settings(cfg), rngs=rngs))
+      setattr(self, f"layer_{i}", layer_cls(cfg.d_model, settings=settings, rngs=rngs))
     if self.pre_norm:
       self.final_norm = LayerNorm(cfg.d_model, epsilon=cfg.norm_epsilon, dtype=cfg.compute_dtype)
 

@@ -22,6 +22,7 @@ from transformer_jax.model.dropout import Dropout
 from transformer_jax.model.embedding import Embed, PositionalEncoding
 from transformer_jax.model.layers import DecoderLayer, EncoderLayer, LayerNorm
 from transformer_jax.model.loss import transformer_outputs
+from transformer_jax.model.settings import LayerSettings
 from transformer_jax.model.spec import ModelSpec
 
 # The settings stay importable from here, where config files have imported them from.
@@ -29,6 +30,7 @@ __all__ = [
   "PRESETS",
   "Decoder",
   "Encoder",
+  "LayerSettings",
   "Transformer",
   "TransformerConfig",
   "count_params",
@@ -77,24 +79,10 @@ def decoder_masks(
   )
 
 
-def layer_settings(config: TransformerConfig) -> dict[str, Any]:
-  """The keyword arguments of an encoder or decoder layer (Linen or NNX) of `config`."""
-  return dict(
-    num_heads=config.num_heads,
-    d_k=config.key_size,
-    d_v=config.value_size,
-    d_ff=config.d_ff,
-    dropout_rate=config.dropout_rate,
-    attention_dropout_rate=config.attention_dropout_rate,
-    activation_dropout_rate=config.activation_dropout_rate,
-    pre_norm=config.norm == "pre",
-    dtype=config.compute_dtype,
-    attention_impl=config.attention_impl,
-    attention_bias=config.attention_bias,
-    activation=config.activation,
-    norm_epsilon=config.norm_epsilon,
-    init_scheme=config.init,
-  )
+def layer_settings(config: TransformerConfig) -> LayerSettings:
+  """The settings of an encoder or decoder layer (Linen or NNX) of `config`: a `LayerSettings`,
+  which unpacks as keyword arguments too (`EncoderLayer(**layer_settings(config))`)."""
+  return config.layer_settings()
 
 
 class _ScanStep(nn.Module):
