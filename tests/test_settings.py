@@ -49,6 +49,7 @@ def _linen_shapes(cfg):
 def test_every_option_differs_from_its_default_in_odd():
   default = LayerSettings()
   assert all(ODD[name] != default[name] for name in LayerSettings.names())
+  assert dict(ODD) == dataclasses.asdict(ODD) == {**ODD}
 
 
 @pytest.mark.parametrize("layer", ["EncoderLayer", "DecoderLayer"])
@@ -59,10 +60,27 @@ def test_both_front_doors_read_one_settings_object(layer):
   assert twin.settings == ODD
   by_keywords = getattr(nnx_layers, layer)(8, **ODD, rngs=nnx.Rngs(0))
   assert by_keywords.settings == ODD
-  # The sub-layers hold what the settings say.
-  assert twin.self_attention.attention_impl == ODD.attention_impl
-  assert twin.feed_forward.activation == ODD.activation
-  assert twin.feed_forward_norm.epsilon == ODD.norm_epsilon
+  # The sub-layers hold what the settings give them.
+  assert twin.self_attention.settings == ODD.attention()
+  assert twin.feed_forward.settings == ODD.feed_forward()
+  assert twin.feed_forward_norm.settings == ODD.norm()
+
+
+@pytest.mark.parametrize(
+  "name, settings, width",
+  [
+    ("MultiHeadAttention", ODD.attention().replace(out_features=9), (8,)),
+    ("FeedForward", ODD.feed_forward(), (8,)),
+    ("LayerNorm", ODD.norm(), (8,)),
+  ],
+)
+def test_each_sub_layer_of_both_front_doors_takes_one_settings_object(name, settings, width):
+  kind = type(settings)
+  linen = getattr(layers, name)(**settings)
+  assert kind.of(linen) == settings
+  rngs = {} if name == "LayerNorm" else {"rngs": nnx.Rngs(0)}
+  assert getattr(nnx_layers, name)(*width, settings=settings, **rngs).settings == settings
+  assert getattr(nnx_layers, name)(*width, **settings, **rngs).settings == settings
 
 
 @pytest.mark.parametrize("layer", ["EncoderLayer", "DecoderLayer"])

@@ -18,7 +18,12 @@ from transformer_jax.model import attention, functional
 from transformer_jax.model.decode_cache import CACHE_COLLECTIONS, ROW_CACHE, SENTENCE_CACHE
 from transformer_jax.model.dropout import Dropout
 from transformer_jax.model.functional import ACTIVATIONS, INITS
-from transformer_jax.model.settings import LayerSettings
+from transformer_jax.model.settings import (
+  AttentionSettings,
+  FeedForwardSettings,
+  LayerSettings,
+  NormSettings,
+)
 
 Dtype = Any
 
@@ -81,17 +86,8 @@ class MultiHeadAttention(nn.Module):
   later step (model/decode_cache.py).
   """
 
-  num_heads: int = 8
-  d_k: int = 64
-  d_v: int = 64
-  out_features: int | None = None
+  locals().update(AttentionSettings.module_fields())  # Its options: AttentionSettings' fields.
   static_kv: bool = False
-  use_bias: bool = False
-  dtype: Dtype = jnp.float32
-  param_dtype: Dtype = jnp.float32
-  attention_impl: attention.Implementation = "auto"
-  init_scheme: str = "xavier"
-  dropout_rate: float = 0.0
 
   @nn.compact
   def __call__(
@@ -179,12 +175,7 @@ class FeedForward(nn.Module):
   call is not `deterministic` (activation dropout).
   """
 
-  d_ff: int = 2048
-  activation: str = "relu"
-  dtype: Dtype = jnp.float32
-  param_dtype: Dtype = jnp.float32
-  init_scheme: str = "xavier"
-  dropout_rate: float = 0.0
+  locals().update(FeedForwardSettings.module_fields())
 
   @nn.compact
   def __call__(self, x, deterministic: bool = True):
@@ -199,9 +190,7 @@ class FeedForward(nn.Module):
 class LayerNorm(nn.Module):
   """LayerNorm over the last axis with a `[d]` scale and bias (`functional.layer_norm`)."""
 
-  epsilon: float = 1e-6
-  dtype: Dtype = jnp.float32
-  param_dtype: Dtype = jnp.float32
+  locals().update(NormSettings.module_fields())
 
   @nn.compact
   def __call__(self, x):

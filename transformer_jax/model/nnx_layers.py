@@ -20,7 +20,12 @@ from flax import nnx
 
 from transformer_jax.model import attention, dropout, functional
 from transformer_jax.model.decode_cache import SentenceCache
-from transformer_jax.model.settings import LayerSettings
+from transformer_jax.model.settings import (
+  AttentionSettings,
+  FeedForwardSettings,
+  LayerSettings,
+  NormSettings,
+)
 
 Dtype = Any
 
@@ -81,17 +86,17 @@ class Dropout(nnx.Module):
 
 
 class LayerNorm(nnx.Module):
-  """LayerNorm over the last axis with a `[d]` scale and bias (`functional.layer_norm`)."""
+  """LayerNorm over the last axis with a `[d]` scale and bias (`functional.layer_norm`); its
+  options: `settings` (a `NormSettings`), or its fields as keywords."""
 
-  def __init__(
-    self, d: int, *, epsilon: float = 1e-6, dtype: Dtype = jnp.float32, param_dtype=jnp.float32
-  ):
-    self.epsilon, self.dtype = epsilon, dtype
-    _make(self, functional.norm_params(d), None, param_dtype)
+  def __init__(self, d: int, *, settings: NormSettings | None = None, **kwargs):
+    s = self.settings = NormSettings.build(settings, kwargs=kwargs)
+    _make(self, functional.norm_params(d), None, s.param_dtype)
 
   def __call__(self, x):
+    s = self.settings
     return functional.layer_norm(
-      x, self.scale[...], self.bias[...], epsilon=self.epsilon, dtype=self.dtype
+      x, self.scale[...], self.bias[...], epsilon=s.epsilon, dtype=s.dtype
     )
 
 
@@ -107,41 +112,34 @@ class MultiHeadAttention(nnx.Module):
   adds the causal mask through the kernel's causal path. Decoding: `init_cache(rows, max_len)`
   makes a self-attention buffer of `rows` hypotheses; `set_static_kv(inputs_kv)` projects
   cross-attention keys/values once; `decode=True` calls then read them (and write the step's
-  own key/value into the buffer).
+  own key/value into the buffer). Its options: `settings` (an `AttentionSettings`), or its
+  fields as arguments after `d_model` (`num_heads, d_k, d_v, ...`).
   """
 
   def __init__(
     self,
     d_model: int,
-    num_heads: int = 8,
-    d_k: int = 64,
-    d_v: int = 64,
-    *,
+    *args,
     d_kv: int | None = None,
-    out_features: int | None = None,
-    use_bias: bool = False,
-    dtype: Dtype = jnp.float32,
-    param_dtype: Dtype = jnp.float32,
-    attention_impl: attention.Implementation = "auto",
-    init_scheme: str = "xavier",
-    dropout_rate: float = 0.0,
+    settings: AttentionSettings | None = None,
     rngs: nnx.Rngs,
+    **kwargs,
   ):
-    self.dtype, self.attention_impl = dtype, attention_impl
+    s = self.settings = AttentionSettings.build(settings, args, kwargs)
     specs = functional.attention_params(
-      init_scheme,
+      s.init_scheme,
       d_model,
       d_kv or d_model,
-      num_heads,
-      d_k,
-      d_v,
-      d_out=out_features,
-      use_bias=use_bias,
+      s.num_heads,
+      s.d_k,
+      s.d_v,
+      d_out=s.out_features,
+      use_bias=s.use_bias,
     )
-    _make(self, specs, rngs, param_dtype, names=_BIASES)
+    _make(self, specs, rngs, s.param_dtype, names=_BIASES)
     self.cached_key = self.cached_value = self.cache_index = nnx.data(None)
     self.static_key = self.static_value = nnx.data(None)
-    self.weights_dropout = Dropout(dropout_rate, rngs=rngs)
+    self.weights_dropout = Dropout(s.dropout_rate, rngs=rngs)
 
   def _weights(self, name):
     p = getattr(self, name)
@@ -149,7 +147,11 @@ class MultiHeadAttention(nnx.Module):
 
   def _project(self, x, name, head_major=False):
     return functional.project(
-      x, self._weights(name), self._weights(f"{name}_bias"), self.dtype, head_major=head_major
+      x,
+      self._weights(name),
+      self._weights(f"{name}_bias"),
+      self.settings.dtype,
+      head_major=head_major,
     )
 
   def init_cache(self, rows: int, max_len: int):
@@ -157,8 +159,9 @@ class MultiHeadAttention(nnx.Module):
     write position of 0 (`SentenceCache`: model/decode_cache.py)."""
     heads, d_k = self.query.shape[1:]
     d_v = self.value.shape[2]
-    self.cached_key = nnx.Cache(jnp.zeros((rows, heads, max_len, d_k), self.dtype))
-    self.cached_value = nnx.Cache(jnp.zeros((rows, heads, max_len, d_v), self.dtype))
+    dtype = self.settings.dtype
+    self.cached_key = nnx.Cache(jnp.zeros((rows, heads, max_len, d_k), dtype))
+    self.cached_value = nnx.Cache(jnp.zeros((rows, heads, max_len, d_v), dtype))
     self.cache_index = SentenceCache(jnp.array(0, jnp.int32))
 
   def set_static_kv(self, inputs_kv):
@@ -180,7 +183,7 @@ class MultiHeadAttention(nnx.Module):
         value,
         mask,
         is_causal=is_causal,
-        implementation=self.attention_impl,
+        implementation=self.settings.attention_impl,
         dropout=dropout,
       )
     elif self.static_key is not None:
@@ -199,36 +202,30 @@ class MultiHeadAttention(nnx.Module):
       self.cached_key[...], self.cached_value[...] = key, value
       self.cache_index[...] = self.cache_index[...] + 1
       out = attention.cached_attention(query, key, value, mask)
-    return functional.merge_heads(out, self.out[...], self._weights("out_bias"), self.dtype)
+    return functional.merge_heads(
+      out, self.out[...], self._weights("out_bias"), self.settings.dtype
+    )
 
 
 class FeedForward(nnx.Module):
   """Position-wise feed-forward network `activation(x W1 + b1) W2 + b2`, `[..., d_model]`;
-  `dropout_rate` drops hidden activations in training (activation dropout)."""
+  `dropout_rate` drops hidden activations in training (activation dropout). Its options:
+  `settings` (a `FeedForwardSettings`), or its fields as arguments after `d_model`."""
 
   def __init__(
-    self,
-    d_model: int,
-    d_ff: int = 2048,
-    *,
-    activation: str = "relu",
-    dtype: Dtype = jnp.float32,
-    param_dtype: Dtype = jnp.float32,
-    init_scheme: str = "xavier",
-    dropout_rate: float = 0.0,
-    rngs: nnx.Rngs,
+    self, d_model: int, *args, settings: FeedForwardSettings | None = None, rngs: nnx.Rngs, **kwargs
   ):
-    self.activation, self.dtype = activation, dtype
-    _make(self, functional.feed_forward_params(init_scheme, d_model, d_ff), rngs, param_dtype)
-    self.activation_dropout = Dropout(dropout_rate, rngs=rngs)
+    s = self.settings = FeedForwardSettings.build(settings, args, kwargs)
+    _make(self, functional.feed_forward_params(s.init_scheme, d_model, s.d_ff), rngs, s.param_dtype)
+    self.activation_dropout = Dropout(s.dropout_rate, rngs=rngs)
 
   def __call__(self, x, deterministic: bool | None = None):
     weights = {name: getattr(self, name)[...] for name in ("wi", "bi", "wo", "bo")}
     return functional.feed_forward(
       x,
       **weights,
-      activation=self.activation,
-      dtype=self.dtype,
+      activation=self.settings.activation,
+      dtype=self.settings.dtype,
       dropout=self.activation_dropout.function(deterministic),
     )
 
@@ -296,15 +293,13 @@ class _Layer(nnx.Module):
     rngs: nnx.Rngs,
     **kwargs,
   ):
-    if settings is not None and args:
-      raise TypeError("give settings or its fields as positional arguments, not both")
-    s = self.settings = (settings or LayerSettings(*args)).replace(**kwargs)
+    s = self.settings = LayerSettings.build(settings, args, kwargs)
     self.pre_norm = s.pre_norm
     for name in attentions:
-      setattr(self, name, MultiHeadAttention(d_model, **s.attention(), rngs=rngs))
-      setattr(self, f"{name}_norm", LayerNorm(d_model, **s.norm()))
-    self.feed_forward = FeedForward(d_model, **s.feed_forward(), rngs=rngs)
-    self.feed_forward_norm = LayerNorm(d_model, **s.norm())
+      setattr(self, name, MultiHeadAttention(d_model, settings=s.attention(), rngs=rngs))
+      setattr(self, f"{name}_norm", LayerNorm(d_model, settings=s.norm()))
+    self.feed_forward = FeedForward(d_model, settings=s.feed_forward(), rngs=rngs)
+    self.feed_forward_norm = LayerNorm(d_model, settings=s.norm())
     self.dropout = Dropout(s.dropout_rate, rngs=rngs)
 
   def _feed_forward(self, deterministic):

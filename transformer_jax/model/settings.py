@@ -1,6 +1,7 @@
-"""The options of an encoder or decoder layer, declared once: `LayerSettings`, which the Linen
-layers (model/layers.py, whose fields are its fields) and the NNX layers (model/nnx_layers.py,
-which take it or its fields as keywords) both read, and which says what each sub-layer is given.
+"""The options of the layers, each declared once: `LayerSettings` (an encoder or decoder layer)
+and what it gives each sub-layer, `AttentionSettings`, `FeedForwardSettings` and `NormSettings`.
+The Linen modules (model/layers.py) take their fields as their own; the NNX modules
+(model/nnx_layers.py) take a settings object or its fields as keywords; both read them.
 
 `TransformerConfig.layer_settings()` (model/config.py) makes one from a model's config; the
 parameters the settings imply are `functional.layer_params`'s.
@@ -16,8 +17,99 @@ from transformer_jax.model import attention
 Dtype = Any
 
 
+class _Options:
+  """What every settings type here does: a frozen dataclass that is also a mapping of its fields
+  (`Module(**settings)`), whose fields a Linen module takes as its own (`module_fields`)."""
+
+  @classmethod
+  def names(cls) -> tuple[str, ...]:
+    return tuple(field.name for field in dataclasses.fields(cls))
+
+  @classmethod
+  def module_fields(cls) -> dict[str, Any]:
+    """The namespace of a Linen module whose fields are these (annotations and defaults):
+    `locals().update(Settings.module_fields())` in its class body."""
+    fields = dataclasses.fields(cls)
+    return {"__annotations__": {f.name: f.type for f in fields}} | {
+      f.name: f.default for f in fields
+    }
+
+  @classmethod
+  def of(cls, module):
+    """The settings held as attributes of `module` (a Linen module's fields)."""
+    return cls(**{name: getattr(module, name) for name in cls.names()})
+
+  @classmethod
+  def build(cls, settings=None, args=(), kwargs=None):
+    """`settings`, or the settings of positional `args`, with the fields `kwargs` changed: what an
+    NNX module of either calling style holds."""
+    if settings is not None and args:
+      raise TypeError(f"give a {cls.__name__} or its fields as positional arguments, not both")
+    base = cls(*args) if settings is None else settings
+    return dataclasses.replace(base, **(kwargs or {}))
+
+  def keys(self):
+    return self.names()
+
+  def __getitem__(self, name: str):
+    return getattr(self, name)
+
+  def __iter__(self):
+    return iter(self.names())
+
+  def __len__(self):
+    return len(self.names())
+
+  def items(self):
+    return [(name, getattr(self, name)) for name in self.names()]
+
+  def replace(self, **changes):
+    return dataclasses.replace(self, **changes)
+
+
 @dataclasses.dataclass(frozen=True)
-class LayerSettings:
+class AttentionSettings(_Options):
+  """`MultiHeadAttention`'s options (either front door): `num_heads` heads of queries/keys `d_k`
+  and values `d_v` wide, an output `out_features` wide (None: the queries' width), `use_bias` on
+  each projection, `attention_impl` (the kernel), `init_scheme` (one of `functional.INITS`),
+  `dropout_rate` on the attention weights; `dtype` computes, `param_dtype` holds parameters."""
+
+  num_heads: int = 8
+  d_k: int = 64
+  d_v: int = 64
+  out_features: int | None = None
+  use_bias: bool = False
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+  attention_impl: attention.Implementation = "auto"
+  init_scheme: str = "xavier"
+  dropout_rate: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class FeedForwardSettings(_Options):
+  """`FeedForward`'s options: `d_ff` hidden units, `activation` (a name of
+  `functional.ACTIVATIONS`), `init_scheme`, `dropout_rate` on the hidden activations."""
+
+  d_ff: int = 2048
+  activation: str = "relu"
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+  init_scheme: str = "xavier"
+  dropout_rate: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class NormSettings(_Options):
+  """`LayerNorm`'s options."""
+
+  epsilon: float = 1e-6
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerSettings(_Options):
   """An encoder or decoder layer's options; the defaults are the paper's base model.
 
   `num_heads` heads of queries/keys `d_k` and values `d_v` wide; a feed-forward network `d_ff`
@@ -47,39 +139,9 @@ class LayerSettings:
   activation_dropout_rate: float = 0.0
   param_dtype: Dtype = jnp.float32
 
-  @classmethod
-  def names(cls) -> tuple[str, ...]:
-    return tuple(field.name for field in dataclasses.fields(cls))
-
-  @classmethod
-  def module_fields(cls) -> dict[str, Any]:
-    """The namespace of a Linen module whose fields are these (annotations and defaults)."""
-    fields = dataclasses.fields(cls)
-    return {"__annotations__": {f.name: f.type for f in fields}} | {
-      f.name: f.default for f in fields
-    }
-
-  @classmethod
-  def of(cls, module) -> "LayerSettings":
-    """The settings held as attributes of `module` (a Linen layer's fields)."""
-    return cls(**{name: getattr(module, name) for name in cls.names()})
-
-  def keys(self):
-    return self.names()
-
-  def __getitem__(self, name: str):
-    return getattr(self, name)
-
-  def replace(self, **changes) -> "LayerSettings":
-    return dataclasses.replace(self, **changes)
-
-  # What each sub-layer of either front door is given (their keyword arguments).
-  def dtypes(self) -> dict[str, Any]:
-    return {"dtype": self.dtype, "param_dtype": self.param_dtype}
-
-  def attention(self) -> dict[str, Any]:
-    """`MultiHeadAttention`'s keywords."""
-    return dict(
+  # What each sub-layer of either front door is given.
+  def attention(self) -> AttentionSettings:
+    return AttentionSettings(
       num_heads=self.num_heads,
       d_k=self.d_k,
       d_v=self.d_v,
@@ -87,19 +149,20 @@ class LayerSettings:
       attention_impl=self.attention_impl,
       init_scheme=self.init_scheme,
       dropout_rate=self.attention_dropout_rate,
-      **self.dtypes(),
+      **self._dtypes(),
     )
 
-  def feed_forward(self) -> dict[str, Any]:
-    """`FeedForward`'s keywords."""
-    return dict(
+  def feed_forward(self) -> FeedForwardSettings:
+    return FeedForwardSettings(
       d_ff=self.d_ff,
       activation=self.activation,
       init_scheme=self.init_scheme,
       dropout_rate=self.activation_dropout_rate,
-      **self.dtypes(),
+      **self._dtypes(),
     )
 
-  def norm(self) -> dict[str, Any]:
-    """`LayerNorm`'s keywords."""
-    return dict(epsilon=self.norm_epsilon, **self.dtypes())
+  def norm(self) -> NormSettings:
+    return NormSettings(epsilon=self.norm_epsilon, **self._dtypes())
+
+  def _dtypes(self) -> dict[str, Any]:
+    return {"dtype": self.dtype, "param_dtype": self.param_dtype}
