@@ -203,20 +203,24 @@ def write_step(cached_key, cached_value, index, key, value, mask):
   return key, value, attention.combine_masks(mask, seen)
 
 
-def feed_forward(x, wi, bi, wo, bo, activation: str, dtype, dropout=None):
-  """`activation(x W1 + b1) W2 + b2`: `[..., d_model]` to itself; `dropout`, a function, is
-  applied to the hidden activations (activation dropout)."""
+def feed_forward(x, wi, bi, wo, bo, settings, dropout=None):
+  """`activation(x W1 + b1) W2 + b2`: `[..., d_model]` to itself, with the options `settings` (a
+  `FeedForwardSettings`: `activation`, the compute `dtype`); `dropout`, a function, is applied to
+  the hidden activations (activation dropout)."""
+  dtype = settings.dtype
   x = x.astype(dtype)
-  hidden = ACTIVATIONS[activation](x @ wi.astype(dtype) + bi.astype(dtype))
+  hidden = ACTIVATIONS[settings.activation](x @ wi.astype(dtype) + bi.astype(dtype))
   hidden = nn.with_logical_constraint(hidden, ("batch", "length", "mlp"))
   if dropout is not None:
     hidden = dropout(hidden)
   return hidden @ wo.astype(dtype) + bo.astype(dtype)
 
 
-def layer_norm(x, scale, bias, *, epsilon: float, dtype):
+def layer_norm(x, scale, bias, settings):
   """LayerNorm over the last axis, its statistics in float32 or wider, as `flax.linen.LayerNorm`
-  computes it (variance as E[x^2] - E[x]^2, clipped at 0): `[..., d]` -> same, in `dtype`."""
+  computes it (variance as E[x^2] - E[x]^2, clipped at 0): `[..., d]` -> same, with the options
+  `settings` (a `NormSettings`: `epsilon`, the output `dtype`)."""
+  epsilon, dtype = settings.epsilon, settings.dtype
   # In flax's order of operations, which XLA's CPU compiler fuses best.
   stats = x.astype(jnp.promote_types(dtype, jnp.float32))
   squares = lax.square(stats)

@@ -182,9 +182,7 @@ class FeedForward(nn.Module):
     specs = functional.feed_forward_params(self.init_scheme, x.shape[-1], self.d_ff)
     p = make_params(self, specs, self.param_dtype)
     dropout = _dropout_or_none(self.dropout_rate, deterministic)
-    return functional.feed_forward(
-      x, **p, activation=self.activation, dtype=self.dtype, dropout=dropout
-    )
+    return functional.feed_forward(x, **p, settings=FeedForwardSettings.of(self), dropout=dropout)
 
 
 class LayerNorm(nn.Module):
@@ -195,7 +193,7 @@ class LayerNorm(nn.Module):
   @nn.compact
   def __call__(self, x):
     p = make_params(self, functional.norm_params(x.shape[-1]), self.param_dtype)
-    return functional.layer_norm(x, **p, epsilon=self.epsilon, dtype=self.dtype)
+    return functional.layer_norm(x, **p, settings=NormSettings.of(self))
 
 
 class _LayerFields(nn.Module):

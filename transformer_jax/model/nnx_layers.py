@@ -94,10 +94,7 @@ class LayerNorm(nnx.Module):
     _make(self, functional.norm_params(d), None, s.param_dtype)
 
   def __call__(self, x):
-    s = self.settings
-    return functional.layer_norm(
-      x, self.scale[...], self.bias[...], epsilon=s.epsilon, dtype=s.dtype
-    )
+    return functional.layer_norm(x, self.scale[...], self.bias[...], self.settings)
 
 
 _BIASES = ("query_bias", "key_bias", "value_bias", "out_bias")
@@ -222,11 +219,7 @@ class FeedForward(nnx.Module):
   def __call__(self, x, deterministic: bool | None = None):
     weights = {name: getattr(self, name)[...] for name in ("wi", "bi", "wo", "bo")}
     return functional.feed_forward(
-      x,
-      **weights,
-      activation=self.settings.activation,
-      dtype=self.settings.dtype,
-      dropout=self.activation_dropout.function(deterministic),
+      x, **weights, settings=self.settings, dropout=self.activation_dropout.function(deterministic)
     )
 
 
