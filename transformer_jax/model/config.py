@@ -2,6 +2,7 @@
 (Table 3), and the parameter count and the FLOPs of a training step a config implies."""
 
 import dataclasses
+import math
 from typing import Any
 
 import jax
@@ -9,8 +10,9 @@ import jax.numpy as jnp
 
 from transformer_jax import schema
 from transformer_jax.errors import FieldError
-from transformer_jax.model import attention
+from transformer_jax.model import attention, functional
 from transformer_jax.model.functional import ACTIVATIONS, INITS
+from transformer_jax.model.settings import LayerSettings
 
 POSITIONAL_KINDS = ("sinusoidal", "learned")
 NORM_KINDS = ("post", "pre")
@@ -200,6 +202,22 @@ class TransformerConfig:
       "decoder_depth": self.decoder_depth,
     }
 
+  def layer_settings(self) -> LayerSettings:
+    """The settings of this model's encoder and decoder layers: its fields of the same name, the
+    head widths in use, `pre_norm` for norm="pre", the compute dtype and `init_scheme` for init
+    (parameters float32)."""
+    same = {name: getattr(self, name) for name in LayerSettings.names() if name in _FIELDS}
+    return LayerSettings(
+      **same
+      | dict(
+        d_k=self.key_size,
+        d_v=self.value_size,
+        pre_norm=self.norm == "pre",
+        dtype=self.compute_dtype,
+        init_scheme=self.init,
+      )
+    )
+
   @property
   def compute_dtype(self):
     """The jnp dtype used for computation."""
@@ -215,6 +233,9 @@ class TransformerConfig:
     """
     vocab_size = overrides.pop("vocab_size", 37000)
     return cls(vocab_size=vocab_size, **preset_fields(name, **overrides))
+
+
+_FIELDS = frozenset(field.name for field in dataclasses.fields(TransformerConfig))
 
 
 def preset_fields(name: str, **overrides: Any) -> dict[str, Any]:
@@ -263,38 +284,50 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+def param_shapes(config: TransformerConfig) -> dict:
+  """The Transformer's parameter shapes, as its (looped, Linen or NNX) `params` tree, from the
+  tables of model/functional.py: what `count_params` sums and a test holds against the real
+  initialisation."""
+  d, layer = config.d_model, config.layer_settings()
+  stacks = {}
+  for stack, depth, attentions in (
+    ("encoder", config.encoder_depth, ("self_attention",)),
+    ("decoder", config.decoder_depth, ("self_attention", "cross_attention")),
+  ):
+    tree = {f"layer_{i}": functional.layer_params(d, layer, attentions) for i in range(depth)}
+    if config.positional == "learned":
+      tree["positions"] = functional.positional_params(config.max_len, d, config.positional)
+    if config.norm == "pre":
+      tree["final_norm"] = functional.norm_params(d)
+    stacks[stack] = tree
+  embed = functional.embed_params(config.known_vocab_size(), d, config.logits_bias)
+  return jax.tree.map(
+    lambda spec: spec.shape,
+    {"embed": embed, **stacks},
+    is_leaf=lambda x: isinstance(x, functional.ParamSpec),
+  )
+
+
+def _size(shape) -> int:
+  return math.prod(shape)
+
+
 def weight_counts(config: TransformerConfig) -> dict[str, int]:
   """Weights (biases left out) of one attention's projections (`query`, `key`, `value`, `out`)
   and of one feed-forward network (`feed_forward`)."""
-  d, h = config.d_model, config.num_heads
-  return {
-    "query": d * h * config.key_size,
-    "key": d * h * config.key_size,
-    "value": d * h * config.value_size,
-    "out": h * config.value_size * d,
-    "feed_forward": 2 * d * config.d_ff,
+  layer = functional.layer_params(config.d_model, config.layer_settings())
+  counts = {name: _size(spec.shape) for name, spec in layer["self_attention"].items()}
+  feed_forward = layer["feed_forward"]
+  counts = {name: counts[name] for name in ("query", "key", "value", "out")}
+  return counts | {
+    "feed_forward": _size(feed_forward["wi"].shape) + _size(feed_forward["wo"].shape)
   }
 
 
 def count_params(config: TransformerConfig) -> int:
-  """Number of parameters, from the config alone (no initialization)."""
-  d, weights, h = config.d_model, weight_counts(config), config.num_heads
-  attention_params = weights["query"] + weights["key"] + weights["value"] + weights["out"]
-  if config.attention_bias:
-    attention_params += h * (2 * config.key_size + config.value_size) + d
-  feed_forward = weights["feed_forward"] + config.d_ff + d
-  norm = 2 * d
-  encoder_layer = attention_params + feed_forward + 2 * norm
-  decoder_layer = 2 * attention_params + feed_forward + 3 * norm
-  vocab = config.known_vocab_size()
-  total = config.encoder_depth * encoder_layer + config.decoder_depth * decoder_layer + vocab * d
-  if config.positional == "learned":
-    total += 2 * config.max_len * d
-  if config.norm == "pre":
-    total += 2 * norm
-  if config.logits_bias:
-    total += vocab
-  return total
+  """Number of parameters, from the config alone (no initialization): `param_shapes` summed."""
+  shapes = jax.tree.leaves(param_shapes(config), is_leaf=lambda x: isinstance(x, tuple))
+  return sum(_size(shape) for shape in shapes)
 
 
 def train_flops(

@@ -8,7 +8,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from transformer_jax.model import functional
-from transformer_jax.model.layers import logical_param
+from transformer_jax.model.layers import make_params
 
 Dtype = Any
 
@@ -31,25 +31,16 @@ class Embed(nn.Module):
   vocab_multiple: int = 1
 
   def setup(self):
-    self.embedding = logical_param(
-      self,
-      "embedding",
-      functional.embedding_init(self.d_model),
-      (self.vocab_size, self.d_model),
-      self.param_dtype,
-    )
-    if self.logits_bias:
-      self.bias = logical_param(
-        self, "logits_bias", nn.initializers.zeros, (self.vocab_size,), self.param_dtype
-      )
+    specs = functional.embed_params(self.vocab_size, self.d_model, self.logits_bias)
+    p = make_params(self, specs, self.param_dtype)
+    self.embedding, self.bias = p["embedding"], p.get("logits_bias")
 
   def __call__(self, ids):
     return functional.embed(self.embedding, ids, self.dtype)
 
   def attend(self, x, wide: bool = False):
-    bias = self.bias if self.logits_bias else None
     return functional.logits(
-      self.embedding, bias, x, self.dtype, vocab_multiple=self.vocab_multiple, wide=wide
+      self.embedding, self.bias, x, self.dtype, vocab_multiple=self.vocab_multiple, wide=wide
     )
 
 
@@ -67,13 +58,6 @@ class PositionalEncoding(nn.Module):
 
   @nn.compact
   def __call__(self, x, positions=None):
-    if self.kind not in functional.POSITIONALS:
-      raise ValueError(f"positional kind {self.kind!r}; allowed: sinusoidal, learned")
-    table = None
-    if self.kind == "learned":
-      d_model = x.shape[-1]
-      shape = (self.max_len, d_model)
-      table = logical_param(
-        self, "table", functional.embedding_init(d_model), shape, self.param_dtype
-      )
+    specs = functional.positional_params(self.max_len, x.shape[-1], self.kind)
+    table = make_params(self, specs, self.param_dtype).get("table")
     return functional.add_positions(x, table, positions, self.max_len)

@@ -8,6 +8,8 @@ model/attention.py's.
 """
 
 import functools
+from collections.abc import Callable
+from typing import NamedTuple
 
 import flax.linen as nn
 import jax
@@ -44,6 +46,8 @@ AXES = {
 # layers and Q, K, V biases as torch's nn.Linear default, U(+-1/sqrt(fan_in)).
 INITS = ("xavier", "fairseq")
 
+POSITIONALS = ("sinusoidal", "learned")
+
 # The feed-forward activations: the paper's ReLU, and those of other pretrained models
 # (swish = x * sigmoid(x); gelu is the exact, erf-based one).
 ACTIVATIONS = {
@@ -58,37 +62,108 @@ def uniform(bound: float):
   return lambda key, shape, dtype=jnp.float32: jax.random.uniform(key, shape, dtype, -bound, bound)
 
 
-def attention_inits(scheme: str, d_in: int, d_kv: int) -> dict:
-  """The initializers of `MultiHeadAttention`'s parameters, by name, for inputs of width `d_in`
-  (queries) and `d_kv` (keys and values)."""
+class ParamSpec(NamedTuple):
+  """One parameter: its shape and initializer (its logical axes: `AXES[name]`)."""
+
+  shape: tuple[int, ...]
+  init: Callable
+
+
+def attention_params(
+  scheme: str,
+  d_in: int,
+  d_kv: int,
+  num_heads: int,
+  d_k: int,
+  d_v: int,
+  *,
+  d_out: int | None = None,
+  use_bias: bool = False,
+) -> dict[str, ParamSpec]:
+  """`MultiHeadAttention`'s parameters, by name, in the order they are made, for queries of width
+  `d_in`, keys and values of width `d_kv` and an output `d_out` (default `d_in`) wide; the biases
+  with `use_bias`. Initializers by `scheme` (one of INITS)."""
+  d_out = d_out or d_in
   qkv = nn.initializers.variance_scaling(
     0.5 if scheme == "fairseq" else 1.0, "fan_avg", "uniform", in_axis=0, out_axis=(1, 2)
   )
-  zeros = nn.initializers.zeros
-  fairseq = scheme == "fairseq"
+  params = {
+    "query": ParamSpec((d_in, num_heads, d_k), qkv),
+    "key": ParamSpec((d_kv, num_heads, d_k), qkv),
+    "value": ParamSpec((d_kv, num_heads, d_v), qkv),
+    "out": ParamSpec(
+      (num_heads, d_v, d_out), nn.initializers.xavier_uniform(in_axis=(0, 1), out_axis=2)
+    ),
+  }
+  if use_bias:
+    fairseq, zeros = scheme == "fairseq", nn.initializers.zeros
+    params |= {
+      "query_bias": ParamSpec((num_heads, d_k), uniform(d_in**-0.5) if fairseq else zeros),
+      "key_bias": ParamSpec((num_heads, d_k), uniform(d_kv**-0.5) if fairseq else zeros),
+      "value_bias": ParamSpec((num_heads, d_v), uniform(d_kv**-0.5) if fairseq else zeros),
+      "out_bias": ParamSpec((d_out,), zeros),
+    }
+  return params
+
+
+def feed_forward_params(scheme: str, d_model: int, d_ff: int) -> dict[str, ParamSpec]:
+  """`FeedForward`'s parameters, by name, in the order they are made."""
+  if scheme == "fairseq":
+    inits = [
+      uniform(d_model**-0.5),
+      uniform(d_model**-0.5),
+      uniform(d_ff**-0.5),
+      uniform(d_ff**-0.5),
+    ]
+  else:
+    xavier, zeros = nn.initializers.xavier_uniform(), nn.initializers.zeros
+    inits = [xavier, zeros, xavier, zeros]
+  shapes = [(d_model, d_ff), (d_ff,), (d_ff, d_model), (d_model,)]
+  return {name: ParamSpec(*spec) for name, *spec in zip(("wi", "bi", "wo", "bo"), shapes, inits)}
+
+
+def norm_params(d: int) -> dict[str, ParamSpec]:
+  """`LayerNorm`'s parameters: a `[d]` scale of ones and bias of zeros (made without a key)."""
   return {
-    "query": qkv,
-    "key": qkv,
-    "value": qkv,
-    "out": nn.initializers.xavier_uniform(in_axis=(0, 1), out_axis=2),
-    "query_bias": uniform(d_in**-0.5) if fairseq else zeros,
-    "key_bias": uniform(d_kv**-0.5) if fairseq else zeros,
-    "value_bias": uniform(d_kv**-0.5) if fairseq else zeros,
-    "out_bias": zeros,
+    "scale": ParamSpec((d,), nn.initializers.ones),
+    "bias": ParamSpec((d,), nn.initializers.zeros),
   }
 
 
-def feed_forward_inits(scheme: str, d_model: int, d_ff: int) -> dict:
-  """The initializers of `FeedForward`'s parameters, by name."""
-  if scheme == "fairseq":
-    return {
-      "wi": uniform(d_model**-0.5),
-      "bi": uniform(d_model**-0.5),
-      "wo": uniform(d_ff**-0.5),
-      "bo": uniform(d_ff**-0.5),
-    }
-  xavier, zeros = nn.initializers.xavier_uniform(), nn.initializers.zeros
-  return {"wi": xavier, "bi": zeros, "wo": xavier, "bo": zeros}
+def embed_params(vocab_size: int, d_model: int, logits_bias: bool = False) -> dict[str, ParamSpec]:
+  """`Embed`'s parameters: the shared `[vocab, d_model]` table, N(0, d_model^-1/2), and with
+  `logits_bias` a `[vocab]` bias of zeros."""
+  params = {"embedding": ParamSpec((vocab_size, d_model), embedding_init(d_model))}
+  if logits_bias:
+    params["logits_bias"] = ParamSpec((vocab_size,), nn.initializers.zeros)
+  return params
+
+
+def positional_params(max_len: int, d_model: int, kind: str) -> dict[str, ParamSpec]:
+  """`PositionalEncoding`'s parameters: a learned `[max_len, d_model]` table, or none."""
+  if kind not in POSITIONALS:
+    raise ValueError(f"positional kind {kind!r}; allowed: {', '.join(POSITIONALS)}")
+  if kind != "learned":
+    return {}
+  return {"table": ParamSpec((max_len, d_model), embedding_init(d_model))}
+
+
+def layer_params(
+  d_model: int, settings, attentions: tuple[str, ...] = ("self_attention",)
+) -> dict[str, dict[str, ParamSpec]]:
+  """An encoder layer's (`attentions` ("self_attention",)) or a decoder layer's (and
+  "cross_attention") parameters, by sub-layer, for `settings` (a `LayerSettings`)."""
+  s = settings
+  attend = functools.partial(
+    attention_params, s.init_scheme, d_model, d_model, s.num_heads, s.d_k, s.d_v
+  )
+  tree = {}
+  for name in attentions:
+    tree[name] = attend(use_bias=s.attention_bias)
+    tree[f"{name}_norm"] = norm_params(d_model)
+  tree["feed_forward"] = feed_forward_params(s.init_scheme, d_model, s.d_ff)
+  tree["feed_forward_norm"] = norm_params(d_model)
+  return tree
 
 
 def embedding_init(d_model: int):
@@ -128,20 +203,24 @@ def write_step(cached_key, cached_value, index, key, value, mask):
   return key, value, attention.combine_masks(mask, seen)
 
 
-def feed_forward(x, wi, bi, wo, bo, activation: str, dtype, dropout=None):
-  """`activation(x W1 + b1) W2 + b2`: `[..., d_model]` to itself; `dropout`, a function, is
-  applied to the hidden activations (activation dropout)."""
+def feed_forward(x, wi, bi, wo, bo, settings, dropout=None):
+  """`activation(x W1 + b1) W2 + b2`: `[..., d_model]` to itself, with the options `settings` (a
+  `FeedForwardSettings`: `activation`, the compute `dtype`); `dropout`, a function, is applied to
+  the hidden activations (activation dropout)."""
+  dtype = settings.dtype
   x = x.astype(dtype)
-  hidden = ACTIVATIONS[activation](x @ wi.astype(dtype) + bi.astype(dtype))
+  hidden = ACTIVATIONS[settings.activation](x @ wi.astype(dtype) + bi.astype(dtype))
   hidden = nn.with_logical_constraint(hidden, ("batch", "length", "mlp"))
   if dropout is not None:
     hidden = dropout(hidden)
   return hidden @ wo.astype(dtype) + bo.astype(dtype)
 
 
-def layer_norm(x, scale, bias, *, epsilon: float, dtype):
+def layer_norm(x, scale, bias, settings):
   """LayerNorm over the last axis, its statistics in float32 or wider, as `flax.linen.LayerNorm`
-  computes it (variance as E[x^2] - E[x]^2, clipped at 0): `[..., d]` -> same, in `dtype`."""
+  computes it (variance as E[x^2] - E[x]^2, clipped at 0): `[..., d]` -> same, with the options
+  `settings` (a `NormSettings`: `epsilon`, the output `dtype`)."""
+  epsilon, dtype = settings.epsilon, settings.dtype
   # In flax's order of operations, which XLA's CPU compiler fuses best.
   stats = x.astype(jnp.promote_types(dtype, jnp.float32))
   squares = lax.square(stats)
@@ -209,9 +288,6 @@ def sinusoidal_table(max_len: int, d_model: int, dtype=np.float32) -> np.ndarray
   table[:, 0::2] = np.sin(angle)
   table[:, 1::2] = np.cos(angle)
   return table.astype(dtype)
-
-
-POSITIONALS = ("sinusoidal", "learned")
 
 
 def add_positions(x, table, positions, max_len: int):

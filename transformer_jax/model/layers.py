@@ -5,7 +5,7 @@ The modules hold the parameters; the math is model/functional.py's. Every
 parameter carries logical axis names (`embed, heads, kv, mlp, vocab,
 length`) and the main activations are constrained to (`batch, length, embed`,
 ...), so a table of rules (see `transformer_jax.sharding`) shards them without
-code changes. Parameters are float32; `dtype` is the computation dtype.
+code changes. `param_dtype` holds the parameters (float32 by default); `dtype` computes.
 """
 
 import functools
@@ -18,6 +18,12 @@ from transformer_jax.model import attention, functional
 from transformer_jax.model.decode_cache import CACHE_COLLECTIONS, ROW_CACHE, SENTENCE_CACHE
 from transformer_jax.model.dropout import Dropout
 from transformer_jax.model.functional import ACTIVATIONS, INITS
+from transformer_jax.model.settings import (
+  AttentionSettings,
+  FeedForwardSettings,
+  LayerSettings,
+  NormSettings,
+)
 
 Dtype = Any
 
@@ -29,6 +35,7 @@ __all__ = [
   "EncoderLayer",
   "FeedForward",
   "LayerNorm",
+  "LayerSettings",
   "MultiHeadAttention",
   "logical_param",
 ]
@@ -46,6 +53,13 @@ def logical_param(module, name, init, shape, dtype):
   """The parameter `name` of `module`, annotated with its logical axis names (`functional.AXES`)."""
   axes = functional.AXES[name]
   return module.param(name, nn.with_logical_partitioning(init, axes), shape, dtype)
+
+
+def make_params(module, specs: dict[str, functional.ParamSpec], dtype) -> dict:
+  """The parameters `specs` (a table of model/functional.py) of `module`, by name."""
+  return {
+    name: logical_param(module, name, spec.init, spec.shape, dtype) for name, spec in specs.items()
+  }
 
 
 class MultiHeadAttention(nn.Module):
@@ -72,17 +86,8 @@ class MultiHeadAttention(nn.Module):
   later step (model/decode_cache.py).
   """
 
-  num_heads: int = 8
-  d_k: int = 64
-  d_v: int = 64
-  out_features: int | None = None
+  locals().update(AttentionSettings.module_fields())  # Its options: AttentionSettings' fields.
   static_kv: bool = False
-  use_bias: bool = False
-  dtype: Dtype = jnp.float32
-  param_dtype: Dtype = jnp.float32
-  attention_impl: attention.Implementation = "auto"
-  init_scheme: str = "xavier"
-  dropout_rate: float = 0.0
 
   @nn.compact
   def __call__(
@@ -96,26 +101,17 @@ class MultiHeadAttention(nn.Module):
     deterministic: bool = True,
   ):
     d_in, d_kv = inputs_q.shape[-1], inputs_kv.shape[-1]
-    d_out = self.out_features or d_in
-    h = self.num_heads
-    inits = functional.attention_inits(self.init_scheme, d_in, d_kv)
-    shapes = {
-      "query": (d_in, h, self.d_k),
-      "key": (d_kv, h, self.d_k),
-      "value": (d_kv, h, self.d_v),
-      "out": (h, self.d_v, d_out),
-    }
-    if self.use_bias:
-      shapes |= {
-        "query_bias": (h, self.d_k),
-        "key_bias": (h, self.d_k),
-        "value_bias": (h, self.d_v),
-        "out_bias": (d_out,),
-      }
-    p = {
-      name: logical_param(self, name, inits[name], shape, self.param_dtype)
-      for name, shape in shapes.items()
-    }
+    specs = functional.attention_params(
+      self.init_scheme,
+      d_in,
+      d_kv,
+      self.num_heads,
+      self.d_k,
+      self.d_v,
+      d_out=self.out_features,
+      use_bias=self.use_bias,
+    )
+    p = make_params(self, specs, self.param_dtype)
     bias = lambda name: p.get(f"{name}_bias")
     project = functools.partial(functional.project, dtype=self.dtype)
 
@@ -179,88 +175,46 @@ class FeedForward(nn.Module):
   call is not `deterministic` (activation dropout).
   """
 
-  d_ff: int = 2048
-  activation: str = "relu"
-  dtype: Dtype = jnp.float32
-  param_dtype: Dtype = jnp.float32
-  init_scheme: str = "xavier"
-  dropout_rate: float = 0.0
+  locals().update(FeedForwardSettings.module_fields())
 
   @nn.compact
   def __call__(self, x, deterministic: bool = True):
-    d_model = x.shape[-1]
-    inits = functional.feed_forward_inits(self.init_scheme, d_model, self.d_ff)
-    shapes = {"wi": (d_model, self.d_ff), "bi": (self.d_ff,), "wo": (self.d_ff, d_model)}
-    p = {
-      name: logical_param(self, name, inits[name], shape, self.param_dtype)
-      for name, shape in (shapes | {"bo": (d_model,)}).items()
-    }
+    specs = functional.feed_forward_params(self.init_scheme, x.shape[-1], self.d_ff)
+    p = make_params(self, specs, self.param_dtype)
     dropout = _dropout_or_none(self.dropout_rate, deterministic)
-    return functional.feed_forward(
-      x, **p, activation=self.activation, dtype=self.dtype, dropout=dropout
-    )
+    return functional.feed_forward(x, **p, settings=FeedForwardSettings.of(self), dropout=dropout)
 
 
 class LayerNorm(nn.Module):
   """LayerNorm over the last axis with a `[d]` scale and bias (`functional.layer_norm`)."""
 
-  epsilon: float = 1e-6
-  dtype: Dtype = jnp.float32
-  param_dtype: Dtype = jnp.float32
+  locals().update(NormSettings.module_fields())
 
   @nn.compact
   def __call__(self, x):
-    d = x.shape[-1]
-    scale = logical_param(self, "scale", nn.initializers.ones, (d,), self.param_dtype)
-    bias = logical_param(self, "bias", nn.initializers.zeros, (d,), self.param_dtype)
-    return functional.layer_norm(x, scale, bias, epsilon=self.epsilon, dtype=self.dtype)
+    p = make_params(self, functional.norm_params(x.shape[-1]), self.param_dtype)
+    return functional.layer_norm(x, **p, settings=NormSettings.of(self))
 
 
 class _LayerFields(nn.Module):
-  """Settings shared by EncoderLayer and DecoderLayer; the defaults are the paper's base model."""
+  """The fields shared by EncoderLayer and DecoderLayer: those of `LayerSettings`, with its
+  defaults (the paper's base model); `EncoderLayer(**settings)` makes one of `settings`."""
 
-  num_heads: int = 8
-  d_k: int = 64
-  d_v: int = 64
-  d_ff: int = 2048
-  dropout_rate: float = 0.1
-  pre_norm: bool = False
-  dtype: Dtype = jnp.float32
-  attention_impl: attention.Implementation = "auto"
-  attention_bias: bool = False
-  activation: str = "relu"
-  norm_epsilon: float = 1e-6
-  init_scheme: str = "xavier"
-  attention_dropout_rate: float = 0.0
-  activation_dropout_rate: float = 0.0
+  locals().update(LayerSettings.module_fields())
+
+  @property
+  def settings(self) -> LayerSettings:
+    return LayerSettings.of(self)
 
   # Named apart from the submodules they make: `nnx.bridge.ToNNX` finds variables by attribute.
   def _norm(self, name):
-    return LayerNorm(self.norm_epsilon, self.dtype, name=name)
+    return LayerNorm(**self.settings.norm(), name=name)
 
   def _feed_forward(self):
-    return FeedForward(
-      self.d_ff,
-      self.activation,
-      dtype=self.dtype,
-      init_scheme=self.init_scheme,
-      dropout_rate=self.activation_dropout_rate,
-      name="feed_forward",
-    )
+    return FeedForward(**self.settings.feed_forward(), name="feed_forward")
 
   def _attention(self, name, **kwargs):
-    return MultiHeadAttention(
-      self.num_heads,
-      self.d_k,
-      self.d_v,
-      use_bias=self.attention_bias,
-      dtype=self.dtype,
-      attention_impl=self.attention_impl,
-      init_scheme=self.init_scheme,
-      dropout_rate=self.attention_dropout_rate,
-      name=name,
-      **kwargs,
-    )
+    return MultiHeadAttention(**self.settings.attention(), name=name, **kwargs)
 
   def _residual_block(self, deterministic: bool):
     """`block(x, sublayer, norm=...)`: `functional.residual` with this layer's dropout (one

@@ -20,6 +20,12 @@ from flax import nnx
 
 from transformer_jax.model import attention, dropout, functional
 from transformer_jax.model.decode_cache import SentenceCache
+from transformer_jax.model.settings import (
+  AttentionSettings,
+  FeedForwardSettings,
+  LayerSettings,
+  NormSettings,
+)
 
 Dtype = Any
 
@@ -29,8 +35,15 @@ def _annotated(name: str, value) -> nnx.Param:
   return nnx.Param(value, out_sharding=functional.AXES[name], eager_sharding=False)
 
 
-def _param(name: str, init, rngs: nnx.Rngs, shape, param_dtype) -> nnx.Param:
-  return _annotated(name, init(rngs.params(), shape, param_dtype))
+def _make(module, specs: dict[str, functional.ParamSpec], rngs, param_dtype, names=()):
+  """Set the parameters `specs` (a table of model/functional.py) on `module`, each drawn with the
+  next `rngs.params()` key (`rngs` None: made without a key), and the `names` not in `specs` to
+  None."""
+  for name, spec in specs.items():
+    key = None if rngs is None else rngs.params()
+    setattr(module, name, _annotated(name, spec.init(key, spec.shape, param_dtype)))
+  for name in set(names) - set(specs):
+    setattr(module, name, nnx.data(None))
 
 
 class Dropout(nnx.Module):
@@ -73,19 +86,18 @@ class Dropout(nnx.Module):
 
 
 class LayerNorm(nnx.Module):
-  """LayerNorm over the last axis with a `[d]` scale and bias (`functional.layer_norm`)."""
+  """LayerNorm over the last axis with a `[d]` scale and bias (`functional.layer_norm`); its
+  options: `settings` (a `NormSettings`), or its fields as keywords."""
 
-  def __init__(
-    self, d: int, *, epsilon: float = 1e-6, dtype: Dtype = jnp.float32, param_dtype=jnp.float32
-  ):
-    self.epsilon, self.dtype = epsilon, dtype
-    self.scale = _annotated("scale", jnp.ones((d,), param_dtype))
-    self.bias = _annotated("bias", jnp.zeros((d,), param_dtype))
+  def __init__(self, d: int, *, settings: NormSettings | None = None, **kwargs):
+    s = self.settings = NormSettings.build(settings, kwargs=kwargs)
+    _make(self, functional.norm_params(d), None, s.param_dtype)
 
   def __call__(self, x):
-    return functional.layer_norm(
-      x, self.scale[...], self.bias[...], epsilon=self.epsilon, dtype=self.dtype
-    )
+    return functional.layer_norm(x, self.scale[...], self.bias[...], self.settings)
+
+
+_BIASES = ("query_bias", "key_bias", "value_bias", "out_bias")
 
 
 class MultiHeadAttention(nnx.Module):
@@ -97,49 +109,34 @@ class MultiHeadAttention(nnx.Module):
   adds the causal mask through the kernel's causal path. Decoding: `init_cache(rows, max_len)`
   makes a self-attention buffer of `rows` hypotheses; `set_static_kv(inputs_kv)` projects
   cross-attention keys/values once; `decode=True` calls then read them (and write the step's
-  own key/value into the buffer).
+  own key/value into the buffer). Its options: `settings` (an `AttentionSettings`), or its
+  fields as arguments after `d_model` (`num_heads, d_k, d_v, ...`).
   """
 
   def __init__(
     self,
     d_model: int,
-    num_heads: int = 8,
-    d_k: int = 64,
-    d_v: int = 64,
-    *,
+    *args,
     d_kv: int | None = None,
-    out_features: int | None = None,
-    use_bias: bool = False,
-    dtype: Dtype = jnp.float32,
-    param_dtype: Dtype = jnp.float32,
-    attention_impl: attention.Implementation = "auto",
-    init_scheme: str = "xavier",
-    dropout_rate: float = 0.0,
+    settings: AttentionSettings | None = None,
     rngs: nnx.Rngs,
+    **kwargs,
   ):
-    d_kv = d_kv or d_model
-    d_out = out_features or d_model
-    self.dtype, self.attention_impl = dtype, attention_impl
-    inits = functional.attention_inits(init_scheme, d_model, d_kv)
-    shapes = {
-      "query": (d_model, num_heads, d_k),
-      "key": (d_kv, num_heads, d_k),
-      "value": (d_kv, num_heads, d_v),
-      "out": (num_heads, d_v, d_out),
-    }
-    biases = {
-      "query_bias": (num_heads, d_k),
-      "key_bias": (num_heads, d_k),
-      "value_bias": (num_heads, d_v),
-      "out_bias": (d_out,),
-    }
-    for name, shape in (shapes | biases).items():
-      wanted = name in shapes or use_bias
-      value = _param(name, inits[name], rngs, shape, param_dtype) if wanted else nnx.data(None)
-      setattr(self, name, value)
+    s = self.settings = AttentionSettings.build(settings, args, kwargs)
+    specs = functional.attention_params(
+      s.init_scheme,
+      d_model,
+      d_kv or d_model,
+      s.num_heads,
+      s.d_k,
+      s.d_v,
+      d_out=s.out_features,
+      use_bias=s.use_bias,
+    )
+    _make(self, specs, rngs, s.param_dtype, names=_BIASES)
     self.cached_key = self.cached_value = self.cache_index = nnx.data(None)
     self.static_key = self.static_value = nnx.data(None)
-    self.weights_dropout = Dropout(dropout_rate, rngs=rngs)
+    self.weights_dropout = Dropout(s.dropout_rate, rngs=rngs)
 
   def _weights(self, name):
     p = getattr(self, name)
@@ -147,7 +144,11 @@ class MultiHeadAttention(nnx.Module):
 
   def _project(self, x, name, head_major=False):
     return functional.project(
-      x, self._weights(name), self._weights(f"{name}_bias"), self.dtype, head_major=head_major
+      x,
+      self._weights(name),
+      self._weights(f"{name}_bias"),
+      self.settings.dtype,
+      head_major=head_major,
     )
 
   def init_cache(self, rows: int, max_len: int):
@@ -155,8 +156,9 @@ class MultiHeadAttention(nnx.Module):
     write position of 0 (`SentenceCache`: model/decode_cache.py)."""
     heads, d_k = self.query.shape[1:]
     d_v = self.value.shape[2]
-    self.cached_key = nnx.Cache(jnp.zeros((rows, heads, max_len, d_k), self.dtype))
-    self.cached_value = nnx.Cache(jnp.zeros((rows, heads, max_len, d_v), self.dtype))
+    dtype = self.settings.dtype
+    self.cached_key = nnx.Cache(jnp.zeros((rows, heads, max_len, d_k), dtype))
+    self.cached_value = nnx.Cache(jnp.zeros((rows, heads, max_len, d_v), dtype))
     self.cache_index = SentenceCache(jnp.array(0, jnp.int32))
 
   def set_static_kv(self, inputs_kv):
@@ -178,7 +180,7 @@ class MultiHeadAttention(nnx.Module):
         value,
         mask,
         is_causal=is_causal,
-        implementation=self.attention_impl,
+        implementation=self.settings.attention_impl,
         dropout=dropout,
       )
     elif self.static_key is not None:
@@ -197,40 +199,27 @@ class MultiHeadAttention(nnx.Module):
       self.cached_key[...], self.cached_value[...] = key, value
       self.cache_index[...] = self.cache_index[...] + 1
       out = attention.cached_attention(query, key, value, mask)
-    return functional.merge_heads(out, self.out[...], self._weights("out_bias"), self.dtype)
+    return functional.merge_heads(
+      out, self.out[...], self._weights("out_bias"), self.settings.dtype
+    )
 
 
 class FeedForward(nnx.Module):
   """Position-wise feed-forward network `activation(x W1 + b1) W2 + b2`, `[..., d_model]`;
-  `dropout_rate` drops hidden activations in training (activation dropout)."""
+  `dropout_rate` drops hidden activations in training (activation dropout). Its options:
+  `settings` (a `FeedForwardSettings`), or its fields as arguments after `d_model`."""
 
   def __init__(
-    self,
-    d_model: int,
-    d_ff: int = 2048,
-    *,
-    activation: str = "relu",
-    dtype: Dtype = jnp.float32,
-    param_dtype: Dtype = jnp.float32,
-    init_scheme: str = "xavier",
-    dropout_rate: float = 0.0,
-    rngs: nnx.Rngs,
+    self, d_model: int, *args, settings: FeedForwardSettings | None = None, rngs: nnx.Rngs, **kwargs
   ):
-    self.activation, self.dtype = activation, dtype
-    inits = functional.feed_forward_inits(init_scheme, d_model, d_ff)
-    shapes = {"wi": (d_model, d_ff), "bi": (d_ff,), "wo": (d_ff, d_model), "bo": (d_model,)}
-    for name, shape in shapes.items():
-      setattr(self, name, _param(name, inits[name], rngs, shape, param_dtype))
-    self.activation_dropout = Dropout(dropout_rate, rngs=rngs)
+    s = self.settings = FeedForwardSettings.build(settings, args, kwargs)
+    _make(self, functional.feed_forward_params(s.init_scheme, d_model, s.d_ff), rngs, s.param_dtype)
+    self.activation_dropout = Dropout(s.dropout_rate, rngs=rngs)
 
   def __call__(self, x, deterministic: bool | None = None):
     weights = {name: getattr(self, name)[...] for name in ("wi", "bi", "wo", "bo")}
     return functional.feed_forward(
-      x,
-      **weights,
-      activation=self.activation,
-      dtype=self.dtype,
-      dropout=self.activation_dropout.function(deterministic),
+      x, **weights, settings=self.settings, dropout=self.activation_dropout.function(deterministic)
     )
 
 
@@ -251,14 +240,8 @@ class Embed(nnx.Module):
     rngs: nnx.Rngs,
   ):
     self.dtype, self.vocab_multiple = dtype, vocab_multiple
-    init = functional.embedding_init(d_model)
-    self.embedding = _param("embedding", init, rngs, (vocab_size, d_model), param_dtype)
-    zeros = nnx.initializers.zeros
-    self.logits_bias = (
-      _param("logits_bias", zeros, rngs, (vocab_size,), param_dtype)
-      if logits_bias
-      else nnx.data(None)
-    )
+    specs = functional.embed_params(vocab_size, d_model, logits_bias)
+    _make(self, specs, rngs, param_dtype, names=("logits_bias",))
 
   def __call__(self, ids):
     return functional.embed(self.embedding[...], ids, self.dtype)
@@ -281,14 +264,9 @@ class PositionalEncoding(nnx.Module):
     param_dtype: Dtype = jnp.float32,
     rngs: nnx.Rngs | None = None,
   ):
-    if kind not in functional.POSITIONALS:
-      raise ValueError(f"positional kind {kind!r}; allowed: sinusoidal, learned")
     self.max_len = max_len
-    self.table = (
-      _param("table", functional.embedding_init(d_model), rngs, (max_len, d_model), param_dtype)
-      if kind == "learned"
-      else nnx.data(None)
-    )
+    specs = functional.positional_params(max_len, d_model, kind)
+    _make(self, specs, rngs, param_dtype, names=("table",))
 
   def __call__(self, x, positions=None):
     table = None if self.table is None else self.table[...]
@@ -296,47 +274,26 @@ class PositionalEncoding(nnx.Module):
 
 
 class _Layer(nnx.Module):
-  """The settings and sub-layers shared by EncoderLayer and DecoderLayer (the paper's base model
-  by default; the Linen layers' fields)."""
+  """The settings and sub-layers shared by EncoderLayer and DecoderLayer: `settings` (a
+  `LayerSettings`), or its fields as arguments (the paper's base model by default)."""
 
   def __init__(
     self,
     d_model: int,
-    num_heads: int = 8,
-    d_k: int = 64,
-    d_v: int = 64,
-    d_ff: int = 2048,
-    dropout_rate: float = 0.1,
-    pre_norm: bool = False,
-    *,
-    attention_dropout_rate: float = 0.0,
-    activation_dropout_rate: float = 0.0,
-    dtype: Dtype = jnp.float32,
-    param_dtype: Dtype = jnp.float32,
-    attention_impl: attention.Implementation = "auto",
-    attention_bias: bool = False,
-    activation: str = "relu",
-    norm_epsilon: float = 1e-6,
-    init_scheme: str = "xavier",
+    *args,
+    settings: LayerSettings | None = None,
     attentions: tuple = ("self_attention",),
     rngs: nnx.Rngs,
+    **kwargs,
   ):
-    self.pre_norm = pre_norm
-    dtypes = dict(dtype=dtype, param_dtype=param_dtype)
-    made = dict(**dtypes, init_scheme=init_scheme, rngs=rngs)
-    attend = dict(attention_impl=attention_impl, dropout_rate=attention_dropout_rate)
+    s = self.settings = LayerSettings.build(settings, args, kwargs)
+    self.pre_norm = s.pre_norm
     for name in attentions:
-      setattr(
-        self,
-        name,
-        MultiHeadAttention(d_model, num_heads, d_k, d_v, use_bias=attention_bias, **attend, **made),
-      )
-      setattr(self, f"{name}_norm", LayerNorm(d_model, epsilon=norm_epsilon, **dtypes))
-    self.feed_forward = FeedForward(
-      d_model, d_ff, activation=activation, dropout_rate=activation_dropout_rate, **made
-    )
-    self.feed_forward_norm = LayerNorm(d_model, epsilon=norm_epsilon, **dtypes)
-    self.dropout = Dropout(dropout_rate, rngs=rngs)
+      setattr(self, name, MultiHeadAttention(d_model, settings=s.attention(), rngs=rngs))
+      setattr(self, f"{name}_norm", LayerNorm(d_model, settings=s.norm()))
+    self.feed_forward = FeedForward(d_model, settings=s.feed_forward(), rngs=rngs)
+    self.feed_forward_norm = LayerNorm(d_model, settings=s.norm())
+    self.dropout = Dropout(s.dropout_rate, rngs=rngs)
 
   def _feed_forward(self, deterministic):
     return functools.partial(self.feed_forward, deterministic=deterministic)

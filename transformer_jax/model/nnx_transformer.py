@@ -8,6 +8,8 @@ trained by this project loads here and back. Its layers are a Python loop
 (`scan_layers` and `remat` are the Linen model's, for training).
 """
 
+import functools
+
 import flax.core
 import flax.linen as nn
 import jax
@@ -15,6 +17,11 @@ import jax.numpy as jnp
 from flax import nnx
 
 from transformer_jax.model.config import TransformerConfig
+from transformer_jax.model.encoder_decoder import (
+  TransformerAPI,
+  decoder_inputs_and_masks,
+  encoder_mask,
+)
 from transformer_jax.model.nnx_layers import (
   DecoderLayer,
   Dropout,
@@ -22,13 +29,6 @@ from transformer_jax.model.nnx_layers import (
   EncoderLayer,
   LayerNorm,
   PositionalEncoding,
-)
-from transformer_jax.model.transformer import (
-  check_tokens,
-  decoder_masks,
-  encoder_mask,
-  layer_settings,
-  shift_right,
 )
 
 
@@ -40,8 +40,9 @@ class _Stack(nnx.Module):
     self.depth, self.pre_norm = depth, cfg.norm == "pre"
     self.positions = PositionalEncoding(cfg.max_len, cfg.d_model, cfg.positional, rngs=rngs)
     self.dropout = Dropout(cfg.dropout_rate, rngs=rngs)
+    settings = cfg.layer_settings()
     for i in range(depth):
-      setattr(self, f"layer_{i}", layer_cls(cfg.d_model, **layer_settings(cfg), rngs=rngs))
+      setattr(self, f"layer_{i}", layer_cls(cfg.d_model, settings=settings, rngs=rngs))
     if self.pre_norm:
       self.final_norm = LayerNorm(cfg.d_model, epsilon=cfg.norm_epsilon, dtype=cfg.compute_dtype)
 
@@ -78,11 +79,7 @@ class Decoder(_Stack):
     deterministic=None,
     decode=False,
   ):
-    if decode:
-      decoder_inputs = targets
-    else:
-      decoder_inputs = shift_right(targets, targets_segmentation)
-    self_mask, cross_mask = decoder_masks(
+    decoder_inputs, self_mask, cross_mask = decoder_inputs_and_masks(
       inputs, targets, inputs_segmentation, targets_segmentation, positions, decode=decode
     )
     y = self._inputs(embed, decoder_inputs, positions, deterministic)
@@ -91,15 +88,11 @@ class Decoder(_Stack):
     return self._output(y)
 
 
-def _deterministic(train: bool | None) -> bool | None:
-  return None if train is None else not train
-
-
-class Transformer(nnx.Module):
+class Transformer(TransformerAPI, nnx.Module):
   """Encoder-decoder Transformer with one embedding shared by both stacks and the output, as the
-  Linen `model.transformer.Transformer` (the same methods). `train` switches dropout on (True) or
-  off (False) for a call; None leaves it to the modules, as `model.train()` / `model.eval()`
-  set them (on after construction)."""
+  Linen `model.transformer.Transformer`, with the same methods (`TransformerAPI`'s) and
+  `init_cache`. `train` switches dropout on (True) or off (False) for a call; None leaves it to
+  the modules, as `model.train()` / `model.eval()` set them (on after construction)."""
 
   def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
     cfg = self.config = config
@@ -114,76 +107,12 @@ class Transformer(nnx.Module):
     self.encoder = Encoder(cfg, cfg.encoder_depth, EncoderLayer, rngs)
     self.decoder = Decoder(cfg, cfg.decoder_depth, DecoderLayer, rngs)
 
-  def encode(self, inputs, inputs_segmentation=None, inputs_position=None, *, train=None):
-    """Source ids `[b, s]` -> encoder output `[b, s, d_model]`."""
-    check_tokens("inputs", inputs, self.config.max_len)
-    return self.encoder(
-      self.embed, inputs, inputs_segmentation, inputs_position, deterministic=_deterministic(train)
-    )
+  def _stack(self, name):
+    return functools.partial(getattr(self, name), self.embed)
 
-  def decode(
-    self,
-    encoded,
-    inputs,
-    targets,
-    targets_segmentation=None,
-    targets_position=None,
-    inputs_segmentation=None,
-    *,
-    train=None,
-    decode=False,
-    features=False,
-  ):
-    """Encoder output and targets `[b, t]` -> logits `[b, t, vocab]` (targets shifted inside;
-    with `decode`, one step of previous tokens at `targets_position`, after `init_cache`); with
-    `features`, the decoder's output before the output layer, `[b, t, d_model]`."""
-    check_tokens("targets", targets, self.config.max_len)
-    out = self.decoder(
-      self.embed,
-      encoded,
-      inputs,
-      targets,
-      inputs_segmentation=inputs_segmentation,
-      targets_segmentation=targets_segmentation,
-      positions=targets_position,
-      deterministic=_deterministic(train),
-      decode=decode,
-    )
-    return out if features else self.logits(out, wide=decode)
-
-  def logits(self, features, wide: bool = False):
-    """The output layer: the decoder's features `[b, t, d_model]` -> logits `[b, t, vocab]` in
-    the compute dtype (`wide`, as in `decode=True`: float32 or wider), through the shared
-    embedding."""
-    return nn.with_logical_constraint(
-      self.embed.attend(features, wide), ("batch", "length", "vocab")
-    )
-
-  def __call__(
-    self,
-    inputs,
-    targets,
-    inputs_segmentation=None,
-    targets_segmentation=None,
-    inputs_position=None,
-    targets_position=None,
-    *,
-    train=None,
-    features=False,
-  ):
-    """Teacher-forced forward pass: logits `[b, t, vocab]` for predicting `targets` (with
-    `features`, the decoder's output before the output layer)."""
-    encoded = self.encode(inputs, inputs_segmentation, inputs_position, train=train)
-    return self.decode(
-      encoded,
-      inputs,
-      targets,
-      targets_segmentation,
-      targets_position,
-      inputs_segmentation,
-      train=train,
-      features=features,
-    )
+  @staticmethod
+  def _deterministic(train):
+    return None if train is None else not train
 
   def init_cache(self, encoded, rows: int, max_len: int):
     """Decoding state for `rows` hypotheses (a multiple of the sentences of `encoded`, each

@@ -7,8 +7,7 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
-from transformer_jax.conventions import BATCH_KEYS, PAD_ID
-from transformer_jax.model import attention
+from transformer_jax.conventions import BATCH_KEYS
 from transformer_jax.model.config import (
   PRESETS,
   REMAT_POLICIES,
@@ -20,8 +19,17 @@ from transformer_jax.model.config import (
 from transformer_jax.model.decode_cache import CACHE_COLLECTIONS
 from transformer_jax.model.dropout import Dropout
 from transformer_jax.model.embedding import Embed, PositionalEncoding
+from transformer_jax.model.encoder_decoder import (
+  TransformerAPI,
+  check_tokens,
+  decoder_inputs_and_masks,
+  decoder_masks,
+  encoder_mask,
+  shift_right,
+)
 from transformer_jax.model.layers import DecoderLayer, EncoderLayer, LayerNorm
 from transformer_jax.model.loss import transformer_outputs
+from transformer_jax.model.settings import LayerSettings
 from transformer_jax.model.spec import ModelSpec
 
 # The settings stay importable from here, where config files have imported them from.
@@ -29,8 +37,12 @@ __all__ = [
   "PRESETS",
   "Decoder",
   "Encoder",
+  "LayerSettings",
   "Transformer",
   "TransformerConfig",
+  "check_tokens",
+  "decoder_masks",
+  "encoder_mask",
   "count_params",
   "preset_fields",
   "shift_right",
@@ -38,63 +50,10 @@ __all__ = [
 ]
 
 
-def shift_right(targets, segmentation=None):
-  """Decoder inputs: targets moved one step right, PAD_ID (the start token) first.
-
-  With packed `segmentation`, every example's first position gets the start
-  token instead of the previous example's last token. `[batch, length]`.
-  """
-  shifted = jnp.pad(targets, ((0, 0), (1, 0)), constant_values=PAD_ID)[:, :-1]
-  if segmentation is None:
-    return shifted
-  previous = jnp.pad(segmentation, ((0, 0), (1, 0)))[:, :-1]
-  return jnp.where(segmentation == previous, shifted, PAD_ID)
-
-
-def encoder_mask(inputs, segmentation=None):
-  """The encoder's self-attention mask: padding, or packed segments."""
-  if segmentation is None:
-    return attention.padding_mask(inputs, inputs)
-  return attention.segment_mask(segmentation, segmentation)
-
-
-def decoder_masks(
-  inputs, targets, inputs_segmentation, targets_segmentation, positions, *, decode: bool
-):
-  """The decoder's (self-attention, cross-attention) masks: padding (or packed segments), the
-  causal mask left to the self-attention's `is_causal` (the decoder layer's); with `decode` (one
-  step, the cache masks unseen positions) no self-attention mask, and `positions` are required."""
-  if decode:
-    if positions is None:
-      raise ValueError("decode=True needs the position of the step being decoded, [b, 1]")
-    key_real = (inputs != PAD_ID) if inputs_segmentation is None else (inputs_segmentation != 0)
-    return None, key_real[:, None, None, :]
-  if targets_segmentation is None:
-    return attention.padding_mask(targets, targets), attention.padding_mask(targets, inputs)
-  return (
-    attention.segment_mask(targets_segmentation, targets_segmentation),
-    attention.segment_mask(targets_segmentation, inputs_segmentation),
-  )
-
-
-def layer_settings(config: TransformerConfig) -> dict[str, Any]:
-  """The keyword arguments of an encoder or decoder layer (Linen or NNX) of `config`."""
-  return dict(
-    num_heads=config.num_heads,
-    d_k=config.key_size,
-    d_v=config.value_size,
-    d_ff=config.d_ff,
-    dropout_rate=config.dropout_rate,
-    attention_dropout_rate=config.attention_dropout_rate,
-    activation_dropout_rate=config.activation_dropout_rate,
-    pre_norm=config.norm == "pre",
-    dtype=config.compute_dtype,
-    attention_impl=config.attention_impl,
-    attention_bias=config.attention_bias,
-    activation=config.activation,
-    norm_epsilon=config.norm_epsilon,
-    init_scheme=config.init,
-  )
+def layer_settings(config: TransformerConfig) -> LayerSettings:
+  """The settings of an encoder or decoder layer (Linen or NNX) of `config`: a `LayerSettings`,
+  which unpacks as keyword arguments too (`EncoderLayer(**layer_settings(config))`)."""
+  return config.layer_settings()
 
 
 class _ScanStep(nn.Module):
@@ -136,16 +95,6 @@ def _stack_layers(cfg: TransformerConfig, depth: int, layer_cls, x, args: tuple,
   )
   x, _ = scanned(layer_cls, kwargs, static, name="layers")(x, *args)
   return x
-
-
-def check_tokens(name, tokens, max_len):
-  """Raise ValueError unless `tokens` is `[batch, length]` integer ids with length <= max_len."""
-  if tokens.ndim != 2:
-    raise ValueError(f"{name} must be [batch, length] token ids; got shape {tokens.shape}")
-  if not jnp.issubdtype(tokens.dtype, jnp.integer):
-    raise ValueError(f"{name} must hold integer token ids; got dtype {tokens.dtype}")
-  if tokens.shape[1] > max_len:
-    raise ValueError(f"{name} has length {tokens.shape[1]} > TransformerConfig.max_len={max_len}")
 
 
 def _embed_positions(cfg: TransformerConfig, embed: Embed, ids, positions, deterministic):
@@ -203,10 +152,9 @@ class Decoder(nn.Module):
     decode=False,
   ):
     cfg = self.config
-    self_mask, cross_mask = decoder_masks(
+    decoder_inputs, self_mask, cross_mask = decoder_inputs_and_masks(
       inputs, targets, inputs_segmentation, targets_segmentation, positions, decode=decode
     )
-    decoder_inputs = targets if decode else shift_right(targets, targets_segmentation)
     y = _embed_positions(cfg, self.embed, decoder_inputs, positions, deterministic)
     y = _stack_layers(
       cfg,
@@ -219,8 +167,10 @@ class Decoder(nn.Module):
     return _final_norm(cfg, y)
 
 
-class Transformer(nn.Module):
-  """Encoder-decoder Transformer with one embedding shared by both stacks and the output.
+class Transformer(TransformerAPI, nn.Module):
+  """Encoder-decoder Transformer with one embedding shared by both stacks and the output; its
+  methods (`encode`, `decode`, `logits`, `__call__`) are `TransformerAPI`'s, dropout off unless a
+  call says `train=True`.
 
   Token id PAD_ID (0) is padding and the decoder's start token. Packed batches pass
   segment ids (1, 2, ... per example, 0 on padding) and per-example positions.
@@ -240,73 +190,17 @@ class Transformer(nn.Module):
     self.encoder = Encoder(cfg, self.embed)
     self.decoder = Decoder(cfg, self.embed)
 
-  def encode(self, inputs, inputs_segmentation=None, inputs_position=None, *, train=False):
-    """Source ids `[b, s]` -> encoder output `[b, s, d_model]`."""
-    check_tokens("inputs", inputs, self.config.max_len)
-    return self.encoder(inputs, inputs_segmentation, inputs_position, deterministic=not train)
+  # Linen wraps only a class's own methods (scopes, setup first): the shared ones, made its own.
+  encode, decode = TransformerAPI.encode, TransformerAPI.decode
+  logits, __call__ = TransformerAPI.logits, TransformerAPI.__call__
 
-  def decode(
-    self,
-    encoded,
-    inputs,
-    targets,
-    targets_segmentation=None,
-    targets_position=None,
-    inputs_segmentation=None,
-    *,
-    train=False,
-    decode=False,
-    features=False,
-  ):
-    """Encoder output and targets `[b, t]` -> logits `[b, t, vocab]` (targets shifted inside;
-    with `decode`, one step of previous tokens at `targets_position`, applied with the
-    `CACHE_COLLECTIONS` mutable, after a call with the full target shape has sized them); with
-    `features`, the decoder's output before the output layer, `[b, t, d_model]`."""
-    check_tokens("targets", targets, self.config.max_len)
-    out = self.decoder(
-      encoded,
-      inputs,
-      targets,
-      inputs_segmentation=inputs_segmentation,
-      targets_segmentation=targets_segmentation,
-      positions=targets_position,
-      deterministic=not train,
-      decode=decode,
-    )
-    return out if features else self.logits(out, wide=decode)
+  @nn.nowrap
+  def _stack(self, name):
+    return getattr(self, name)
 
-  def logits(self, features, wide: bool = False):
-    """The output layer: the decoder's features `[b, t, d_model]` -> logits `[b, t, vocab]` in
-    the compute dtype (`wide`, as in `decode=True`: float32 or wider), through the shared
-    embedding."""
-    logits = self.embed.attend(features, wide)
-    return nn.with_logical_constraint(logits, ("batch", "length", "vocab"))
-
-  def __call__(
-    self,
-    inputs,
-    targets,
-    inputs_segmentation=None,
-    targets_segmentation=None,
-    inputs_position=None,
-    targets_position=None,
-    *,
-    train=False,
-    features=False,
-  ):
-    """Teacher-forced forward pass: logits `[b, t, vocab]` for predicting `targets` (with
-    `features`, the decoder's output before the output layer)."""
-    encoded = self.encode(inputs, inputs_segmentation, inputs_position, train=train)
-    return self.decode(
-      encoded,
-      inputs,
-      targets,
-      targets_segmentation,
-      targets_position,
-      inputs_segmentation,
-      train=train,
-      features=features,
-    )
+  @staticmethod
+  def _deterministic(train):
+    return not train
 
 
 def transformer_spec(config: TransformerConfig) -> ModelSpec:
