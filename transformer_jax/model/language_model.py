@@ -23,12 +23,13 @@ from transformer_jax.model import attention
 from transformer_jax.model.config import TransformerConfig, weight_counts
 from transformer_jax.model.dropout import Dropout
 from transformer_jax.model.embedding import Embed, PositionalEncoding
+from transformer_jax.model.encoder_decoder import check_tokens, shift_right
 from transformer_jax.model.layers import EncoderLayer, LayerNorm
 from transformer_jax.model.loss import cross_entropy
 from transformer_jax.model.spec import ModelSpec, linen_spec
 
 # The Transformer's stacking of layers: a loop, or `nn.scan` (`scan_layers`), with `remat`.
-from transformer_jax.model.transformer import _stack_layers, check_tokens, shift_right
+from transformer_jax.model.transformer import stack_layers
 
 # The batch arrays the model reads: the target side of the pipeline's batches.
 LM_BATCH_KEYS = ("targets", "targets_segmentation", "targets_position")
@@ -68,7 +69,7 @@ class LanguageModel(nn.Module):
     x = PositionalEncoding(cfg.max_len, cfg.positional, name="positions")(x, targets_position)
     x = Dropout(cfg.dropout_rate)(x, deterministic=not train)
     mask = causal_self_mask(targets, targets_segmentation)
-    x = _stack_layers(cfg, cfg.num_layers, EncoderLayer, x, (mask,), (not train,))
+    x = stack_layers(cfg, cfg.num_layers, EncoderLayer, x, (mask,), (not train,))
     if cfg.norm == "pre":  # Pre-LN sublayers normalise only their inputs.
       x = LayerNorm(cfg.norm_epsilon, cfg.compute_dtype, name="final_norm")(x)
     logits = embed.attend(x)

@@ -86,8 +86,8 @@ class MultiHeadAttention(nn.Module):
   later step (model/decode_cache.py).
   """
 
-  locals().update(AttentionSettings.module_fields())  # Its options: AttentionSettings' fields.
-  static_kv: bool = False
+  # Its options: AttentionSettings' fields, then whether the keys/values are a fixed source's.
+  locals().update(AttentionSettings.module_fields(static_kv=(bool, False)))
 
   @nn.compact
   def __call__(

@@ -26,12 +26,13 @@ class _Options:
     return tuple(field.name for field in dataclasses.fields(cls))
 
   @classmethod
-  def module_fields(cls) -> dict[str, Any]:
-    """The namespace of a Linen module whose fields are these (annotations and defaults):
-    `locals().update(Settings.module_fields())` in its class body."""
-    fields = dataclasses.fields(cls)
-    return {"__annotations__": {f.name: f.type for f in fields}} | {
-      f.name: f.default for f in fields
+  def module_fields(cls, **extra: tuple[Any, Any]) -> dict[str, Any]:
+    """The namespace of a Linen module whose fields are these (annotations and defaults), then
+    `extra` ones (`name=(type, default)`): `locals().update(Settings.module_fields())` in its
+    class body, which annotates nothing else (its one `__annotations__` is this one's)."""
+    fields = {f.name: (f.type, f.default) for f in dataclasses.fields(cls)} | extra
+    return {"__annotations__": {name: kind for name, (kind, _) in fields.items()}} | {
+      name: default for name, (_, default) in fields.items()
     }
 
   @classmethod

@@ -68,7 +68,7 @@ class _ScanStep(nn.Module):
     return self.layer(**self.kwargs, name="layer")(x, *args, *self.static), None
 
 
-def _stack_layers(cfg: TransformerConfig, depth: int, layer_cls, x, args: tuple, static: tuple):
+def stack_layers(cfg: TransformerConfig, depth: int, layer_cls, x, args: tuple, static: tuple):
   """Applies `depth` layers to x: a Python loop, or nn.scan; with remat if asked.
 
   `args` are arrays shared by every layer; `static` are Python values (flags).
@@ -123,7 +123,7 @@ class Encoder(nn.Module):
     cfg = self.config
     x = _embed_positions(cfg, self.embed, inputs, positions, deterministic)
     mask = encoder_mask(inputs, segmentation)
-    x = _stack_layers(cfg, cfg.encoder_depth, EncoderLayer, x, (mask,), (deterministic,))
+    x = stack_layers(cfg, cfg.encoder_depth, EncoderLayer, x, (mask,), (deterministic,))
     return _final_norm(cfg, x)
 
 
@@ -156,7 +156,7 @@ class Decoder(nn.Module):
       inputs, targets, inputs_segmentation, targets_segmentation, positions, decode=decode
     )
     y = _embed_positions(cfg, self.embed, decoder_inputs, positions, deterministic)
-    y = _stack_layers(
+    y = stack_layers(
       cfg,
       cfg.decoder_depth,
       DecoderLayer,
