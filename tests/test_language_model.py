@@ -138,6 +138,8 @@ def test_bad_language_model_settings_are_named(shared):
     helpers.tiny_experiment(shared, model_kind="language_model")
   with pytest.raises(FieldError, match=r"^model.num_decoder_layers=1: the language model is one"):
     helpers.tiny_experiment(shared, **LM, model__num_decoder_layers=1)
+  with pytest.raises(FieldError, match=r"^model.loss_chunk=16: the language model makes"):
+    helpers.tiny_experiment(shared, **LM, model__loss_chunk=16)
   with pytest.raises(
     FieldError, match=r"^model_kind must be 'translation' or 'language_model'; got 'gpt'"
   ):

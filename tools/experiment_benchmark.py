@@ -55,6 +55,7 @@ def run_experiment(
   'packed' (`data.batch.size` rows of `data.batch.max_length`) and 'padded'
   (`data.batch.tokens`, every row as long as the longest pair allowed).
   """
+  experiment.refuse_for_language_model("the experiment benchmark (it decodes)")
   experiment.check_devices(jax.device_count())
   tokenizer = data.get_tokenizer(experiment.data, workdir.vocab)
   trainer, _ = make_trainer(experiment, vocab_size=tokenizer.vocab_size)

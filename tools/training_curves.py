@@ -44,6 +44,7 @@ def compare(
   the reference's dropout and initial parameters are drawn from the
   experiment's seed. `seconds["ours"]` includes compiling the train step.
   """
+  experiment.refuse_for_language_model("the comparison with the PyTorch translation model")
   Reference.check(experiment.model, experiment.optimizer, reference_init, reference_device)
   if updates < 1 or log_every < 1:
     raise ValueError(f"updates={updates}, log_every={log_every}: both must be >= 1")

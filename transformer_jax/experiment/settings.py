@@ -115,6 +115,13 @@ class Experiment:
         f"={self.model.num_decoder_layers}: the language model is one stack of "
         "config.model.num_layers layers; leave num_decoder_layers unset",
       )
+    if self.is_language_model and self.model.loss_chunk:
+      raise FieldError(
+        "model",
+        "loss_chunk",
+        f"={self.model.loss_chunk}: the language model makes its logits whole; set it to 0 with "
+        "config.model_kind='language_model'",
+      )
     problem = cooldown_problem(self.optimizer.cooldown_steps, self.fit.num_train_steps)
     if problem:
       raise FieldError("", "cooldown_steps", f"={self.optimizer.cooldown_steps}{problem}")

@@ -12,7 +12,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from transformer_jax.model import attention
+from transformer_jax.model.attention import Implementation
 
 Dtype = Any
 
@@ -82,7 +82,7 @@ class AttentionSettings(_Options):
   use_bias: bool = False
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
-  attention_impl: attention.Implementation = "auto"
+  attention_impl: Implementation = "auto"
   init_scheme: str = "xavier"
   dropout_rate: float = 0.0
 
@@ -131,7 +131,7 @@ class LayerSettings(_Options):
   dropout_rate: float = 0.1
   pre_norm: bool = False
   dtype: Dtype = jnp.float32
-  attention_impl: attention.Implementation = "auto"
+  attention_impl: Implementation = "auto"
   attention_bias: bool = False
   activation: str = "relu"
   norm_epsilon: float = 1e-6

@@ -43,8 +43,9 @@ class ModelSpec:
   - `flops(batch) -> float`: the model FLOPs of one training step (forward and
     backward) on `batch`, traced inside the step or on numpy arrays (the compile
     mode passes arrays of ones: every position a token); None: no MFU.
-  - `module`: the Flax module behind it, for what else uses the model (the
-    Transformer's searches read `placement.model`).
+  - `module`: what else reads the model (the Transformer's searches read
+    `placement.model`): the Linen module of `linen_spec`, the graph definition
+    of `nnx_spec`.
   """
 
   init: Callable[[jax.Array], Any]

@@ -50,12 +50,6 @@ __all__ = [
 ]
 
 
-def layer_settings(config: TransformerConfig) -> LayerSettings:
-  """The settings of an encoder or decoder layer (Linen or NNX) of `config`: a `LayerSettings`,
-  which unpacks as keyword arguments too (`EncoderLayer(**layer_settings(config))`)."""
-  return config.layer_settings()
-
-
 class _ScanStep(nn.Module):
   """One layer in the (carry, _) -> (carry, None) form that nn.scan expects."""
 
@@ -80,7 +74,7 @@ def stack_layers(cfg: TransformerConfig, depth: int, layer_cls, x, args: tuple, 
       policy=REMAT_POLICIES[cfg.remat],
       static_argnums=tuple(range(first, first + len(static))),
     )
-  kwargs = layer_settings(cfg)
+  kwargs = cfg.layer_settings()
   if not cfg.scan_layers:
     for i in range(depth):
       x = layer_cls(**kwargs, name=f"layer_{i}")(x, *args, *static)
