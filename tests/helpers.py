@@ -117,9 +117,12 @@ def make_trainer(
   return Trainer(placement, optimizer, transformer_loss(0.1), seed=seed)
 
 
-def fit_batches(trainer: Trainer, batches: list, directory, *, may_save=lambda: True, **settings):
+def fit_batches(
+  trainer: Trainer, batches: list, directory, *, may_save=lambda: True, times=None, **settings
+):
   """`loop.fit` from a fresh state over `batches`, checkpoints in `directory`/checkpoints; keeps
-  every checkpoint, never evaluates and stops on a failed save unless `settings` say otherwise."""
+  every checkpoint, never evaluates and stops on a failed save unless `settings` say otherwise;
+  `times` (a `loop.RunTimes`) gets where the time went."""
   logger = TrainLogger(
     str(directory / "tensorboard"),
     total_steps=len(batches),
@@ -147,6 +150,7 @@ def fit_batches(trainer: Trainer, batches: list, directory, *, may_save=lambda: 
       logger=logger,
       manager=manager,
       may_save=may_save,
+      times=times,
     )
   finally:
     manager.close()

@@ -66,19 +66,38 @@ def _summary(run: helpers.Run) -> str:
   return lines[0]
 
 
+def _programs(run: helpers.Run) -> list[str]:
+  """The train-step programs a run compiled or loaded: their batch shapes, from its log."""
+  return re.findall(r"the train step for batch shape (.*) took [\d.]+ s to compile", run.output)
+
+
 @pytest.mark.slow
-def test_a_second_run_loads_what_the_first_compiled(shared, tmp_path):
+def test_a_second_run_loads_every_train_step_the_first_compiled(shared, tmp_path):
+  """The default experiment's own batches (bucketed by length: a program per batch shape), on a
+  tiny model: the second run compiles none of them."""
   cache = tmp_path / "cache"
-  first = helpers.Run(shared, tmp_path / "first", num_train_steps=2, compilation_cache_dir=cache)
-  assert first.finish() == 0, first.lines[-20:]
-  assert re.search(r"nothing loaded from it, \d+ programs compiled", _summary(first))
-  assert stat.S_IMODE(cache.stat().st_mode) == 0o700
-  written = sorted(cache.glob("*-cache"))
-  assert any(path.name.startswith("jit_train_step") for path in written), written
-  second = helpers.Run(shared, tmp_path / "second", num_train_steps=2, compilation_cache_dir=cache)
-  assert second.finish() == 0, second.lines[-20:]
-  loaded, total = map(int, re.search(r"(\d+) of (\d+) programs loaded", _summary(second)).groups())
-  assert loaded == total, _summary(second)
+  runs = {}
+  for name in ("first", "second"):
+    runs[name] = helpers.Run(
+      shared,
+      tmp_path / name,
+      num_train_steps=8,
+      data__batch__mode="tokens",
+      data__batch__tokens=512,
+      compilation_cache_dir=cache,
+    )
+    assert runs[name].finish() == 0, runs[name].lines[-20:]
+    if name == "first":
+      assert re.search(r"nothing loaded from it, \d+ programs compiled", _summary(runs[name]))
+      assert stat.S_IMODE(cache.stat().st_mode) == 0o700
+      written = sorted(cache.glob("*-cache"))
+      assert any(path.name.startswith("jit_train_step") for path in written), written
+  shapes = _programs(runs["first"])
+  assert len(shapes) >= 2 and _programs(runs["second"]) == shapes, shapes
+  loaded, total = map(
+    int, re.search(r"(\d+) of (\d+) programs loaded", _summary(runs["second"])).groups()
+  )
+  assert loaded == total, _summary(runs["second"])
   assert sorted(cache.glob("*-cache")) == written  # Nothing new to compile.
 
 

@@ -3,7 +3,8 @@
     from transformer_jax import experiment
     from transformer_jax.workdir import Workdir
     settings = experiment.Experiment()                 # The paper's base model and training.
-    experiment.train(settings, Workdir("/tmp/run"))
+    times = experiment.RunTimes()
+    experiment.train(settings, Workdir("/tmp/run"), times=times)  # times: where the time went.
     loaded = experiment.load(settings, Workdir("/tmp/run"))  # The latest checkpoint.
 
 The "From Python" section of docs/library.md has a whole example.
@@ -20,11 +21,13 @@ from transformer_jax.experiment.inference import (
 )
 from transformer_jax.experiment.settings import Experiment
 from transformer_jax.experiment.training import make_trainer, train
+from transformer_jax.train.loop import RunTimes
 
 __all__ = [
   "Checkpoint",
   "Experiment",
   "Loaded",
+  "RunTimes",
   "average",
   "evaluate_split",
   "language_model_perplexity",

@@ -20,7 +20,7 @@ from transformer_jax.errors import first_line
 from transformer_jax.experiment.settings import Experiment
 from transformer_jax.hosts import liveness, workdir_lock
 from transformer_jax.train import validation
-from transformer_jax.train.loop import PreemptionWatch, fit
+from transformer_jax.train.loop import PreemptionWatch, RunTimes, fit
 from transformer_jax.train.reporting import TrainLogger, measure_matmul_flops
 from transformer_jax.train.step import Trainer, TrainState
 from transformer_jax.workdir import Workdir
@@ -45,7 +45,9 @@ def make_trainer(experiment: Experiment, *, vocab_size: int, devices=None):
   return trainer, schedule
 
 
-def train(experiment: Experiment, workdir: Workdir, *, description: str = "") -> TrainState:
+def train(
+  experiment: Experiment, workdir: Workdir, *, description: str = "", times: RunTimes | None = None
+) -> TrainState:
   """Train `experiment` in `workdir`, resuming from its latest checkpoint.
 
   Writes `checkpoints/` (Orbax), `tensorboard/`, `vocab/` and `config.txt`
@@ -54,8 +56,12 @@ def train(experiment: Experiment, workdir: Workdir, *, description: str = "") ->
   first `eval_bleu_sentences` sentences and keeps the best parameters in
   `best/` with `best.json`. Returns the final state. SIGTERM from here on stops the
   run at the next step boundary with a checkpoint (`PreemptionWatch`);
-  broken checkpoints are skipped (`recovery.resume`).
+  broken checkpoints are skipped (`recovery.resume`). `times`, if given, is filled with where
+  the run's time went (`RunTimes`: preparing data, setting up, each program's compiling, the
+  first step, training, checkpointing).
   """
+  times = RunTimes() if times is None else times
+  times.started = time.perf_counter()
   experiment.check_devices(jax.device_count())
   workdir.create()
   with _holding(workdir, experiment.host_timeout_seconds) as lock_kept:
@@ -64,7 +70,7 @@ def train(experiment: Experiment, workdir: Workdir, *, description: str = "") ->
     # No limit of its own: fit deletes old steps, safely (recovery.delete_steps).
     manager = store.make_manager(workdir.checkpoints)
     with PreemptionWatch(manager, grace_seconds=experiment.preemption_grace_seconds) as preemption:
-      state = _train(experiment, workdir, manager, preemption, lock_kept)
+      state = _train(experiment, workdir, manager, preemption, lock_kept, times)
     manager.close()
   return state
 
@@ -155,11 +161,14 @@ def _imported_start(manager, trainer: Trainer) -> TrainState | None:
   return trainer.init().replace(params=params)
 
 
-def _train(experiment: Experiment, workdir: Workdir, manager, preemption, lock_kept) -> TrainState:
+def _train(
+  experiment: Experiment, workdir: Workdir, manager, preemption, lock_kept, times: RunTimes
+) -> TrainState:
   start = time.perf_counter()
   tokenizer = data.get_tokenizer(experiment.data, workdir.vocab)
   if experiment.fit.eval_every_steps:  # A split that is not there stops the run now, not later.
     data.open_split(experiment.data, experiment.data.source.eval_split)
+  times.preparing_data = time.perf_counter() - start
   trainer, schedule = make_trainer(experiment, vocab_size=tokenizer.vocab_size)
   placement = trainer.placement
   model_config = placement.model.config
@@ -171,6 +180,7 @@ def _train(experiment: Experiment, workdir: Workdir, manager, preemption, lock_k
     placement.rules,
   )
   shard_index, shard_count = placement.data_shard
+  loading = time.perf_counter()
   train_iter = iter(
     data.make_train_loader(
       experiment.data,
@@ -180,6 +190,7 @@ def _train(experiment: Experiment, workdir: Workdir, manager, preemption, lock_k
       shard_count=shard_count,
     )
   )
+  times.preparing_data += time.perf_counter() - loading
   state = _imported_start(manager, trainer)
   if state is not None:
     log.info("starting from the imported parameters of %s/0", manager.directory)
@@ -205,9 +216,13 @@ def _train(experiment: Experiment, workdir: Workdir, manager, preemption, lock_k
     peak_flops=peak * jax.device_count(),
     peak_measured=not experiment.peak_flops_per_device,
   )
+  times.setting_up = time.perf_counter() - times.started - times.preparing_data
   log.info(
-    "set-up (vocabulary, data, parameters or checkpoint, peak FLOP/s) took %.1f s",
-    time.perf_counter() - start,
+    "set-up took %.1f s: the vocabulary and the data %.1f s; the rest (parameters or checkpoint, "
+    "peak FLOP/s) %.1f s",
+    times.preparing_data + times.setting_up,
+    times.preparing_data,
+    times.setting_up,
   )
   return fit(
     trainer,
@@ -219,6 +234,7 @@ def _train(experiment: Experiment, workdir: Workdir, manager, preemption, lock_k
     stop_requested=preemption,
     evaluate=_evaluator(experiment, workdir, placement, tokenizer),
     may_save=lock_kept,
+    times=times,
   )
 
 

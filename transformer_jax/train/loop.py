@@ -149,9 +149,9 @@ class _Interval:
     return int(longest)
 
 
-def _next_batch(train_iter, step: int, trainer: Trainer, shapes: set) -> tuple[dict, bool]:
-  """The next batch, and whether its shapes are new: then it is checked and announced (it compiles
-  the step)."""
+def _next_batch(train_iter, step: int, trainer: Trainer, shapes: set) -> tuple[dict, str | None]:
+  """The next batch, and its shapes described when they are new: then it is checked and announced
+  (it compiles the step)."""
   try:
     batch = next(train_iter)
   except StopIteration:
@@ -159,27 +159,39 @@ def _next_batch(train_iter, step: int, trainer: Trainer, shapes: set) -> tuple[d
   keys = trainer.placement.spec.batch_keys
   shape = tuple(np.shape(batch[k]) if k in batch else None for k in keys)
   if shape in shapes:
-    return batch, False
+    return batch, None
   trainer.check_batch(batch)
   shapes.add(shape)
   named = {}
   for key, key_shape in zip(keys, shape):
     named.setdefault(key_shape, []).append(key)
   described = ", ".join(f"{s} ({', '.join(k)})" for s, k in named.items())
-  log.info(
-    "step %d: compiling the train step for batch shape %s",
-    step + 1,
-    shape[0] if len(named) == 1 else described,
+  described = str(shape[0]) if len(named) == 1 else described
+  log.info("step %d: compiling the train step for batch shape %s", step + 1, described)
+  return batch, described
+
+
+@dataclasses.dataclass
+class RunTimes:
+  """Where a training run's wall time went, in seconds: filled by `experiment.train` and `fit`
+  (pass one to either to read it afterwards).
+
+  `preparing_data`: the vocabulary, the data's preparation and its loaders; `setting_up`: the
+  parameters or the checkpoint, and the peak FLOP/s; `first_step`: from `started` (the run's
+  start) to the end of its first step, compiling included; `programs`: one per train-step
+  program compiled (or loaded from the compilation cache), with its batch shape, its first step
+  and its seconds; `phases`: `fit`'s time compiling, checkpointing, evaluating and, the rest of
+  it, training.
+  """
+
+  preparing_data: float = 0.0
+  setting_up: float = 0.0
+  first_step: float | None = None
+  programs: list[dict] = dataclasses.field(default_factory=list)
+  phases: dict[str, float] = dataclasses.field(
+    default_factory=lambda: {"compiling": 0.0, "checkpointing": 0.0, "evaluating": 0.0}
   )
-  return batch, True
-
-
-class _Phases:
-  """Seconds of this run spent compiling (or loading) train steps, checkpointing and evaluating;
-  the rest of `fit`'s time is training."""
-
-  def __init__(self):
-    self.seconds = {"compiling": 0.0, "checkpointing": 0.0, "evaluating": 0.0}
+  started: float = dataclasses.field(default_factory=time.perf_counter)
 
   @contextlib.contextmanager
   def timing(self, phase: str, state=None):
@@ -191,10 +203,36 @@ class _Phases:
     try:
       yield
     finally:
-      self.seconds[phase] += time.perf_counter() - start
+      self.phases[phase] += time.perf_counter() - start
+
+  def compiled(self, step: int, shape: str, seconds: float) -> None:
+    self.programs.append({"step": step, "shape": shape, "seconds": seconds})
+    log.info(
+      "step %d: the train step for batch shape %s took %.1f s to compile (or to load, from a "
+      "cache of compiled programs)",
+      step,
+      shape,
+      seconds,
+    )
+
+  def first_step_ended(self) -> None:
+    self.first_step = time.perf_counter() - self.started
+    log.info(
+      "the first step ended %.1f s after the run's start (preparing data %.1f s, setting up "
+      "%.1f s, compiling %.1f s)",
+      self.first_step,
+      self.preparing_data,
+      self.setting_up,
+      self.phases["compiling"],
+    )
 
   def summary(self, total: float) -> dict:
-    return {"training": total - sum(self.seconds.values()), **self.seconds}
+    """`fit`'s phases, training being what the others leave of its `total` seconds."""
+    rest = {k: v for k, v in self.phases.items() if k != "training"}
+    return {"training": total - sum(rest.values()), **rest}
+
+  def to_json(self) -> dict:
+    return {k: v for k, v in dataclasses.asdict(self).items() if k != "started"}
 
 
 def _every(step: int, every: int, last: int) -> bool:
@@ -212,6 +250,7 @@ def fit(
   stop_requested: Callable[[int], bool] = lambda step: False,
   evaluate=None,
   may_save: Callable[[], bool] = lambda: True,
+  times: RunTimes | None = None,
 ) -> TrainState:
   """Run train steps from `state.step` to `settings.num_train_steps`, logging and checkpointing.
 
@@ -229,7 +268,8 @@ def fit(
   skipped (`skip_nonfinite`); after `max_consecutive_nonfinite_steps` of them
   in a row, seen at the next log step, NonFiniteError is raised. Before each checkpoint,
   `may_save()` (every process calls it) says whether the work directory is still this run's;
-  when it is not, LostWorkdirError is raised and nothing more is saved.
+  when it is not, LostWorkdirError is raised and nothing more is saved. `times` (a `RunTimes`,
+  default a new one) gets each program's compile time, the first step's end and the phases.
   """
   last = settings.num_train_steps
   step = int(jax.device_get(state.step))
@@ -241,17 +281,23 @@ def fit(
   stop = step < last and stop_requested(step)
   if stop:
     log.warning("stopped before the first step of this run (step %d); nothing new to save", step)
-  phases = _Phases()
+  times = RunTimes() if times is None else times
   while step < last and not stop:
     batch, new_shape = _next_batch(train_iter, step, trainer, shapes)
     # The call returns once the step is compiled and dispatched, before it has run.
-    with phases.timing("compiling") if new_shape else contextlib.nullcontext():
+    compiling = times.phases["compiling"]
+    with times.timing("compiling") if new_shape else contextlib.nullcontext():
       state, metrics = trainer.train_step(state, batch)
+    if new_shape:
+      times.compiled(step + 1, new_shape, times.phases["compiling"] - compiling)
     step += 1
     interval.add(metrics)
     logger.advance()
     if interval.compiling or _every(step, settings.log_every_steps, last):
+      first = interval.compiling  # The first interval is the first step alone.
       in_a_row = interval.report(logger, step)
+      if first:
+        times.first_step_ended()
       limit = settings.max_consecutive_nonfinite_steps
       if limit and in_a_row >= limit:
         writer.finish()
@@ -271,7 +317,7 @@ def fit(
           f"run stopped at step {step} without saving it, so as not to write over that run's "
           f"checkpoints in {manager.directory}"
         )
-      with phases.timing("checkpointing", state):
+      with times.timing("checkpointing", state):
         writer.save(step, state, train_iter)
     if (
       not stop
@@ -279,20 +325,21 @@ def fit(
       and settings.eval_every_steps
       and _every(step, settings.eval_every_steps, last)
     ):
-      evaluated = phases.seconds["evaluating"]
-      with phases.timing("evaluating", state):
+      evaluated = times.phases["evaluating"]
+      with times.timing("evaluating", state):
         logger.evaluation(step, *evaluate(state))
-      interval.start += phases.seconds["evaluating"] - evaluated
-  with phases.timing("checkpointing"):
+      interval.start += times.phases["evaluating"] - evaluated
+  with times.timing("checkpointing"):
     writer.finish()
   if stop and step > start_step:
     log.warning("stopped at step %d for preemption; checkpoint saved", step)
   seconds = time.perf_counter() - start
+  times.phases = times.summary(seconds)
   logger.close(
     step,
     seconds=seconds,
     steps=step - start_step,
     checkpoints=f"{manager.directory} (latest {manager.latest_step()})",
-    phases=phases.summary(seconds),
+    phases=times.phases,
   )
   return state
