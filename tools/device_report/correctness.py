@@ -185,6 +185,8 @@ def run_device_tests(
   if not targets.installed("xdist"):
     workers = 1
   env = dict(os.environ, **{pytest_log.ENV: str(log_path)})
+  for name in [name for name in env if name.startswith("PYTEST_XDIST_")]:
+    del env[name]  # Run from an xdist worker (the project's tests), its pytest is its own.
   env["JAX_PLATFORMS"] = {"gpu": "cuda"}.get(platform, platform)
   # The test processes, and the command lines some tests start, share the device.
   env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
