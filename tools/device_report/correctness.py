@@ -240,9 +240,10 @@ def _running_in_group(group: int) -> bool:
   return False
 
 
-def _end_group(process: subprocess.Popen, wait_seconds: float = 5.0) -> None:
+def _end_group(process: subprocess.Popen, wait_seconds: float = 1.5) -> None:
   """Kills what is left of `process`'s session, xdist's workers with it (they are in its
-  process group), and waits a little for them to end, so that the device's memory is free."""
+  process group), and waits a little for them to end, so that the device's memory is free (at
+  most `wait_seconds`: within the 2 s the step keeps after its tests' time)."""
   try:
     os.killpg(process.pid, signal.SIGKILL)
   except ProcessLookupError:
