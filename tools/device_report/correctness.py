@@ -11,11 +11,13 @@ all masked must give exactly zero, and nothing may be NaN, gradients
 included. On a GPU the compiled programs must call cuDNN's fused attention.
 """
 
+import importlib.metadata
 import os
 import pathlib
 import signal
 import subprocess
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -141,15 +143,57 @@ def device_test_files(tests: pathlib.Path) -> list[str]:
   )
 
 
+# The device's memory the tests' processes may use between them, each its share: with no
+# preallocation XLA_PYTHON_CLIENT_MEM_FRACTION is the most a process's allocator grows to.
+TESTS_MEMORY_FRACTION = 0.9
+
+
+def device_test_workers(cores: int | None = None) -> int:
+  """The processes the device tests run in: half the cores, at most 8, at least 1. Each is a JAX
+  process whose compiles and XLA thread pools want cores of their own, and some tests start a
+  command line beside it; 8 keeps each one's share of the device's memory at 11% (9 GB of an
+  H100's 80). On 2 cores (CI's dry run of the tiny plan: 4 tests) one process: a second would
+  start JAX again on the same two cores the tests compute on, for no time saved (on a loaded
+  2-core machine the two took 14-24 s alike)."""
+  cores = len(os.sched_getaffinity(0)) if cores is None else cores
+  return max(1, min(8, cores // 2))
+
+
+def _distribution() -> str:
+  """xdist's `worksteal` (3.2 on) sends each worker a contiguous run of the collection (the tests
+  of a file mostly in one process, sharing its module fixtures and compiled functions, as
+  `loadfile` would) and then moves pending tests to the workers that finish first; `loadfile`
+  would hold all of test_search.py, nearly half the device tests, to one worker. Before 3.2:
+  `load`."""
+  version = importlib.metadata.version("pytest-xdist").split(".")
+  return "worksteal" if tuple(int(v) for v in version[:2] if v.isdigit()) >= (3, 2) else "load"
+
+
 def run_device_tests(
-  arguments, seconds: float, log_path: pathlib.Path, test_timeout: int, platform: str
+  arguments,
+  seconds: float,
+  log_path: pathlib.Path,
+  test_timeout: int,
+  platform: str,
+  workers: int | None = None,
 ) -> dict:
-  """The tests `arguments` select (pytest, one process, on `platform`), stopped after `seconds`
-  with everything it started: counts of each outcome, the failures and whether they all ran."""
+  """The tests `arguments` select (pytest on `platform`, in `workers` processes where xdist is
+  installed, else one; by default device_test_workers()), stopped after `seconds` with
+  everything it started: counts of each outcome, the failures, the tests that did not run and
+  whether they all ran. It runs in the repository's root: name tests elsewhere by absolute path."""
+  workers = device_test_workers() if workers is None else workers
+  if not targets.installed("xdist"):
+    workers = 1
   env = dict(os.environ, **{pytest_log.ENV: str(log_path)})
+  for name in [name for name in env if name.startswith("PYTEST_XDIST_")]:
+    del env[name]  # Run from an xdist worker (the project's tests), its pytest is its own.
   env["JAX_PLATFORMS"] = {"gpu": "cuda"}.get(platform, platform)
-  # Tests that start the command line share the device with the test process.
-  env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+  # The test processes, and the command lines some tests start, share the device.
+  env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+  fraction = None
+  if platform == "gpu":
+    fraction = f"{int(TESTS_MEMORY_FRACTION / workers * 1000) / 1000:.3f}"  # Rounded down.
+    env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = fraction
   command = [
     sys.executable,
     "-m",
@@ -163,7 +207,9 @@ def run_device_tests(
   ]
   if targets.installed("pytest_timeout"):
     command.append(f"--timeout={test_timeout}")
-  if targets.installed("xdist"):
+  if workers > 1:
+    command += ["-n", str(workers), f"--dist={_distribution()}"]
+  elif targets.installed("xdist"):
     command += ["-p", "no:xdist"]
   log_path.unlink(missing_ok=True)
   process = subprocess.Popen(command, env=env, cwd=bundle.REPO, start_new_session=True)
@@ -171,17 +217,41 @@ def run_device_tests(
     status, code = "finished", process.wait(timeout=max(seconds, 1.0))
   except subprocess.TimeoutExpired:
     status, code = f"stopped after {seconds:.0f} s", None
+  _end_group(process)
+  return {
+    "command": " ".join(command[1:]),
+    "status": status,
+    "exit_status": code,
+    "workers": workers,
+    "memory_fraction": fraction,
+    **pytest_log.summary(log_path),
+  }
+
+
+def _running_in_group(group: int) -> bool:
+  """Whether a process of `group` still runs (not a zombie: that one has let go of the device)."""
+  for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
+    try:
+      fields = stat.read_text(encoding="utf-8").rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+      continue  # Ended meanwhile.
+    if fields[0] != "Z" and int(fields[2]) == group:
+      return True
+  return False
+
+
+def _end_group(process: subprocess.Popen, wait_seconds: float = 1.5) -> None:
+  """Kills what is left of `process`'s session, xdist's workers with it (they are in its
+  process group), and waits a little for them to end, so that the device's memory is free (at
+  most `wait_seconds`: within the 2 s the step keeps after its tests' time)."""
   try:
     os.killpg(process.pid, signal.SIGKILL)
   except ProcessLookupError:
     pass
   process.wait()
-  return {
-    "command": " ".join(command[1:]),
-    "status": status,
-    "exit_status": code,
-    **pytest_log.summary(log_path),
-  }
+  end = time.monotonic() + wait_seconds
+  while _running_in_group(process.pid) and time.monotonic() < end:
+    time.sleep(0.05)
 
 
 def run(plan, step, result, context) -> None:

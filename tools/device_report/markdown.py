@@ -144,11 +144,18 @@ def _correctness(records: dict) -> list[str]:
   tests = get(steps, "tests", "device_tests")
   if tests:
     counts = ", ".join(f"{v} {k}" for k, v in sorted(tests["counts"].items())) or "none ran"
+    workers = tests.get("workers", 1)
+    processes = f"{workers} processes" if workers > 1 else "one process"
     lines += [
       "",
-      f"Tests marked `device`: {counts} of {tests['collected']} collected ({tests['status']}).",
+      f"Tests marked `device`: {counts} of {tests['collected']} collected ({tests['status']}), "
+      f"in {processes}.",
     ]
     lines += [f"- failed: `{f['test']}`" for f in tests["failures"][:20]]
+    not_run = tests.get("not_run") or []
+    lines += [f"- did not run: `{test}`" for test in not_run[:20]]
+    if (tests.get("not_run_count") or 0) > min(len(not_run), 20):
+      lines.append(f"- and {tests['not_run_count'] - min(len(not_run), 20)} more that did not run")
   return lines
 
 
