@@ -173,7 +173,7 @@ def test_the_cpu_dry_run_runs_every_stage_and_reports_them(tmp_path):
   assert goal["seconds"] == pytest.approx(
     run["splits"]["test_2016_flickr"]["known_after_seconds"], abs=0.1
   )
-  # The second stage to use the cache found there what the first compiled.
+  # The cache the report named (kept for a second call on the same machine).
   assert run["compilation_cache"]["path"] == str(tmp_path / "cache")
 
   report = (out / "report.md").read_text()
