@@ -37,7 +37,7 @@
 #                                        --vs=torch needs: .venv/bin/pip install -e '.[bench]')
 #   ./launch.sh device-bundle DIR        download here the wheels a GPU machine's image lacks
 #                                        (CPython 3.12, Linux x86-64) into DIR (docs/gpu.md)
-#   ./launch.sh device-report --out=DIR [--bundle=DIR] [--deadline=480]
+#   ./launch.sh device-report --out=DIR [--bundle=DIR] [--deadline=375]
 #                                        measure the project on this machine's accelerator: every
 #                                        stage's JSON and report.md in DIR (docs/gpu.md); with
 #                                        --bundle, the machine's own python3 (no set-up, no network)

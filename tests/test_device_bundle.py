@@ -3,6 +3,7 @@ holds (as far as this environment has it) installs it offline and imports every 
 package and of the tools beside it (`tools/`, from the checkout). Downloads from the package
 index."""
 
+import hashlib
 import importlib.metadata
 import json
 import os
@@ -14,7 +15,8 @@ import venv
 import pytest
 
 import helpers
-from tools.device_report import bundle
+from test_data_multi30k import write_repo
+from tools.device_report import bundle, bundle_data
 
 HERE = f"{sys.version_info.major}.{sys.version_info.minor}"
 NEEDED = {
@@ -189,3 +191,52 @@ def test_requirements_apply_by_the_target_pythons_markers():
     "b: no-such-distribution (missing)",
     f"c: numpy<1 (found {importlib.metadata.version('numpy')})",
   ]
+
+
+def _fake_make(directory, python_version):
+  """`bundle.make` without the downloads: an empty list of wheels."""
+  record = {"python_version": python_version, "total_bytes": 0, "wheels": []}
+  (pathlib.Path(directory) / bundle.LIST_NAME).write_text(json.dumps(record))
+  return record
+
+
+def test_the_bundle_carries_the_multi30k_text_only_when_asked(tmp_path, monkeypatch, capsys):
+  clone, out = tmp_path / "clone", tmp_path / "bundle"
+  lines = write_repo(clone)
+  monkeypatch.setattr(bundle, "make", _fake_make)
+  assert bundle.main([str(out), f"--multi30k={clone}"]) == 0
+  listed = json.loads((out / bundle.LIST_NAME).read_text())["data"]
+  carried = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+  assert carried == sorted([bundle.LIST_NAME, *(item["file"] for item in listed)])
+  assert {item["file"] for item in listed} == {
+    f"multi30k/{name}" for name in bundle_data.MULTI30K_FILES
+  }
+  for item in listed:
+    data = (out / item["file"]).read_bytes()
+    assert item["bytes"] == len(data) and item["sha256"] == hashlib.sha256(data).hexdigest()
+  german = (out / "multi30k/data/task1/tok/val.lc.norm.tok.de").read_text().splitlines()
+  assert german == lines["multi30k_tok", "val", "de"]
+  assert "(for the multi30k stage)" in capsys.readouterr().out
+  # Made again without it, the bundle no longer carries it.
+  assert bundle.main([str(out)]) == 0
+  assert not (out / "multi30k").exists()
+  assert "data" not in json.loads((out / bundle.LIST_NAME).read_text())
+
+
+def test_a_clone_without_a_file_the_stage_reads_fails_in_one_line(tmp_path, monkeypatch, capsys):
+  clone = tmp_path / "clone"
+  write_repo(clone)
+  (clone / "data/task1/tok/test_2016_flickr.lc.norm.tok.de").unlink()
+  monkeypatch.setattr(bundle, "make", lambda *args: pytest.fail("downloaded before the check"))
+  assert bundle.main([str(tmp_path / "bundle"), f"--multi30k={clone}"]) == 1
+  error = capsys.readouterr().err
+  assert error.count("\n") == 1 and "lacks data/task1/tok/test_2016_flickr.lc.norm.tok.de" in error
+
+
+def test_the_bundle_directory_is_not_committed():
+  ignored = subprocess.run(
+    ["git", "check-ignore", "-q", ".device-bundle/multi30k/data/task1/tok/train.lc.norm.tok.en"],
+    cwd=helpers.REPO,
+    check=False,
+  )
+  assert ignored.returncode == 0

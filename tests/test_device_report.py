@@ -10,7 +10,17 @@ import time
 import pytest
 
 import helpers
-from tools.device_report import correctness, largest, markdown_time, op_times, speed, stage
+from test_data_multi30k import write_repo
+from tools.device_report import (
+  bundle_data,
+  correctness,
+  largest,
+  markdown_time,
+  multi30k,
+  op_times,
+  speed,
+  stage,
+)
 from tools.device_report import plan as plan_lib
 from tools.device_report.runner import RESERVE_SECONDS, Runner
 from transformer_jax.compile import targets
@@ -48,13 +58,22 @@ def _check_back_to_back_matmul_and_floor(record: dict, plan) -> None:
 
 @pytest.mark.slow
 def test_the_cpu_dry_run_runs_every_stage_and_reports_them(tmp_path):
-  out = tmp_path / "out"
+  out, data = tmp_path / "out", tmp_path / "multi30k"
+  write_repo(data)
   run = helpers.python(
-    "-m", "tools.device_report", f"--out={out}", "--platform=cpu", "--tiny", timeout=600
+    "-m",
+    "tools.device_report",
+    f"--out={out}",
+    "--platform=cpu",
+    "--tiny",
+    f"--multi30k={data}",
+    f"--compilation_cache={tmp_path / 'cache'}",
+    timeout=600,
   )
   assert run.returncode == 0, run.stderr
+  assert "a second call" not in run.stdout  # Everything ran.
   files = sorted(p.name for p in out.iterdir())
-  assert files == sorted(STAGE_FILES + ["log.txt", "report.md"]) and len(files) <= 8
+  assert files == sorted(STAGE_FILES + ["log.txt", "report.md"]) and len(files) <= 9
   tiny = plan_lib.TINY
   environment = _steps(out, "environment")["environment"]
   assert environment["status"] == "ok" and environment["backend"] == "cpu"
@@ -138,9 +157,24 @@ def test_the_cpu_dry_run_runs_every_stage_and_reports_them(tmp_path):
       figures["sentences_per_second"] * tiny.decode_output_length
     )
   end_to_end = _steps(out, "end_to_end")["end_to_end"]
-  assert end_to_end["status"] == "ok" and end_to_end["split"] == "test"
-  assert end_to_end["steps"] == 6 and 0 <= end_to_end["bleu"] <= 100
+  assert end_to_end["status"] == "ok" and set(end_to_end["splits"]) == {"test"}
+  assert end_to_end["steps"] == 6 and 0 <= end_to_end["splits"]["test"]["bleu"] <= 100
   assert end_to_end["averaged_steps"] == [3, 6]
+  _check_experiment_run(end_to_end, ("test",))
+  run = _steps(out, "multi30k")["multi30k"]
+  assert run["status"] == "ok" and run["experiment"] == plan_lib.MULTI30K
+  _check_experiment_run(run, multi30k.SPLITS)
+  assert run["averaged_steps"] == [3, 6] and run["overrides"]["data.source.manual_dir"] == str(data)
+  for split in run["splits"].values():
+    assert 0 <= split["bleu"] <= 100 and 0 <= split["bleu_as_is"] <= 100
+  assert run["splits"]["validation"]["sentences"] == 7  # write_repo's val
+  goal = run["goal"]
+  assert goal["met"] is None and goal["verdict"] == "not applicable on the tiny plan"
+  assert goal["seconds"] == pytest.approx(
+    run["splits"]["test_2016_flickr"]["known_after_seconds"], abs=0.1
+  )
+  # The cache the report named (kept for a second call on the same machine).
+  assert run["compilation_cache"]["path"] == str(tmp_path / "cache")
 
   report = (out / "report.md").read_text()
   for row in (
@@ -163,6 +197,26 @@ def test_the_cpu_dry_run_runs_every_stage_and_reports_them(tmp_path):
   if prediction["compile"]["status"] == "ok":  # The compile mode's floor, and the ratio to it.
     assert floor.split("|")[-2].strip() != "-"
   assert "===== end_to_end" in (out / "log.txt").read_text()
+  assert (
+    "Multi30k test_2016_flickr BLEU as is >= 41.0" in report and "Not brought back" not in report
+  )
+
+
+def _check_experiment_run(run: dict, splits) -> None:
+  """An experiment's run through train, average and eval: its wall time by part, its speed and
+  what the compilation cache did."""
+  assert set(run["splits"]) == set(splits)
+  parts = run["wall_seconds_by_part"]
+  assert all(parts[f"decoding_{s}"] > 0 for s in splits) and parts["averaging"] > 0
+  assert sum(parts.values()) == pytest.approx(run["wall_seconds"] + parts["before"], rel=0.05)
+  assert run["updates_per_second"] > 0 and run["target_tokens_per_second"] > 0
+  cache = run["compilation_cache"]
+  assert cache["requests"] > 0 and 0 <= cache["loaded"] <= cache["requests"]
+  times = run["run_times"]  # The library's split of the training run (train/loop.py RunTimes).
+  assert times["first_step"] > 0 and times["programs"] and parts["compiling"] > 0
+  assert parts["training"] > 0 and parts["preparing_data"] > 0
+  assert all(p["seconds"] > 0 for p in times["programs"])
+  assert run["updates_per_second"] == pytest.approx(times["steps"] / parts["training"], rel=1e-3)
 
 
 @pytest.mark.slow
@@ -388,16 +442,121 @@ def test_the_floor_is_taken_at_this_devices_chip_else_at_the_targets():
   assert chip == targets.CHIPS["h100"] and "no datasheet here for NVIDIA H100 PCIe" in basis
 
 
-def test_the_full_plan_brings_back_everything_but_the_end_to_end_run_in_its_first_call():
+def test_the_full_plan_fits_one_window_in_two_calls_in_order_of_value():
   full = plan_lib.FULL
   assert set(plan_lib.EXPECTED_SECONDS) == {s.name for s in full.steps}
   assert all(plan_lib.EXPECTED_SECONDS[s.name] <= s.cap_seconds for s in full.steps)
-  assert plan_lib.expected_until(full, "decoding") <= plan_lib.DEADLINE_SECONDS - RESERVE_SECONDS
-  assert plan_lib.expected_until(full, "correctness:tests") == sum(
-    plan_lib.EXPECTED_SECONDS.values()
+  names = [s.name for s in full.steps]
+  device = [n for n in names if n != "prediction:compile"]  # Beside the others, on the CPU.
+  assert device == ["environment", *plan_lib.FIRST_CALL, *plan_lib.SECOND_CALL, *plan_lib.LATER]
+  assert names.index("prediction:compile") == names.index("prediction:largest") - 1
+  first = plan_lib.expected_call(plan_lib.FIRST_CALL)
+  second = plan_lib.expected_call(plan_lib.SECOND_CALL)
+  assert first == plan_lib.expected_until(full, plan_lib.FIRST_CALL[-1])
+  assert first + RESERVE_SECONDS <= plan_lib.FIRST_DEADLINE_SECONDS
+  assert second + RESERVE_SECONDS <= plan_lib.SECOND_DEADLINE_SECONDS
+  assert plan_lib.DEADLINE_SECONDS == plan_lib.FIRST_DEADLINE_SECONDS
+  assert (
+    plan_lib.MACHINE_START_SECONDS
+    + plan_lib.FIRST_DEADLINE_SECONDS
+    + plan_lib.SECOND_DEADLINE_SECONDS
+    + 2 * plan_lib.CALL_OVERHEAD_SECONDS
+    <= plan_lib.WINDOW_SECONDS
   )
+  # The lowest in value are left for a later window: neither call has the time for them.
+  later = plan_lib.expected_call(plan_lib.SECOND_CALL + plan_lib.LATER[:1])
+  assert later + RESERVE_SECONDS > plan_lib.SECOND_DEADLINE_SECONDS
   # Traced: the steps of the paper's models, at the report's batch, after their timed figures.
   assert full.profiled == ("base", "big") and full.chained_steps == full.timed_steps
+
+
+def test_the_full_plans_multi30k_run_is_the_recipe_as_it_is():
+  spec, overrides = plan_lib.FULL.multi30k
+  assert spec == "experiments/multi30k.py:tiny" and overrides == {}
+  # The tok files the stage reads are the ones the bundle carries.
+  assert set(multi30k.FILES) == set(bundle_data.MULTI30K_FILES) and len(multi30k.FILES) == 6
+
+
+def test_a_report_that_missed_steps_ends_with_the_second_call_that_runs_them(tmp_path):
+  flags = ("--bundle=.device-bundle", "--tiny")
+  runner = Runner(
+    plan_lib.TINY,
+    str(tmp_path),
+    deadline=time.monotonic() + 2,
+    platform="cpu",
+    stages=("multi30k", "prediction", "decoding"),
+    repeat_flags=flags,
+  )
+  runner.run()
+  assert runner.missed() == [
+    "environment",
+    "multi30k",
+    "prediction:compile",
+    "prediction:largest",
+    "decoding",
+  ]
+  command = (
+    "./launch.sh device-report --bundle=.device-bundle --tiny --out=<another dir> "
+    f"--stages=multi30k,prediction:largest,decoding --deadline=355 --earlier={tmp_path}"
+  )
+  assert runner.second_call() == command
+  report = (tmp_path / "report.md").read_text()
+  assert "## Not brought back" in report and f"    {command}" in report
+  runner.records = {
+    "environment": {"steps": {"environment": {"status": "ok"}}},
+    "multi30k": {"steps": {"multi30k": {"status": "not applicable"}}},
+  }
+  assert runner.missed() == [] and runner.second_call() == ""
+
+
+def test_a_second_call_reads_what_the_earlier_one_measured(tmp_path):
+  earlier = tmp_path / "first"
+  earlier.mkdir()
+  found = {"field": "data.batch.size", "value": 16, "rows": 16, "length": 32}
+  steps = {"compile": {"status": "ok", "largest_batch": found}, "largest": {"status": "skipped"}}
+  (earlier / "prediction.json").write_text(json.dumps({"stage": "prediction", "steps": steps}))
+  (earlier / "speed.json").write_text(
+    json.dumps({"stage": "speed", "steps": {"base": {"status": "ok", "rows": 8}}})
+  )
+  runner = Runner(
+    plan_lib.TINY,
+    str(tmp_path / "second"),
+    deadline=time.monotonic() + 60,
+    platform="cpu",
+    stages=("prediction:largest",),
+    earlier=str(earlier),
+  )
+  context = stage.Context(runner.work, "1xh100")
+  assert context.earlier("prediction:compile")["largest_batch"] == found
+  assert context.earlier("speed:base")["rows"] == 8
+  assert context.earlier("prediction:largest") == {}  # This call's to run.
+
+
+def test_multi30k_without_its_files_says_how_to_carry_them(tmp_path):
+  for given in ("", str(tmp_path)):
+    result = stage.Result(tmp_path / "multi30k.json", time.monotonic() + 60)
+    context = stage.Context(tmp_path, "1xh100", multi30k=given)
+    multi30k.run(plan_lib.TINY, plan_lib.TINY.step("multi30k"), result, context)
+    reason = json.loads((tmp_path / "multi30k.json").read_text())["not_applicable"]
+    assert "./launch.sh device-bundle DIR --multi30k=<clone of" in reason
+    assert ("lacks data/task1/tok/train.lc.norm.tok.en" in reason) == bool(given)
+
+
+@pytest.mark.parametrize(
+  "plan, bleu, seconds, verdict",
+  [
+    ("full", 41.2, 170.0, "met"),
+    ("full", 41.2, 181.0, "not met"),
+    ("full", 40.9, 100.0, "not met"),
+    ("full", None, 100.0, "not met"),
+    ("tiny", 50.0, 10.0, "not applicable on the tiny plan"),
+  ],
+)
+def test_the_multi30k_goal(plan, bleu, seconds, verdict):
+  record = multi30k.goal(plan, bleu, seconds)
+  assert record["verdict"] == verdict and record["met"] == {"met": True, "not met": False}.get(
+    verdict
+  )
 
 
 def test_the_floor_table_sets_each_measured_step_beside_both_predictions():

@@ -38,7 +38,17 @@ def test_fit_times_each_program_and_the_first_step(tmp_path, caplog):
   assert "step 4: the train step for batch shape (16, 12) took" in text
   assert f"the first step ended {times.first_step:.1f} s after the run's start" in text
   record = times.to_json()
-  assert set(record) == {"preparing_data", "setting_up", "first_step", "programs", "phases"}
+  assert set(record) == {
+    "preparing_data",
+    "setting_up",
+    "first_step",
+    "programs",
+    "phases",
+    "steps",
+    "target_tokens",
+  }
+  real = sum(int((b["targets_segmentation"] > 0).sum()) for b in batches)
+  assert (times.steps, times.target_tokens) == (4, real)
 
 
 @pytest.mark.slow

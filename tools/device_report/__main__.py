@@ -1,9 +1,12 @@
 """The device report's command line (docs/gpu.md):
 
-./launch.sh device-report --out=DIR [--deadline=480] [--bundle=DIR]
+./launch.sh device-report --out=DIR [--deadline=375] [--bundle=DIR] [--multi30k=DIR]
+./launch.sh device-report --out=DIR2 --stages=... --deadline=355 --earlier=DIR  # what DIR missed
 python -m tools.device_report --out=DIR --platform=cpu --tiny   # dry run
 """
 
+import os
+import pathlib
 import sys
 import time
 
@@ -14,7 +17,7 @@ from tools.device_report.plan import DEADLINE_SECONDS, PLANS, STAGES
 from tools.device_report.runner import Runner
 
 _OUT = flags.DEFINE_string(
-  "out", None, "Where the stages' JSON files, log.txt and report.md go (at most 8 files)."
+  "out", None, "Where the stages' JSON files, log.txt and report.md go (at most 9 files)."
 )
 _DEADLINE = flags.DEFINE_float(
   "deadline",
@@ -49,6 +52,24 @@ _STAGES = flags.DEFINE_list(
   list(STAGES),
   f"The stages to run, of: {', '.join(STAGES)}; or single steps, as in speed:base_xla (a "
   "second try runs what the first missed).",
+)
+_MULTI30K = flags.DEFINE_string(
+  "multi30k",
+  None,
+  "The directory holding Multi30k's data/task1 (its tok files) for the multi30k stage; default "
+  "<--bundle>/multi30k where the bundle carries it.",
+)
+_COMPILATION_CACHE = flags.DEFINE_string(
+  "compilation_cache",
+  "/tmp/transformer_jax_report_cache",
+  "The persistent XLA compilation cache of the end_to_end and multi30k stages, kept for a "
+  "second call on the same machine (made for this user alone); '' for none.",
+)
+_EARLIER = flags.DEFINE_string(
+  "earlier",
+  None,
+  "The --out of an earlier call on this machine: its records stand in for the steps this call "
+  "does not run (prediction:largest reads speed:base and prediction:compile from them).",
 )
 _TARGET = flags.DEFINE_string(
   "target",
@@ -91,6 +112,11 @@ def main(argv):
       flush=True,
     )
   platform = {"gpu": "cuda"}.get(_PLATFORM.value, _PLATFORM.value)
+  multi30k = _MULTI30K.value
+  if multi30k is None and _BUNDLE.value and os.path.isdir(os.path.join(_BUNDLE.value, "multi30k")):
+    multi30k = os.path.join(_BUNDLE.value, "multi30k")
+  if _EARLIER.value and not any(pathlib.Path(_EARLIER.value).glob("*.json")):
+    sys.exit(f"error: --earlier={_EARLIER.value} holds no report's files (its *.json)")
   runner = Runner(
     PLANS["tiny" if _TINY.value else "full"],
     _OUT.value,
@@ -100,6 +126,10 @@ def main(argv):
     bundle_record=record,
     extra_path=extra_path,
     target=_TARGET.value,
+    multi30k=os.path.abspath(multi30k) if multi30k else "",
+    compilation_cache=_COMPILATION_CACHE.value,
+    earlier=_EARLIER.value or "",
+    repeat_flags=_repeated_flags(),
   )
   records = runner.run()
   failed = 0
@@ -108,8 +138,24 @@ def main(argv):
       name = stage if part == stage else f"{stage}:{part}"
       print(f"{name:<22} {step['status']:<28} {step['seconds']:6.1f} s", flush=True)
       failed += step["status"] not in ("ok", "not applicable")
+  missed, second = runner.missed(), runner.second_call()
+  if missed:
+    print(f"did not end ok: {', '.join(missed)}")
+  if second:
+    print(f"a second call: {second}")
   print(f"report: {runner.out / 'report.md'}")
   return 1 if failed else 0
+
+
+def _repeated_flags() -> list[str]:
+  """The flags of this call, other than its output, stages, deadline and earlier call, that a
+  second call repeats."""
+  repeated = [f"--bundle={_BUNDLE.value}"] if _BUNDLE.value else []
+  for flag in (_BUNDLE_TARGET, _PLATFORM, _TINY, _MULTI30K, _COMPILATION_CACHE, _TARGET):
+    if flag.present:
+      value = flag.value
+      repeated.append(f"--{flag.name}" if value is True else f"--{flag.name}={value}")
+  return repeated
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """The offline bundle: wheels of what the project needs that a GPU machine's image lacks.
 
-    python -m tools.device_report.bundle DIR [--python_version=3.12]
-    (./launch.sh device-bundle DIR)
+    python -m tools.device_report.bundle DIR [--python_version=3.12] [--multi30k=CLONE]
+    (./launch.sh device-bundle DIR [--multi30k=CLONE]; the data: bundle_data.py)
 
 Downloaded on a machine with network for the GPU machine's Python (CPython
 3.12, Linux x86-64): the project's requirements and its test extra, and what
@@ -360,12 +360,25 @@ def main(argv: list[str]) -> int:
     default=DEFAULT_PYTHON,
     help="the GPU machine's Python, major.minor (default %(default)s)",
   )
+  parser.add_argument(
+    "--multi30k",
+    help="a clone of github.com/multi30k/dataset: its EN-DE tok files travel in DIR/multi30k",
+  )
   args = parser.parse_args(argv)
-  try:
+  from tools.device_report import bundle_data  # pylint: disable=import-outside-toplevel
+
+  try:  # The data first: a file missing there fails before the downloads.
+    data = bundle_data.carry(args.directory, args.multi30k)
     record = make(args.directory, args.python_version)
-  except BundleError as error:
+  except (BundleError, bundle_data.MissingDataError) as error:
     print(f"error: {error}", file=sys.stderr)
     return 1
+  if data:
+    record["data"] = data
+    path = pathlib.Path(args.directory) / LIST_NAME
+    path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+  for item in data:
+    print(f"{item['file']:<72} {item['bytes'] / 2**20:6.2f} MiB  (for the multi30k stage)")
   for wheel in record["wheels"]:
     print(f"{wheel['file']:<72} {wheel['bytes'] / 2**20:6.2f} MiB  (for {wheel['required_by']})")
   print(

@@ -160,7 +160,7 @@ def _correctness(records: dict) -> list[str]:
 
 
 def _decoding_and_end_to_end(records: dict) -> list[str]:
-  lines = ["", "## Decoding and end to end", ""]
+  lines = ["", "## Decoding and trained models", ""]
   decoding = get(records, "decoding", "steps", "decoding") or {}
   for name, figures in (decoding.get("searches") or {}).items():
     lines.append(
@@ -170,17 +170,68 @@ def _decoding_and_end_to_end(records: dict) -> list[str]:
       f"{figures['tokens_per_second']:,.0f} tokens/s (compile and first call "
       f"{figures['compile_and_first_seconds']:.1f} s)."
     )
-  e2e = get(records, "end_to_end", "steps", "end_to_end") or {}
-  if "bleu" in e2e:
+  for stage in ("end_to_end", "multi30k"):
+    lines += _experiment_run(stage, get(records, stage, "steps", stage) or {})
+  return lines
+
+
+def _experiment_run(stage: str, run: dict) -> list[str]:
+  """One experiment's run through train, average and eval: its splits' BLEU, speed, the wall
+  time by part and what the compilation cache did."""
+  if not run:
+    return []
+  if not run.get("splits"):
+    note = run.get("not_applicable") or run.get("reason") or run.get("error") or ""
+    return [f"- {stage}: {run.get('status')}{f' ({note})' if note else ''}"]
+  overrides = run.get("overrides") or {}
+  dtype = f" with {overrides['model.dtype']}" if "model.dtype" in overrides else ""
+  scores = "; ".join(
+    f"{name} BLEU {split['bleu']:.2f}"
+    + (f", as is {split['bleu_as_is']:.2f}" if "bleu_as_is" in split else "")
+    + f", perplexity {split['perplexity']:.3f} ({split['sentences']} sentences)"
+    for name, split in run["splits"].items()
+  )
+  if stage == "end_to_end":
+    scores += f" (CPU: {CPU_BLEU})"
+  speeds = (
+    f"{run['updates_per_second']:,.1f} updates/s, {run['target_tokens_per_second']:,.0f} "
+    "target tok/s"
+    if "updates_per_second" in run
+    else f"{run['steps_per_second']:.1f} steps/s, data and vocabulary included"
+  )
+  parts = ", ".join(f"{k} {v:.1f}" for k, v in (run.get("wall_seconds_by_part") or {}).items())
+  cache = run.get("compilation_cache")
+  lines = [
+    f"- `{run['experiment']}`{dtype} ({run['status']}): {run['steps']} steps, {speeds}; {scores}.",
+    f"  Wall time by part (s): {parts}.",
+    "  Compilation cache: "
+    + (
+      f"{cache['loaded']} of {cache['requests']} programs loaded from {cache['path']}, "
+      f"{cache['backend_seconds']:.1f} s compiling or loading."
+      if cache
+      else "none."
+    ),
+  ]
+  programs = (run.get("run_times") or {}).get("programs") or []
+  if programs:
     lines.append(
-      f"- `{e2e['experiment']}` in bf16: {e2e['steps']} steps in "
-      f"{e2e['train_seconds']:.1f} s ({e2e['steps_per_second']:.1f} steps/s, "
-      f"data and vocabulary included), average {e2e['average_seconds']:.1f} s, eval "
-      f"{e2e['eval_seconds']:.1f} s; {e2e['split']} BLEU {e2e['bleu']:.2f} "
-      f"(CPU: {CPU_BLEU}), perplexity {e2e['perplexity']:.3f}."
+      f"  First step {run['run_times']['first_step']:.1f} s after the start of training; "
+      "train-step programs compiled: "
+      + ", ".join(f"step {p['step']} {p['shape']} {p['seconds']:.1f} s" for p in programs)
+      + "."
     )
-  elif e2e:
-    lines.append(f"- end to end: {e2e.get('status')}")
+  goal = run.get("goal")
+  if goal:
+    lines.append(f"  Goal, {goal['goal']}: {goal['verdict']}.")
+  return lines
+
+
+def _second_call(missed: list[str], second: str) -> list[str]:
+  if not missed:
+    return []
+  lines = ["", "## Not brought back", "", f"These steps did not end ok: {', '.join(missed)}."]
+  if second:
+    lines += ["", "A second call runs them:", "", f"    {second}"]
   return lines
 
 
@@ -197,6 +248,12 @@ def _goals(records: dict) -> list[str]:
   predicted = get(records, "prediction", "steps", "compile", "programs") or {}
   kind = get(records, "environment", "steps", "environment", "device_kind") or ""
   lines = ["", "## Goals (one H100)", "", "| goal | measured | verdict |", "|---|---|---|"]
+  goal = get(records, "multi30k", "steps", "multi30k", "goal")
+  if goal:
+    measured = "-" if goal["bleu_as_is"] is None else f"{goal['bleu_as_is']:.2f}"
+    lines.append(
+      f"| Multi30k {goal['goal']} | {measured} in {goal['seconds']:.0f} s | {goal['verdict']} |"
+    )
   for name, goal in GOALS.items():
     tokens = get(speed, name, "target_tokens_per_second")
     verdict = _verdict(tokens, goal) if "H100" in kind else f"for an H100, not {kind or '?'}"
@@ -218,8 +275,9 @@ def _goals(records: dict) -> list[str]:
   return lines
 
 
-def render(records: dict, plan) -> str:
-  """The whole page."""
+def render(records: dict, plan, missed: list[str] = (), second: str = "") -> str:
+  """The whole page; `missed`, the steps that did not end ok, and `second`, the command of a
+  second call that runs them, at its end."""
   lines = (
     _header(records, plan)
     + _stage_table(records)
@@ -229,5 +287,6 @@ def render(records: dict, plan) -> str:
     + op_times(records)
     + _correctness(records)
     + _decoding_and_end_to_end(records)
+    + _second_call(list(missed), second)
   )
   return "\n".join(lines) + "\n"

@@ -20,7 +20,7 @@ import threading
 import time
 
 from tools.device_report import bundle, markdown
-from tools.device_report.plan import STAGES, Plan, Step
+from tools.device_report.plan import SECOND_DEADLINE_SECONDS, STAGES, Plan, Step
 
 RESERVE_SECONDS = 15.0  # kept back from the deadline: a stopped step's grace, then report.md
 GRACE_SECONDS = 5.0  # between SIGTERM and SIGKILL
@@ -130,8 +130,18 @@ class Runner:
     bundle_record: dict | None = None,
     extra_path: str = "",
     target: str | None = None,
+    multi30k: str = "",
+    compilation_cache: str = "",
+    earlier: str = "",
+    repeat_flags: tuple[str, ...] = (),
   ):
+    """`multi30k`: the directory holding Multi30k's data/task1 ('' for none); `compilation_cache`:
+    the steps' persistent compilation cache ('' for none); `earlier`: the --out of an earlier
+    call, whose records stand in for the steps this one does not run; `repeat_flags`: the flags
+    of this call that a second one repeats (`second_call`)."""
     self.plan, self.deadline, self.platform = plan, deadline, platform
+    self.multi30k, self.compilation_cache = multi30k, compilation_cache
+    self.earlier, self.repeat_flags = earlier, tuple(repeat_flags)
     self.out = pathlib.Path(out).resolve()
     self.out.mkdir(parents=True, exist_ok=True)
     self.work = pathlib.Path(tempfile.mkdtemp(prefix="transformer_jax_report_"))
@@ -147,6 +157,18 @@ class Runner:
     )
     self.stop_reason = ""
     self._live: set[_Child] = set()
+    if earlier:
+      self._take_earlier(pathlib.Path(earlier))
+
+  def _take_earlier(self, earlier: pathlib.Path) -> None:
+    """Each step record of the report in `earlier` whose step this call does not run, written
+    where this call's steps read what an earlier one wrote (`stage.Context.earlier`)."""
+    for path in sorted(earlier.glob("*.json")):
+      stage = read_json(path) or {}
+      for part, record in (stage.get("steps") or {}).items():
+        name = part if part == stage.get("stage") else f"{stage.get('stage')}:{part}"
+        if name != "environment" and not self._selected(Step(name, "device", 0)):
+          write_json(step_file(self.work, name), {**record, "from_earlier_call": str(earlier)})
 
   def _selected(self, step: Step) -> bool:
     return step.stage in self.selected or step.name in self.selected
@@ -184,6 +206,7 @@ class Runner:
     ]
     if self.target:
       command += ["--target", self.target]
+    command += ["--multi30k", self.multi30k, "--compilation_cache", self.compilation_cache]
     with open(log_path, "a", encoding="utf-8") as log:
       log.write(f"\n===== {step.name} (limit {limit:.0f} s) =====\n")
     child = _Child(command, self._child_env(step), limit, log_path)
@@ -279,7 +302,40 @@ class Runner:
     if log.exists() and log.stat().st_size > MAX_LOG_BYTES:
       data = log.read_bytes()[-MAX_LOG_BYTES:]
       log.write_bytes(b"[... the beginning was cut ...]\n" + data)
-    (self.out / REPORT_NAME).write_text(markdown.render(self.records, self.plan), encoding="utf-8")
+    page = markdown.render(self.records, self.plan, self.missed(), self.second_call())
+    (self.out / REPORT_NAME).write_text(page, encoding="utf-8")
+
+  def missed(self) -> list[str]:
+    """The steps of this call that did not end `ok` or `not applicable`, in the plan's order."""
+    ended = {
+      (stage if part == stage else f"{stage}:{part}"): step["status"]
+      for stage, record in self.records.items()
+      for part, step in record["steps"].items()
+    }
+    return [
+      s.name
+      for s in self.plan.steps
+      if s.name in ended and ended[s.name] not in ("ok", "not applicable")
+    ]
+
+  def second_call(self) -> str:
+    """The command of a second call that runs what this one missed (its output in another
+    directory, this one's records beside it), or '' when nothing was missed. The compile mode's
+    step is left out: a CPU step, it holds the device's steps when its turn comes while compiling
+    anew what the first call compiled (`./launch.sh compile` runs it on any machine)."""
+    steps = [name for name in self.missed() if name not in ("environment", "prediction:compile")]
+    if not steps:
+      return ""
+    return " ".join(
+      [
+        "./launch.sh device-report",
+        *self.repeat_flags,
+        "--out=<another dir>",
+        f"--stages={','.join(steps)}",
+        f"--deadline={SECOND_DEADLINE_SECONDS:.0f}",
+        f"--earlier={self.out}",
+      ]
+    )
 
 
 def _stage_status(steps: dict) -> str:

@@ -1,7 +1,7 @@
 """One step of the device report, in its own process (the runner starts it):
 
     python -m tools.device_report.stage --step=speed:base --work=DIR \
-        --result=FILE --seconds=60
+        --result=FILE --seconds=60 [--multi30k=DIR] [--compilation_cache=DIR]
 
 The plan is the runner's, read from DIR/plan.json.
 
@@ -53,15 +53,21 @@ _MODULES = {
   "prediction:largest": "largest",
   "decoding": "decoding",
   "end_to_end": "end_to_end",
+  "multi30k": "multi30k",
 }
 
 
 @dataclasses.dataclass(frozen=True)
 class Context:
-  """What a step knows beyond its plan: the runner's work directory and the compile target."""
+  """What a step knows beyond its plan: the runner's work directory, the compile target, the
+  Multi30k copy ('' for none), the compilation cache's directory ('' for none) and the
+  time.monotonic() of the step process's start."""
 
   work: pathlib.Path
   target: str
+  multi30k: str = ""
+  compilation_cache: str = ""
+  started: float = 0.0
 
   def earlier(self, step: str) -> dict:
     """What an earlier step of this report wrote (empty if it wrote nothing)."""
@@ -84,6 +90,8 @@ def main(argv: list[str]) -> int:
   parser.add_argument("--result", required=True)
   parser.add_argument("--seconds", type=float, required=True)
   parser.add_argument("--target", default="1xh100")
+  parser.add_argument("--multi30k", default="")
+  parser.add_argument("--compilation_cache", default="")
   args = parser.parse_args(argv)
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
   for noisy in ("orbax", "grain", "absl", "jax", "asyncio"):
@@ -98,7 +106,10 @@ def main(argv: list[str]) -> int:
     module = importlib.import_module(
       f"tools.device_report.{_MODULES.get(step.name, _MODULES[step.stage])}"
     )
-    module.run(plan, step, result, Context(pathlib.Path(args.work), args.target))
+    context = Context(
+      pathlib.Path(args.work), args.target, args.multi30k, args.compilation_cache, started
+    )
+    module.run(plan, step, result, context)
   except Exception as error:  # pylint: disable=broad-except  # Recorded, then the status says so.
     result.put(
       error=f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}",

@@ -181,7 +181,7 @@ class RunTimes:
   start) to the end of its first step, compiling included; `programs`: one per train-step
   program compiled (or loaded from the compilation cache), with its batch shape, its first step
   and its seconds; `phases`: `fit`'s time compiling, checkpointing, evaluating and, the rest of
-  it, training.
+  it, training; `steps` and `target_tokens`: this run's steps and their non-padding target tokens.
   """
 
   preparing_data: float = 0.0
@@ -191,6 +191,8 @@ class RunTimes:
   phases: dict[str, float] = dataclasses.field(
     default_factory=lambda: {"compiling": 0.0, "checkpointing": 0.0, "evaluating": 0.0}
   )
+  steps: int = 0
+  target_tokens: float = 0.0
   started: float = dataclasses.field(default_factory=time.perf_counter)
 
   @contextlib.contextmanager
@@ -335,6 +337,7 @@ def fit(
     log.warning("stopped at step %d for preemption; checkpoint saved", step)
   seconds = time.perf_counter() - start
   times.phases = times.summary(seconds)
+  times.steps, times.target_tokens = step - start_step, logger.tokens
   logger.close(
     step,
     seconds=seconds,
