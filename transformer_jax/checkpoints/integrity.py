@@ -32,24 +32,19 @@ def leaf_name(path) -> str:
   return "/".join(name(key) for key in path)
 
 
-def _leaf_sum(leaf, salt: int):
-  """Sum over the elements of `bits * odd weight`, mod 2**32: any single changed bit changes it."""
+@jax.jit
+def _leaf_sum(leaf, salt):
+  """Sum over the elements of `bits * odd weight`, mod 2**32: any single changed bit changes it.
+  `salt` is a uint32 scalar argument, so that leaves of one shape, dtype and sharding (a model's
+  layers, Adam's moments) share one compiled program."""
   leaf = jnp.asarray(leaf)
   if leaf.dtype == jnp.bool_:
     bits = leaf.astype(jnp.uint32)
   else:
     bits = jax.lax.bitcast_convert_type(leaf, _UINTS[leaf.dtype.itemsize]).astype(jnp.uint32)
   index = jax.lax.iota(jnp.uint32, bits.size).reshape(bits.shape)
-  weight = ((index * jnp.uint32(2654435761)) ^ jnp.uint32(salt)) | jnp.uint32(1)
+  weight = ((index * jnp.uint32(2654435761)) ^ salt) | jnp.uint32(1)
   return jnp.sum(bits * weight, dtype=jnp.uint32)
-
-
-@jax.jit
-def _tree_fingerprint(tree):
-  total = jnp.uint32(0)
-  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-    total = total + _leaf_sum(leaf, zlib.crc32(leaf_name(path).encode()))
-  return total
 
 
 def tree_fingerprint(tree) -> int:
@@ -58,9 +53,22 @@ def tree_fingerprint(tree) -> int:
   Each leaf is weighted by its name (`leaf_name`), not its position, so a
   train state and the plain dict Orbax restores without a target agree.
   Integer arithmetic mod 2**32: exact whatever the sharding or reduction
-  order. Leaves of 1, 2 or 4 bytes per element.
+  order. Leaves of 1, 2 or 4 bytes per element. One small program per
+  distinct leaf shape, dtype and sharding (not one over the whole tree, whose
+  compile took 5 s on a 2-core CPU for a 2.6M-parameter model's train state).
+  The sum of a leaf on several devices is fetched before the next starts:
+  such programs may hold collectives, and many in flight at once starve the
+  CPU backend's simulated devices of threads; a one-device leaf's is not
+  waited for.
   """
-  return int(jax.device_get(_tree_fingerprint(tree)))
+  total, pending = 0, []
+  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    leaf_sum = _leaf_sum(leaf, np.uint32(zlib.crc32(leaf_name(path).encode())))
+    if len(getattr(getattr(leaf, "sharding", None), "device_set", ())) > 1:
+      total += int(jax.device_get(leaf_sum))
+    else:
+      pending.append(leaf_sum)
+  return (total + sum(int(s) for s in jax.device_get(pending))) % 2**32
 
 
 def data_fingerprint(position) -> str:
