@@ -174,6 +174,16 @@ _TINY_MODEL = {
   "data.batch.max_source_length": 32,
   "data.batch.max_target_length": 32,
 }
+# The tiny plan's experiment runs: 6 updates, a checkpoint every 3, the last 2 averaged, beam 2.
+_TINY_RUN = {
+  "num_train_steps": 6,
+  "warmup_steps": 2,
+  "checkpoint_every_steps": 3,
+  "keep_checkpoints": 2,
+  "average_last": 2,
+  "log_every_steps": 3,
+  "decode.beam_size": 2,
+}
 TINY = Plan(
   name="tiny",
   # Caps with room for a loaded machine (CI runs two test processes at once; beside a training
@@ -227,13 +237,7 @@ TINY = Plan(
       "data.batch.mode": "packed",
       "data.batch.size": 8,
       "data.batch.max_length": 128,
-      "num_train_steps": 6,
-      "warmup_steps": 2,
-      "checkpoint_every_steps": 3,
-      "keep_checkpoints": 2,
-      "average_last": 2,
-      "log_every_steps": 3,
-      "decode.beam_size": 2,
+      **_TINY_RUN,
       "decode.max_length": 12,
       "decode.batch_size": 64,
     },
@@ -252,13 +256,7 @@ TINY = Plan(
       "data.batch.tokens": 256,
       "data.batch.max_source_length": 32,
       "data.batch.max_target_length": 32,
-      "num_train_steps": 6,
-      "warmup_steps": 2,
-      "checkpoint_every_steps": 3,
-      "keep_checkpoints": 2,
-      "average_last": 2,
-      "log_every_steps": 3,
-      "decode.beam_size": 2,
+      **_TINY_RUN,
       "decode.max_length": 16,
     },
   ),
