@@ -118,11 +118,18 @@ def make_trainer(
 
 
 def fit_batches(
-  trainer: Trainer, batches: list, directory, *, may_save=lambda: True, times=None, **settings
+  trainer: Trainer,
+  batches: list,
+  directory,
+  *,
+  may_save=lambda: True,
+  times=None,
+  stop_requested=lambda step: False,
+  **settings,
 ):
   """`loop.fit` from a fresh state over `batches`, checkpoints in `directory`/checkpoints; keeps
   every checkpoint, never evaluates and stops on a failed save unless `settings` say otherwise;
-  `times` (a `loop.RunTimes`) gets where the time went."""
+  `times` (a `loop.RunTimes`) gets where the time went; `stop_requested` as `fit` takes it."""
   logger = TrainLogger(
     str(directory / "tensorboard"),
     total_steps=len(batches),
@@ -151,6 +158,7 @@ def fit_batches(
       manager=manager,
       may_save=may_save,
       times=times,
+      stop_requested=stop_requested,
     )
   finally:
     manager.close()

@@ -24,6 +24,7 @@ from tools.device_report import (
 from tools.device_report import plan as plan_lib
 from tools.device_report.runner import RESERVE_SECONDS, Runner
 from transformer_jax.compile import targets
+from transformer_jax.data import multi30k as multi30k_data
 
 STAGE_FILES = [f"{s}.json" for s in plan_lib.STAGES]
 
@@ -473,8 +474,13 @@ def test_the_full_plan_fits_one_window_in_two_calls_in_order_of_value():
 def test_the_full_plans_multi30k_run_is_the_recipe_as_it_is():
   spec, overrides = plan_lib.FULL.multi30k
   assert spec == "experiments/multi30k.py:tiny" and overrides == {}
-  # The tok files the stage reads are the ones the bundle carries.
-  assert set(multi30k.FILES) == set(bundle_data.MULTI30K_FILES) and len(multi30k.FILES) == 6
+  # The tok files the bundle carries (and the stage looks for) are those the data source reads.
+  read = {
+    multi30k_data.relative_path("multi30k_tok", multi30k_data.SPLITS[split][0], lang)
+    for split in ("train", *multi30k.SPLITS)
+    for lang in ("en", "de")
+  }
+  assert set(bundle_data.MULTI30K_FILES) == read and len(bundle_data.MULTI30K_FILES) == 6
 
 
 def test_a_report_that_missed_steps_ends_with_the_second_call_that_runs_them(tmp_path):
@@ -502,11 +508,19 @@ def test_a_report_that_missed_steps_ends_with_the_second_call_that_runs_them(tmp
   assert runner.second_call() == command
   report = (tmp_path / "report.md").read_text()
   assert "## Not brought back" in report and f"    {command}" in report
+  # Stopped at its cap after its test BLEU was in: missed, but not for a second call to repeat.
+  runner.records["multi30k"]["steps"]["multi30k"].update(status="timed out", brought_back=True)
+  assert "multi30k" in runner.missed() and "--stages=prediction:largest,decoding " in (
+    runner.second_call()
+  )
   runner.records = {
     "environment": {"steps": {"environment": {"status": "ok"}}},
     "multi30k": {"steps": {"multi30k": {"status": "not applicable"}}},
   }
   assert runner.missed() == [] and runner.second_call() == ""
+  runner.repeat_flags = ("--bundle=/a b",)
+  runner.records["decoding"] = {"steps": {"decoding": {"status": "timed out"}}}
+  assert runner.second_call().startswith("./launch.sh device-report '--bundle=/a b' --out=")
 
 
 def test_a_second_call_reads_what_the_earlier_one_measured(tmp_path):
@@ -517,6 +531,9 @@ def test_a_second_call_reads_what_the_earlier_one_measured(tmp_path):
   (earlier / "prediction.json").write_text(json.dumps({"stage": "prediction", "steps": steps}))
   (earlier / "speed.json").write_text(
     json.dumps({"stage": "speed", "steps": {"base": {"status": "ok", "rows": 8}}})
+  )
+  (earlier / "decoding.json").write_text(
+    json.dumps({"stage": "decoding", "steps": {"decoding": {"status": "skipped"}}})
   )
   runner = Runner(
     plan_lib.TINY,
@@ -530,6 +547,7 @@ def test_a_second_call_reads_what_the_earlier_one_measured(tmp_path):
   assert context.earlier("prediction:compile")["largest_batch"] == found
   assert context.earlier("speed:base")["rows"] == 8
   assert context.earlier("prediction:largest") == {}  # This call's to run.
+  assert context.earlier("decoding") == {}  # Skipped there: nothing measured to stand in.
 
 
 def test_multi30k_without_its_files_says_how_to_carry_them(tmp_path):

@@ -52,6 +52,24 @@ def test_fit_times_each_program_and_the_first_step(tmp_path, caplog):
 
 
 @pytest.mark.slow
+def test_a_run_stopped_between_log_steps_counts_every_step_and_token(tmp_path):
+  trainer = helpers.make_trainer()
+  batches = [helpers.synthetic_batch(seed) for seed in range(5)]
+  times = loop.RunTimes()
+  helpers.fit_batches(
+    trainer,
+    batches,
+    tmp_path,
+    times=times,
+    stop_requested=lambda step: step == 3,  # As on SIGTERM: a checkpoint, then the end.
+    log_every_steps=2,
+    checkpoint_every_steps=100,
+  )
+  real = sum(int((b["targets_segmentation"] > 0).sum()) for b in batches[:3])
+  assert (times.steps, times.target_tokens) == (3, real)  # Step 3 was not a log step.
+
+
+@pytest.mark.slow
 def test_train_splits_the_run_into_data_set_up_compiling_and_training(shared, tmp_path):
   experiment = helpers.tiny_experiment(shared, num_train_steps=3, checkpoint_every_steps=3)
   times = experiment_lib.RunTimes()

@@ -12,7 +12,7 @@ import time
 
 from absl import app, flags
 
-from tools.device_report import bundle
+from tools.device_report import bundle, bundle_data
 from tools.device_report.plan import DEADLINE_SECONDS, PLANS, STAGES
 from tools.device_report.runner import Runner
 
@@ -115,6 +115,14 @@ def main(argv):
   multi30k = _MULTI30K.value
   if multi30k is None and _BUNDLE.value and os.path.isdir(os.path.join(_BUNDLE.value, "multi30k")):
     multi30k = os.path.join(_BUNDLE.value, "multi30k")
+  if multi30k and (lacking := bundle_data.missing_multi30k(multi30k)):
+    sys.exit(f"error: --multi30k={multi30k} lacks {', '.join(lacking)}")
+  if not multi30k and not _TINY.value and "multi30k" in _STAGES.value:
+    print(
+      "warning: no Multi30k text (--multi30k, or a bundle made with --multi30k): the multi30k "
+      "stage will say not applicable",
+      flush=True,
+    )
   if _EARLIER.value and not any(pathlib.Path(_EARLIER.value).glob("*.json")):
     sys.exit(f"error: --earlier={_EARLIER.value} holds no report's files (its *.json)")
   runner = Runner(

@@ -26,6 +26,8 @@ import sys
 import time
 import zipfile
 
+from tools.device_report import bundle_data
+
 LIST_NAME = "bundle.json"
 DEFAULT_PYTHON = "3.12"
 MAX_BYTES = 40 * 2**20
@@ -365,7 +367,6 @@ def main(argv: list[str]) -> int:
     help="a clone of github.com/multi30k/dataset: its EN-DE tok files travel in DIR/multi30k",
   )
   args = parser.parse_args(argv)
-  from tools.device_report import bundle_data  # pylint: disable=import-outside-toplevel
 
   try:  # The data first: a file missing there fails before the downloads.
     data = bundle_data.carry(args.directory, args.multi30k)

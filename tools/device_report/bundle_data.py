@@ -24,13 +24,17 @@ class MissingDataError(Exception):
   """A file the bundle is to carry is not where it should be; the message says which."""
 
 
+def missing_multi30k(root: str) -> list[str]:
+  """The files of MULTI30K_FILES that `root` (the directory holding data/task1) lacks."""
+  return [f for f in MULTI30K_FILES if not (pathlib.Path(root) / f).is_file()]
+
+
 def copy_multi30k(clone: str, directory: str) -> list[dict]:
   """Copy MULTI30K_FILES from `clone` (the directory holding data/task1) into
   `directory`/MULTI30K_DIR, replacing what was there; return [{file, bytes, sha256}].
   MissingDataError, before anything is copied, when `clone` lacks one of them."""
   source = pathlib.Path(clone)
-  missing = [f for f in MULTI30K_FILES if not (source / f).is_file()]
-  if missing:
+  if missing := missing_multi30k(clone):
     raise MissingDataError(
       f"{clone} is not a clone of github.com/multi30k/dataset with the tokenized text: it lacks "
       f"{', '.join(missing)}"

@@ -143,8 +143,9 @@ def device_test_files(tests: pathlib.Path) -> list[str]:
   )
 
 
-# The device's memory the tests' processes may use between them, each its share: with no
-# preallocation XLA_PYTHON_CLIENT_MEM_FRACTION is the most a process's allocator grows to.
+# The device's memory shared out among the tests' processes, each its share: with no
+# preallocation XLA_PYTHON_CLIENT_MEM_FRACTION is the most a process's allocator grows to. The
+# command lines some tests start inherit their worker's share, so the total may pass this.
 TESTS_MEMORY_FRACTION = 0.9
 
 

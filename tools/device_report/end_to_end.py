@@ -29,12 +29,19 @@ def run(plan, step, result, context) -> None:
 
 
 def run_experiment(
-  spec: str, overrides: dict, work: pathlib.Path, result, context, *, splits: tuple[str, ...]
+  spec: str,
+  overrides: dict,
+  work: pathlib.Path,
+  result,
+  context,
+  *,
+  splits: tuple[str, ...],
+  on_split=lambda split, record: None,
 ) -> dict:
   """Train the experiment of `spec` with `overrides` in the fresh directory `work` (its data
   directory there too), average its last checkpoints, and evaluate the averaged checkpoint on
-  each of `splits` (names `decode.split` takes), each figure put into `result` as it is known.
-  Returns the record."""
+  each of `splits` (names `decode.split` takes), each figure put into `result` as it is known;
+  `on_split(split, record)` as each split's figures are in. Returns the record."""
   cache = compilation_cache.enable(context.compilation_cache)
   shutil.rmtree(work, ignore_errors=True)
   experiment = experiment_of(spec, {**overrides, "data.source.data_dir": str(work / "tfds")})
@@ -78,12 +85,14 @@ def run_experiment(
       wall_seconds_by_part=_parts(parts, start, context.started),
     )
     _put_cache(result, cache)
+    on_split(split, records[split])
   return result.record
 
 
 def _train(experiment, workdir: Workdir, result) -> dict:
   """Train; the library's split of the run's time (`RunTimes`), put into `result` every
-  PARTIAL_EVERY_SECONDS while it trains, so that a step stopped mid-run keeps it."""
+  PARTIAL_EVERY_SECONDS while it trains, so that a step stopped mid-run keeps it. The thread that
+  puts it is the only writer of `result` until it is joined (both would write one file)."""
   times = experiment_lib.RunTimes()
   done = threading.Event()
 

@@ -12,44 +12,47 @@ bundle carries it: `./launch.sh device-bundle DIR --multi30k=CLONE`); nothing is
 
 import pathlib
 
+from tools.device_report.bundle_data import missing_multi30k
 from tools.device_report.end_to_end import run_experiment
-from transformer_jax.data import multi30k as multi30k_data
 
 GOAL_BLEU = 41.0
 GOAL_SECONDS = 180.0
 SPLITS = ("test_2016_flickr", "validation")
-SOURCE, TARGET = "en", "de"
-FILES = tuple(
-  multi30k_data.relative_path("multi30k_tok", multi30k_data.SPLITS[split][0], lang)
-  for split in ("train", *SPLITS)
-  for lang in (SOURCE, TARGET)
-)
 HOW_TO_CARRY = (
-  "no Multi30k text here: make the bundle with ./launch.sh device-bundle DIR "
-  f"--multi30k=<clone of {multi30k_data.URL}>, or give --multi30k=<the directory holding "
-  "data/task1>"
+  "make the bundle with ./launch.sh device-bundle DIR --multi30k=<clone of "
+  "https://github.com/multi30k/dataset>, or give --multi30k=<the directory holding data/task1>"
 )
 
 
 def run(plan, step, result, context) -> None:
   del step
   root = context.multi30k
-  missing = [f for f in FILES if not root or not (pathlib.Path(root) / f).is_file()]
-  if missing:
-    why = HOW_TO_CARRY if not root else f"{root} lacks {', '.join(missing)}; {HOW_TO_CARRY}"
-    result.not_applicable(why)
+  if not root:
+    result.not_applicable(f"no Multi30k text here: {HOW_TO_CARRY}")
+    return
+  if lacking := missing_multi30k(root):
+    result.not_applicable(f"{root} lacks {', '.join(lacking)}: {HOW_TO_CARRY}")
     return
   spec, overrides = plan.multi30k
-  record = run_experiment(
+
+  def test_known(split: str, record: dict) -> None:
+    """The goal, once the test split's BLEU is known (validation may not end within the cap);
+    with it the stage has brought back what it is for, and a second call need not run it."""
+    if split == SPLITS[0]:
+      result.put(
+        goal=goal(plan.name, record.get("bleu_as_is"), record["known_after_seconds"]),
+        brought_back=True,
+      )
+
+  run_experiment(
     spec,
     {**overrides, "data.source.manual_dir": str(pathlib.Path(root).resolve())},
     context.work / "multi30k",
     result,
     context,
     splits=SPLITS,
+    on_split=test_known,
   )
-  test = record["splits"][SPLITS[0]]
-  result.put(goal=goal(plan.name, test.get("bleu_as_is"), test["known_after_seconds"]))
 
 
 def goal(plan_name: str, bleu_as_is: float | None, seconds: float) -> dict:

@@ -12,6 +12,7 @@ comes last. Nothing here imports JAX.
 import json
 import os
 import pathlib
+import shlex
 import signal
 import subprocess
 import sys
@@ -161,13 +162,15 @@ class Runner:
       self._take_earlier(pathlib.Path(earlier))
 
   def _take_earlier(self, earlier: pathlib.Path) -> None:
-    """Each step record of the report in `earlier` whose step this call does not run, written
-    where this call's steps read what an earlier one wrote (`stage.Context.earlier`)."""
+    """Each step record of the report in `earlier` that ended (ok, not applicable, or with what it
+    is for brought back) and whose step this call does not run, written where this call's steps
+    read what an earlier one wrote (`stage.Context.earlier`)."""
     for path in sorted(earlier.glob("*.json")):
       stage = read_json(path) or {}
       for part, record in (stage.get("steps") or {}).items():
         name = part if part == stage.get("stage") else f"{stage.get('stage')}:{part}"
-        if name != "environment" and not self._selected(Step(name, "device", 0)):
+        ran = record.get("status") in ("ok", "not applicable") or record.get("brought_back")
+        if ran and name != "environment" and not self._selected(Step(name, "device", 0)):
           write_json(step_file(self.work, name), {**record, "from_earlier_call": str(earlier)})
 
   def _selected(self, step: Step) -> bool:
@@ -320,20 +323,28 @@ class Runner:
 
   def second_call(self) -> str:
     """The command of a second call that runs what this one missed (its output in another
-    directory, this one's records beside it), or '' when nothing was missed. The compile mode's
-    step is left out: a CPU step, it holds the device's steps when its turn comes while compiling
-    anew what the first call compiled (`./launch.sh compile` runs it on any machine)."""
-    steps = [name for name in self.missed() if name not in ("environment", "prediction:compile")]
+    directory, this one's records beside it), or '' when nothing was missed. Left out: a step that
+    brought back what it is for before it was stopped (`brought_back`: Multi30k's test BLEU), and
+    the compile mode's step: a CPU step, it holds the device's steps when its turn comes while
+    compiling anew what the first call compiled (`./launch.sh compile` runs it on any machine)."""
+    kept = {
+      f"{stage}:{part}" if part != stage else stage
+      for stage, record in self.records.items()
+      for part, step in record["steps"].items()
+      if step.get("brought_back")
+    }
+    skip = {"environment", "prediction:compile", *kept}
+    steps = [name for name in self.missed() if name not in skip]
     if not steps:
       return ""
     return " ".join(
       [
         "./launch.sh device-report",
-        *self.repeat_flags,
+        *map(shlex.quote, self.repeat_flags),
         "--out=<another dir>",
         f"--stages={','.join(steps)}",
         f"--deadline={SECOND_DEADLINE_SECONDS:.0f}",
-        f"--earlier={self.out}",
+        shlex.quote(f"--earlier={self.out}"),
       ]
     )
 

@@ -174,11 +174,12 @@ def _next_batch(train_iter, step: int, trainer: Trainer, shapes: set) -> tuple[d
 @dataclasses.dataclass
 class RunTimes:
   """Where a training run's wall time went, in seconds: filled by `experiment.train` and `fit`
-  (pass one to either to read it afterwards).
+  (pass a new one to either, one per run, to read it afterwards).
 
   `preparing_data`: the vocabulary, the data's preparation and its loaders; `setting_up`: the
   parameters or the checkpoint, and the peak FLOP/s; `first_step`: from `started` (the run's
-  start) to the end of its first step, compiling included; `programs`: one per train-step
+  start: `experiment.train` sets it, else it is when this was made) to the end of its first
+  step, compiling included; `programs`: one per train-step
   program compiled (or loaded from the compilation cache), with its batch shape, its first step
   and its seconds; `phases`: `fit`'s time compiling, checkpointing, evaluating and, the rest of
   it, training; `steps` and `target_tokens`: this run's steps and their non-padding target tokens.
@@ -337,7 +338,8 @@ def fit(
     log.warning("stopped at step %d for preemption; checkpoint saved", step)
   seconds = time.perf_counter() - start
   times.phases = times.summary(seconds)
-  times.steps, times.target_tokens = step - start_step, logger.tokens
+  unlogged = 0.0 if interval.sums is None else float(jax.device_get(interval.sums["tokens"]))
+  times.steps, times.target_tokens = step - start_step, logger.tokens + unlogged
   logger.close(
     step,
     seconds=seconds,
