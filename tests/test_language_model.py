@@ -169,6 +169,38 @@ def test_float64_logits_and_losses_of_packed_and_padded_rows_are_the_numpy_formu
   np.testing.assert_allclose(unpacked[is_real > 0], want[is_real > 0], rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.skipif(
+  not any(targets.installed(m) for m in targets.CUDA_PLUGINS) or jax.default_backend() != "cpu",
+  reason="needs the cuda extra (jax CUDA plugin) and the CPU backend",
+)
+def test_its_h100_train_step_takes_cudnns_causal_mask_type_in_every_layer():
+  """Compiled for an H100 on this CPU, in bfloat16 with cuDNN's attention: each layer's
+  self-attention, forward and backward, is cuDNN's CAUSAL mask type (the packed segments its
+  bias), as the translation decoder's self-attention (tests/test_attention.py)."""
+  config = dataclasses.replace(
+    CONFIG, num_layers=3, d_model=128, d_ff=256, num_heads=2, max_len=128, dtype="bfloat16"
+  )
+  spec = language_model.language_model_spec(dataclasses.replace(config, attention_impl="cudnn"))
+  devices = targets.compile_devices(targets.parse_target("1xh100"))
+  placement = Placement(
+    spec, sharding.make_mesh({"data": 1}, devices), sharding.logical_rules("dp")
+  )
+  trainer = Trainer(placement, optax.adam(1e-3), language_model.language_model_loss(0.1))
+  batch = programs.abstract_batch(placement, 4, 128)
+  lowered = placement.run(lambda: trainer.jitted_step.lower(trainer.abstract_state, batch))
+  found = [
+    (call[1], re.search(r"mask_type[^A-Z]*([A-Z_]+)", call[0])[1])
+    for call in re.finditer(
+      r'custom_call_target="(__cudnn\$fmha[^"]*)".*', lowered.compile().as_text()
+    )
+  ]
+  assert (
+    sorted(found)
+    == [("__cudnn$fmhaScaleBiasSoftmax", "CAUSAL")] * 3
+    + [("__cudnn$fmhaScaleBiasSoftmaxBackward", "CAUSAL")] * 3
+  ), found
+
+
 def _train(mesh_shape, rules, devices=None, steps=8):
   spec = language_model.language_model_spec(CONFIG)
   placement = Placement(
