@@ -141,6 +141,25 @@ def transformer_logits(params, inputs, targets, activation="relu", eps=1e-6):
   return y @ embedding.T + np.asarray(params["embed"].get("logits_bias", 0.0), np.float64)
 
 
+def language_model_logits(params, targets, segmentation, positions, eps=1e-6):
+  """Logits [b, t, vocab] of the pre-LN decoder-only model through every layer `params` has: in a
+  row of packed examples (`segmentation` 1, 2, ...; 0 padding) token t is predicted from the
+  tokens before it in its own example, the start token 0 first; `positions` index the sinusoid."""
+  embedding = np.asarray(params["embed"]["embedding"], np.float64)
+  d_model = embedding.shape[1]
+  previous = np.pad(segmentation, ((0, 0), (1, 0)))[:, :-1]
+  inputs = np.where(segmentation == previous, np.pad(targets, ((0, 0), (1, 0)))[:, :-1], 0)
+  table = np.array(
+    [[sinusoid(p, j, d_model) for j in range(d_model)] for p in range(positions.max() + 1)]
+  )
+  x = embedding[inputs] * math.sqrt(d_model) + table[positions]
+  q, k = segmentation[:, None, :, None], segmentation[:, None, None, :]
+  sees = np.tril(np.ones((targets.shape[1],) * 2, bool)) & (q == k) & (q != 0) & (k != 0)
+  for layer in layers(params):
+    x = encoder_layer(layer, x, sees, pre_norm=True, eps=eps)
+  return layer_norm(params["final_norm"], x, eps) @ embedding.T
+
+
 def step_log_probs(
   logits, *, last: bool, eos: int, pad: int = 0, force_eos: bool = False, renormalize: bool = False
 ):

@@ -17,12 +17,14 @@ import optax
 import pytest
 
 import helpers
+import numpy_reference as ref
 from transformer_jax import config as config_lib
 from transformer_jax import data, sharding
 from transformer_jax import experiment as experiment_lib
 from transformer_jax.compile import programs, targets
 from transformer_jax.errors import FieldError
 from transformer_jax.model import language_model
+from transformer_jax.model.loss import cross_entropy
 from transformer_jax.model.transformer import TransformerConfig
 from transformer_jax.placement import Placement
 from transformer_jax.pretrained import convert
@@ -83,27 +85,120 @@ def test_a_later_token_changes_no_earlier_logits_nor_another_packed_example(para
       np.testing.assert_array_equal(np.delete(other, row, 0), np.delete(logits, row, 0))
 
 
+def _numpy_losses(logits, targets, label_smoothing):
+  """Per-token (label-smoothed cross entropy, -log p(target)) of `logits`, in numpy float64."""
+  logits = np.asarray(logits, np.float64)
+  top = logits.max(-1, keepdims=True)
+  log_p = logits - top - np.log(np.sum(np.exp(logits - top), -1))[..., None]
+  picked = np.take_along_axis(log_p, targets[..., None], -1)[..., 0]
+  other = label_smoothing / (logits.shape[-1] - 1)
+  return -((1 - label_smoothing) * picked + other * (log_p.sum(-1) - picked)), -picked
+
+
 def test_the_loss_is_the_next_token_cross_entropy_of_numpy_and_the_flops_the_formula(params):
   spec = language_model.language_model_spec(CONFIG)
   batch = _batch(1)
   logits = np.asarray(spec.apply(params, batch, None), np.float64)
   sums = language_model.language_model_loss(0.1)(jnp.asarray(logits, jnp.float32), batch)
   real = batch["targets_segmentation"] > 0
-  log_p = (
-    logits
-    - np.log(np.sum(np.exp(logits - logits.max(-1, keepdims=True)), -1))[..., None]
-    - logits.max(-1, keepdims=True)
-  )
-  picked = np.take_along_axis(log_p, batch["targets"][..., None], -1)[..., 0]
-  smoothed = -(0.9 * picked + 0.1 / (VOCAB - 1) * (log_p.sum(-1) - picked))
+  smoothed, nll = _numpy_losses(logits, batch["targets"], 0.1)
   assert float(sums["tokens"]) == real.sum()
-  np.testing.assert_allclose(float(sums["nll"]), -picked[real].sum(), rtol=1e-5)
+  np.testing.assert_allclose(float(sums["nll"]), nll[real].sum(), rtol=1e-5)
   np.testing.assert_allclose(float(sums["loss"]), smoothed[real].sum(), rtol=1e-5)
   # Per token and layer: q, k, v, out (4 d^2), feed-forward (2 d d_ff), attention over the
   # 12 keys of the row (2 d per key); the output layer (vocab d); x 2 FLOPs x 3 (backward).
   d, per_layer = 32, 4 * 32 * 32 + 2 * 32 * 64 + 2 * 32 * 12
   expected = 6.0 * real.sum() * (2 * per_layer + VOCAB * d)
   assert float(spec.flops(batch)) == expected
+
+
+@pytest.mark.parametrize("scan_layers, remat", [(False, "none"), (True, "full")])
+def test_float64_logits_and_losses_of_packed_and_padded_rows_are_the_numpy_formulas(
+  scan_layers, remat
+):
+  """Against the float64 formula, whose dense mask is causal AND the token's own example: the
+  model's (the examples apart in its mask, the causal mask its layers' `is_causal`) to 1e-12, for
+  rows packed with up to three examples and padding, and for padded rows with no segmentation;
+  the per-token losses to 1e-12, the loss function's float32 sums the formula's rounded. Scanned
+  and rematerialized layers (`is_causal` one of their static arguments) alike."""
+  targets = np.array(
+    [[5, 9, 4, 7, 3, 8, 6, 11, 2, 0, 0, 0], [12, 4, 4, 9, 30, 3, 7, 5, 21, 8, 6, 39]], np.int32
+  )
+  segmentation = np.array(
+    [[1, 1, 1, 2, 2, 2, 2, 3, 3, 0, 0, 0], [1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2]], np.int32
+  )
+  position = np.array(
+    [[0, 1, 2, 0, 1, 2, 3, 0, 1, 0, 0, 0], [0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5, 6]], np.int32
+  )
+  padded = np.where(np.arange(12) < np.array([[7], [12]]), targets, 0).astype(np.int32)
+  batch = {"targets": targets, "targets_segmentation": segmentation}
+  with jax.enable_x64(True):
+    cfg = dataclasses.replace(CONFIG, dtype="float64")
+    init = nn.unbox(language_model.LanguageModel(cfg).init(jax.random.key(0), targets))["params"]
+    leaves, tree = jax.tree.flatten(init)
+    keys = jax.random.split(jax.random.key(3), len(leaves))  # Norms too: away from 1 and 0.
+    params = jax.tree.unflatten(
+      tree, [0.3 * jax.random.normal(k, x.shape, jnp.float64) for k, x in zip(keys, leaves)]
+    )
+    model = language_model.LanguageModel(
+      dataclasses.replace(cfg, scan_layers=scan_layers, remat=remat)
+    )
+    variables = {"params": params}
+    if scan_layers:  # The same layers, stacked.
+      stacked = jax.tree.map(lambda *a: jnp.stack(a), *ref.layers(params))
+      variables = {"params": {"embed": params["embed"], "final_norm": params["final_norm"]}}
+      variables["params"]["layers"] = {"layer": stacked}
+    logits = np.asarray(model.apply(variables, targets, segmentation, position))
+    unpacked = np.asarray(model.apply(variables, padded))
+    smoothed, nll = (np.asarray(a) for a in cross_entropy(logits, targets, 0.1))
+    sums = language_model.language_model_loss(0.1)(logits, batch)
+  params = jax.tree.map(np.asarray, params)
+  assert logits.dtype == np.float64 and len(ref.layers(params)) == 2
+  real = segmentation > 0
+  want = ref.language_model_logits(params, targets, segmentation, position)
+  np.testing.assert_allclose(logits[real], want[real], rtol=1e-12, atol=1e-12)
+  want_smoothed, want_nll = _numpy_losses(want, targets, 0.1)
+  np.testing.assert_allclose(smoothed[real], want_smoothed[real], rtol=1e-12, atol=1e-12)
+  np.testing.assert_allclose(nll[real], want_nll[real], rtol=1e-12, atol=1e-12)
+  assert sums["loss"].dtype == jnp.float32 and float(sums["tokens"]) == real.sum()
+  np.testing.assert_allclose(float(sums["loss"]), want_smoothed[real].sum(), rtol=1e-7)
+  np.testing.assert_allclose(float(sums["nll"]), want_nll[real].sum(), rtol=1e-7)
+
+  is_real = (padded > 0).astype(np.int32)  # One example a row: padding_mask's path.
+  want = ref.language_model_logits(params, padded, is_real, np.broadcast_to(np.arange(12), (2, 12)))
+  np.testing.assert_allclose(unpacked[is_real > 0], want[is_real > 0], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.skipif(
+  not any(targets.installed(m) for m in targets.CUDA_PLUGINS) or jax.default_backend() != "cpu",
+  reason="needs the cuda extra (jax CUDA plugin) and the CPU backend",
+)
+def test_its_h100_train_step_takes_cudnns_causal_mask_type_in_every_layer():
+  """Compiled for an H100 on this CPU, in bfloat16 with cuDNN's attention: each layer's
+  self-attention, forward and backward, is cuDNN's CAUSAL mask type (the packed segments its
+  bias), as the translation decoder's self-attention (tests/test_attention.py)."""
+  config = dataclasses.replace(
+    CONFIG, num_layers=3, d_model=128, d_ff=256, num_heads=2, max_len=128, dtype="bfloat16"
+  )
+  spec = language_model.language_model_spec(dataclasses.replace(config, attention_impl="cudnn"))
+  devices = targets.compile_devices(targets.parse_target("1xh100"))
+  placement = Placement(
+    spec, sharding.make_mesh({"data": 1}, devices), sharding.logical_rules("dp")
+  )
+  trainer = Trainer(placement, optax.adam(1e-3), language_model.language_model_loss(0.1))
+  batch = programs.abstract_batch(placement, 4, 128)
+  lowered = placement.run(lambda: trainer.jitted_step.lower(trainer.abstract_state, batch))
+  found = [
+    (call[1], re.search(r"mask_type[^A-Z]*([A-Z_]+)", call[0])[1])
+    for call in re.finditer(
+      r'custom_call_target="(__cudnn\$fmha[^"]*)".*', lowered.compile().as_text()
+    )
+  ]
+  assert (
+    sorted(found)
+    == [("__cudnn$fmhaScaleBiasSoftmax", "CAUSAL")] * 3
+    + [("__cudnn$fmhaScaleBiasSoftmaxBackward", "CAUSAL")] * 3
+  ), found
 
 
 def _train(mesh_shape, rules, devices=None, steps=8):

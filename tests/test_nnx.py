@@ -189,6 +189,10 @@ def test_encoder_and_decoder_layers_match_linen_and_the_bridge_with_dropout_on(
     reset()
     np.testing.assert_allclose(via_bridge, twin(*args), rtol=TOLERANCE, atol=TOLERANCE)
 
+    # A decoder-only model's layer: the segments as the mask, causal through `is_causal`.
+    causal_args = (*args, True)
+    assert_same(*linen_and_nnx(linen, twin, causal_args, reset=reset))
+
     linen = layers.DecoderLayer(**settings)
     twin = nnx_layers.DecoderLayer(8, **settings, rngs=nnx.Rngs(0))
     args = (x, encoded, self_mask, cross_mask, False)

@@ -2,14 +2,15 @@
 it (`language_model_spec`), with its loss (`language_model_loss`) and FLOPs (`train_flops`).
 
 The model is what a user lifting our layers into their own model writes: the shared embedding
-(`Embed`, also the output layer), the positional encodings, the paper's encoder layer under a
-causal mask (the decoder layer without cross-attention), and a final LayerNorm for pre-LN. Its
-settings are the Transformer's (`TransformerConfig`): `num_layers` layers of `d_model`, `d_ff`
-and `num_heads`, its dropout, norm placement, attention implementation, `scan_layers`, `remat`
-and `max_len`. It reads the target side of a translation batch (`targets`, packed
-`targets_segmentation` and `targets_position`), so it trains on any data source; every
-parameter carries the Transformer's logical axis names, so the sharding rules apply as they
-are.
+(`Embed`, also the output layer), the positional encodings, the paper's encoder layer made
+causal (the decoder layer without cross-attention: the padding or packed-segment mask, the causal
+one left to the self-attention's `is_causal`, cuDNN's CAUSAL mask type on a GPU, as in the
+decoder), and a final LayerNorm for pre-LN. Its settings are the Transformer's
+(`TransformerConfig`): `num_layers` layers of `d_model`, `d_ff` and `num_heads`, its dropout,
+norm placement, attention implementation, `scan_layers`, `remat` and `max_len`. It reads the
+target side of a translation batch (`targets`, packed `targets_segmentation` and
+`targets_position`), so it trains on any data source; every parameter carries the Transformer's
+logical axis names, so the sharding rules apply as they are.
 """
 
 import functools
@@ -19,11 +20,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer_jax.model import attention
 from transformer_jax.model.config import TransformerConfig, weight_counts
 from transformer_jax.model.dropout import Dropout
 from transformer_jax.model.embedding import Embed, PositionalEncoding
-from transformer_jax.model.encoder_decoder import check_tokens, shift_right
+from transformer_jax.model.encoder_decoder import check_tokens, encoder_mask, shift_right
 from transformer_jax.model.layers import EncoderLayer, LayerNorm
 from transformer_jax.model.loss import cross_entropy
 from transformer_jax.model.spec import ModelSpec, linen_spec
@@ -33,17 +33,6 @@ from transformer_jax.model.transformer import stack_layers
 
 # The batch arrays the model reads: the target side of the pipeline's batches.
 LM_BATCH_KEYS = ("targets", "targets_segmentation", "targets_position")
-
-
-def causal_self_mask(tokens, segmentation=None):
-  """Self-attention mask of a language model: position i sees positions <= i of its own example
-  (packed `segmentation`, else the non-padding tokens), `[batch, 1, length, length]`."""
-  own = (
-    attention.padding_mask(tokens, tokens)
-    if segmentation is None
-    else attention.segment_mask(segmentation, segmentation)
-  )
-  return attention.combine_masks(own, attention.causal_mask(tokens.shape[1]))
 
 
 class LanguageModel(nn.Module):
@@ -68,8 +57,10 @@ class LanguageModel(nn.Module):
     x = embed(shift_right(targets, targets_segmentation))
     x = PositionalEncoding(cfg.max_len, cfg.positional, name="positions")(x, targets_position)
     x = Dropout(cfg.dropout_rate)(x, deterministic=not train)
-    mask = causal_self_mask(targets, targets_segmentation)
-    x = stack_layers(cfg, cfg.num_layers, EncoderLayer, x, (mask,), (not train,))
+    # Position i sees positions <= i of its own example: the mask keeps the examples apart (packed
+    # segments, else the non-padding tokens), the layers' `is_causal` adds the causal mask.
+    mask = encoder_mask(targets, targets_segmentation)
+    x = stack_layers(cfg, cfg.num_layers, EncoderLayer, x, (mask,), (not train, True))
     if cfg.norm == "pre":  # Pre-LN sublayers normalise only their inputs.
       x = LayerNorm(cfg.norm_epsilon, cfg.compute_dtype, name="final_norm")(x)
     logits = embed.attend(x)

@@ -229,16 +229,19 @@ class _LayerFields(nn.Module):
 class EncoderLayer(_LayerFields):
   """Self-attention then feed-forward, each in a residual block: `[batch, length, d_model]` -> same.
 
-  `mask` is broadcastable to `[batch, heads, length, length]`.
+  `mask` is broadcastable to `[batch, heads, length, length]`. `is_causal` makes the
+  self-attention causal through the attention's own causal path (`attention.dot_product_attention`;
+  cuDNN's CAUSAL mask type on a GPU) with `mask` as the padding or packed segments: a decoder-only
+  model's layer, as `model/language_model.py` calls it.
   """
 
   @nn.compact
-  def __call__(self, x, mask=None, deterministic: bool = True):
+  def __call__(self, x, mask=None, deterministic: bool = True, is_causal: bool = False):
     block = self._residual_block(deterministic)
     attend, feed_forward = self._attention("self_attention"), self._feed_forward()
     x = block(
       x,
-      lambda y: attend(y, y, mask, deterministic=deterministic),
+      lambda y: attend(y, y, mask, is_causal=is_causal, deterministic=deterministic),
       norm=self._norm("self_attention_norm"),
     )
     x = block(x, lambda y: feed_forward(y, deterministic), norm=self._norm("feed_forward_norm"))

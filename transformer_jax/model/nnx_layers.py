@@ -307,13 +307,15 @@ class _Layer(nnx.Module):
 
 
 class EncoderLayer(_Layer):
-  """Self-attention then feed-forward, each in a residual block: `[b, l, d_model]` -> same."""
+  """Self-attention then feed-forward, each in a residual block: `[b, l, d_model]` -> same;
+  `is_causal` makes the self-attention causal through the attention's own causal path, `mask`
+  then the padding or packed segments (as the Linen layer's)."""
 
-  def __call__(self, x, mask=None, deterministic: bool | None = None):
+  def __call__(self, x, mask=None, deterministic: bool | None = None, is_causal: bool = False):
     block, feed_forward = self._block(deterministic), self._feed_forward(deterministic)
     x = block(
       x,
-      lambda y: self.self_attention(y, y, mask, deterministic=deterministic),
+      lambda y: self.self_attention(y, y, mask, is_causal=is_causal, deterministic=deterministic),
       norm=self.self_attention_norm,
     )
     x = block(x, feed_forward, norm=self.feed_forward_norm)
