@@ -34,6 +34,20 @@ def _dead(pid: int) -> bool:
   return "\nState:\tZ" in status  # Ended, not yet reaped by whoever took it over.
 
 
+def _run(tests, seconds, test_timeout, platform="cpu", workers=2) -> dict:
+  """`run_device_tests` over the generated file `tests`, its log beside it; the inner pytest's
+  rootdir is the file's folder, so its ids do not depend on where the checkout is."""
+  folder = tests.parent
+  return correctness.run_device_tests(
+    [str(tests), f"--rootdir={folder}"],
+    seconds,
+    folder / "log.jsonl",
+    test_timeout,
+    platform,
+    workers=workers,
+  )
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
   "workers, platform, fraction", [(2, "gpu", "0.450"), (2, "cpu", None), (1, "cpu", None)]
@@ -42,9 +56,7 @@ def test_each_test_ends_once_with_or_without_xdist(tmp_path, workers, platform, 
   tests = tmp_path / "test_quick.py"
   tests.write_text(QUICK_TESTS)  # Imports no JAX: runs on a machine without the platform too.
   log = tmp_path / "log.jsonl"
-  record = correctness.run_device_tests(
-    [str(tests), f"--rootdir={tmp_path}"], 120, log, 60, platform, workers=workers
-  )
+  record = _run(tests, 120, 60, platform, workers)
   assert record["workers"] == workers and record["memory_fraction"] == fraction
   for n in range(5):  # What each test's process saw.
     seen = json.loads((tmp_path / f"env_{n}.json").read_text())
@@ -83,9 +95,7 @@ def test_a_stopped_run_names_the_tests_that_did_not_run_and_leaves_no_worker(tmp
     "def test_after_3():\n  pass\n\n"
     "def test_after_4():\n  pass\n"
   )
-  record = correctness.run_device_tests(
-    [str(tests), f"--rootdir={tmp_path}"], 12, tmp_path / "log.jsonl", 900, "cpu", 2
-  )
+  record = _run(tests, 12, 900)
   assert record["status"] == "stopped after 12 s" and record["exit_status"] is None
   assert correctness._tests_status(record) == "incomplete"
   assert record["collected"] == 6 and not record["failures"]
@@ -106,9 +116,7 @@ def test_a_test_that_kills_its_worker_counts_as_failed(tmp_path):
     "def test_after_1():\n  pass\n\n"
     "def test_after_2():\n  pass\n"
   )
-  record = correctness.run_device_tests(
-    [str(tests), f"--rootdir={tmp_path}"], 120, tmp_path / "log.jsonl", 60, "cpu", 2
-  )
+  record = _run(tests, 120, 60)
   assert record["status"] == "finished" and record["exit_status"] == 1
   assert record["counts"] == {"passed": 3, "failed": 1} and record["not_run_count"] == 0
   (failure,) = record["failures"]
