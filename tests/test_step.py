@@ -77,7 +77,22 @@ def test_the_global_norm_is_optaxs_over_one_sum_of_row_sums():
     "s": jnp.float32(3.0),
   }
   expected = float(optax.tree.norm(tree))
-  np.testing.assert_allclose(float(step_lib.global_norm(tree)), expected, rtol=1e-6)
-  np.testing.assert_allclose(float(jax.jit(step_lib.global_norm)(tree)), expected, rtol=1e-6)
+  np.testing.assert_allclose(float(objective.global_norm(tree)), expected, rtol=1e-6)
+  np.testing.assert_allclose(float(jax.jit(objective.global_norm)(tree)), expected, rtol=1e-6)
   nan = {**tree, "b": tree["b"].at[2].set(jnp.nan)}
-  assert not np.isfinite(float(step_lib.global_norm(nan)))
+  assert not np.isfinite(float(objective.global_norm(nan)))
+
+
+@pytest.mark.parametrize("max_norm", [0.5, 1e3])  # Clipped, and left as it is.
+def test_clipping_by_the_global_norm_is_optaxs(max_norm):
+  rng = np.random.default_rng(0)
+  tree = {"w": rng.normal(size=(80, 3)), "b": rng.normal(size=(7,)), "s": np.float64(0.3)}
+  tree = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), tree)
+  ours = objective.clip_by_global_norm(max_norm)
+  theirs = optax.clip_by_global_norm(max_norm)
+  clipped, _ = jax.jit(ours.update)(tree, ours.init(tree))
+  expected, _ = theirs.update(tree, theirs.init(tree))
+  for a, b in zip(jax.tree.leaves(clipped), jax.tree.leaves(expected), strict=True):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6)
+  norm = float(objective.global_norm(clipped))
+  assert norm == pytest.approx(min(max_norm, float(optax.tree.norm(tree))), rel=1e-6)

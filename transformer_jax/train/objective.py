@@ -1,12 +1,16 @@
-"""The paper's training recipe: the learning-rate schedule and Adam (`OptimizerSettings`); the
-FLOPs of a step are the model's (`model.config.train_flops`).
+"""The paper's training recipe: the learning-rate schedule and Adam (`OptimizerSettings`), with
+optional clipping by the gradients' `global_norm` (which the train step also logs); the FLOPs of a
+step are the model's (`model.config.train_flops`).
 
 (The loss itself, label-smoothed cross entropy, is `transformer_jax.model.loss`:
 evaluation sums it too.)
 """
 
 import dataclasses
+import itertools
+import operator
 
+import jax
 import jax.numpy as jnp
 import optax
 
@@ -62,6 +66,47 @@ def learning_rate_schedule(
   return schedule
 
 
+NORM_ROWS = 64  # a leaf's fewest leading axes that give at least this many row sums
+
+
+def global_norm(tree):
+  """The L2 norm of all of `tree`'s leaves together: `optax.tree.norm`'s value, summed in
+  another order (its last bits may differ).
+
+  Each leaf is read as `[rows, -1]`, `rows` the product of its fewest leading axes that reach
+  `NORM_ROWS` (all of them for a smaller leaf), and the squares of each row summed; all
+  leaves' row sums are concatenated and summed once. The optimization barrier keeps XLA from
+  turning that sum back into one reduction per leaf. On a GPU the row sums fuse into the
+  kernels that make the gradients and one kernel adds them all up, where a sum per leaf ended
+  in a one-block kernel per leaf; with parameters sharded (`fsdp`) the row sums are gathered
+  (a few all-gathers more; docs/performance.md gives the compile mode's figures).
+  """
+
+  def row_sums(leaf):
+    leaf = jnp.asarray(leaf)
+    sizes = itertools.accumulate(leaf.shape, operator.mul)
+    rows = next((n for n in sizes if n >= NORM_ROWS), leaf.size)
+    return jnp.sum(jnp.square(leaf).reshape(rows, -1), axis=1)
+
+  parts = [row_sums(leaf) for leaf in jax.tree.leaves(tree)]
+  total = jnp.sum(jax.lax.optimization_barrier(jnp.concatenate(parts))) if parts else 0.0
+  return jnp.sqrt(total)
+
+
+def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
+  """`optax.clip_by_global_norm(max_norm)` with the norm of `global_norm`: where the train step
+  also takes that norm (for its metrics), the two are one computation in the compiled step,
+  where optax's own norm would add a reduction per parameter array."""
+
+  def update(updates, state, params=None):
+    del params
+    norm = global_norm(updates)
+    clip = lambda t: jnp.where(norm < max_norm, t, t / norm.astype(t.dtype) * max_norm)
+    return jax.tree.map(clip, updates), state
+
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
 @dataclasses.dataclass(frozen=True)
 class OptimizerSettings:
   """The paper's Adam and learning-rate schedule (`config.learning_rate` ...
@@ -101,5 +146,5 @@ class OptimizerSettings:
     )
     adam = optax.adam(schedule, b1=self.adam_b1, b2=self.adam_b2, eps=self.adam_eps)
     if self.grad_clip_norm > 0:
-      return optax.chain(optax.clip_by_global_norm(self.grad_clip_norm), adam), schedule
+      return optax.chain(clip_by_global_norm(self.grad_clip_norm), adam), schedule
     return adam, schedule

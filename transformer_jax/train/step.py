@@ -9,8 +9,6 @@ in/out shardings and the state donated. Its dropout key is
 """
 
 import functools
-import itertools
-import operator
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,6 +23,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from transformer_jax.model.spec import LossFn, ModelSpec
 from transformer_jax.placement import Placement
 from transformer_jax.sharding import abstract_tree, tree_shardings
+from transformer_jax.train.objective import global_norm
 
 
 class TrainState(struct.PyTreeNode):
@@ -111,33 +110,6 @@ def make_train_step(
     return skip_nonfinite(state, new_state, metrics)
 
   return train_step
-
-
-NORM_ROWS = 64  # a leaf's fewest leading axes that give at least this many row sums
-
-
-def global_norm(tree):
-  """The L2 norm of all of `tree`'s leaves together: `optax.tree.norm`'s value, summed in
-  another order (its last bits may differ).
-
-  Each leaf is read as `[rows, -1]`, `rows` the product of its fewest leading axes that reach
-  `NORM_ROWS` (all of them for a smaller leaf), and the squares of each row summed; all
-  leaves' row sums are concatenated and summed once. The optimization barrier keeps XLA from
-  turning that sum back into one reduction per leaf. On a GPU the row sums fuse into the
-  kernels that make the gradients and one kernel adds them all up, where a sum per leaf ended
-  in a one-block kernel per leaf; with parameters sharded (`fsdp`) the row sums are gathered
-  (a few all-gathers more; docs/performance.md gives the compile mode's figures).
-  """
-
-  def row_sums(leaf):
-    leaf = jnp.asarray(leaf)
-    sizes = itertools.accumulate(leaf.shape, operator.mul)
-    rows = next((n for n in sizes if n >= NORM_ROWS), leaf.size)
-    return jnp.sum(jnp.square(leaf).reshape(rows, -1), axis=1)
-
-  parts = [row_sums(leaf) for leaf in jax.tree.leaves(tree)]
-  total = jnp.sum(jax.lax.optimization_barrier(jnp.concatenate(parts))) if parts else 0.0
-  return jnp.sqrt(total)
 
 
 def skip_nonfinite(state: TrainState, new_state: TrainState, metrics: dict):
