@@ -125,11 +125,13 @@ def fit_batches(
   may_save=lambda: True,
   times=None,
   stop_requested=lambda step: False,
+  batch_shapes=(),
   **settings,
 ):
   """`loop.fit` from a fresh state over `batches`, checkpoints in `directory`/checkpoints; keeps
   every checkpoint, never evaluates and stops on a failed save unless `settings` say otherwise;
-  `times` (a `loop.RunTimes`) gets where the time went; `stop_requested` as `fit` takes it."""
+  `times` (a `loop.RunTimes`) gets where the time went; `stop_requested` and `batch_shapes` as
+  `fit` takes them."""
   logger = TrainLogger(
     str(directory / "tensorboard"),
     total_steps=len(batches),
@@ -159,6 +161,7 @@ def fit_batches(
       may_save=may_save,
       times=times,
       stop_requested=stop_requested,
+      batch_shapes=batch_shapes,
     )
   finally:
     manager.close()

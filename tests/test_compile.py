@@ -193,7 +193,7 @@ def test_the_tpu_compile_counts_the_flops_of_the_cpu_compile(small_report):
   (tpu,) = [p["flops"] for p in small_report["programs"] if p["name"] == "train 64x32"]
   # The same step on the 8 simulated CPU devices.
   trainer, _ = programs.make_trainer(_report_config(), vocab_size=256)
-  batch = programs.abstract_batch(trainer.placement, 64, 32)
+  batch = trainer.placement.abstract_batch(64, 32)
   cpu = (
     trainer.placement.run(lambda: trainer.jitted_step.lower(trainer.abstract_state, batch))
     .compile()

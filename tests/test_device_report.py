@@ -15,6 +15,7 @@ from tools.device_report import (
   bundle_data,
   correctness,
   largest,
+  markdown,
   markdown_time,
   multi30k,
   op_times,
@@ -613,3 +614,23 @@ def test_the_floor_table_sets_each_measured_step_beside_both_predictions():
   )
   assert "NVIDIA H100 SXM 80GB (this device's)" in lines[-1] and "not measured" in lines[-1]
   assert markdown_time.floor_rows({"speed": {"steps": {"base": {"status": "timed out"}}}}) == []
+
+
+def test_the_report_names_programs_compiled_ahead_and_those_compiled_at_a_step():
+  run = {
+    "status": "ok",
+    "experiment": "experiments/multi30k.py:tiny",
+    "steps": 2,
+    "updates_per_second": 10.0,
+    "target_tokens_per_second": 1000.0,
+    "splits": {"test": {"bleu": 40.0, "perplexity": 4.0, "sentences": 10}},
+    "run_times": {
+      "first_step": 9.0,
+      "programs": [
+        {"step": None, "shape": "(8, 16)", "seconds": 7.0},
+        {"step": 3, "shape": "(8, 24)", "seconds": 2.0},
+      ],
+    },
+  }
+  (line,) = [x for x in markdown._experiment_run("multi30k", run) if "programs" in x]
+  assert line.endswith("compiled: ahead (8, 16) 7.0 s, step 3 (8, 24) 2.0 s.")

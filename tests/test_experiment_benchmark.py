@@ -41,3 +41,19 @@ def test_experiment_measures_every_batch_mode_on_its_own_data(tmp_path):
   table = experiment_benchmark.format_experiment_table(results).splitlines()
   ratio = modes["tokens"]["tokens_per_s"] / modes["padded"]["tokens_per_s"]
   assert table[1].startswith("tokens") and f"{ratio:.2f}" in table[1].split()
+
+
+def test_compile_ahead_times_every_batch_shape_of_the_experiment(tmp_path):
+  settings = experiment.Experiment(
+    model=TransformerConfig(num_layers=1, d_model=32, d_ff=64, num_heads=4, max_len=64),
+    data=helpers.data_config(
+      vocab__size=200, batch__tokens=512, batch__max_source_length=24, batch__max_target_length=24
+    ),
+  )
+  results = experiment_benchmark.compile_ahead(settings, threads=2)
+  assert [(s["rows"], s["length"]) for s in results["shapes"]] == [(64, 8), (32, 16), (16, 24)]
+  assert results["threads"] == 2 and all(s["seconds"] > 0 for s in results["shapes"])
+  assert results["wall_seconds"] >= max(s["seconds"] for s in results["shapes"])
+  text = experiment_benchmark.format_compile_ahead(results)
+  wall = results["wall_seconds"]
+  assert text.endswith(f"3 train-step programs in {wall:.1f} s on 2 threads (cpu)")

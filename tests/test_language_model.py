@@ -186,7 +186,7 @@ def test_its_h100_train_step_takes_cudnns_causal_mask_type_in_every_layer():
     spec, sharding.make_mesh({"data": 1}, devices), sharding.logical_rules("dp")
   )
   trainer = Trainer(placement, optax.adam(1e-3), language_model.language_model_loss(0.1))
-  batch = programs.abstract_batch(placement, 4, 128)
+  batch = placement.abstract_batch(4, 128)
   lowered = placement.run(lambda: trainer.jitted_step.lower(trainer.abstract_state, batch))
   found = [
     (call[1], re.search(r"mask_type[^A-Z]*([A-Z_]+)", call[0])[1])

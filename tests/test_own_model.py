@@ -86,7 +86,7 @@ def test_the_evaluation_loss_and_the_compile_mode_take_the_model_and_its_loss(do
   expected = loss(logits, docs_example["batch"])  # Dropout off: the module's own forward pass.
   assert float(sums["tokens"]) == 2 * float(expected["tokens"]) == 2 * 8 * 15
   np.testing.assert_allclose(float(sums["loss"]), 2 * float(expected["loss"]), rtol=1e-5)
-  batch = programs.abstract_batch(placement, 8, 16)
+  batch = placement.abstract_batch(8, 16)
   assert set(batch) == {"tokens"} and batch["tokens"].shape == (8, 16)
   assert programs.full_batch_flops(placement.spec, 8, 16) == 6.0 * WIDTH * VOCAB * 8 * 16
 

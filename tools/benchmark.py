@@ -4,6 +4,7 @@ against PyTorch (`step_benchmark`, `decode_benchmark`); an experiment's own batc
 
   python -m tools.benchmark --config=small [--vs=torch] [--json=results.json]
   python -m tools.benchmark --experiment=experiments/default.py
+  python -m tools.benchmark --experiment=experiments/multi30k.py:tiny --compile_threads=2
   python -m tools.benchmark --config=small --sweep_tokens=1024,2048 \
       --sweep_lengths=32,64,128 --steps=5 --warmup=1 --plot=scaling_small.png
 
@@ -18,7 +19,8 @@ same batch, in blocks of --block steps alternating with ours.
 With --experiment, the model and the batches are an experiment's own: its
 train step on batches from its data pipeline in each batch mode
 (length-bucketed 'tokens', 'packed' and fixed-length 'padded'), in real
-tokens per second.
+tokens per second. With --compile_threads it only compiles the experiment's train step for
+every batch shape its data can produce, on that many threads, as a run that compiles ahead does.
 
 With --sweep (or --sweep_tokens, --sweep_lengths) it times the train step
 alone at every batch shape of a grid (`tools.sweep`) and prints a markdown
@@ -73,6 +75,14 @@ def define_flags():
     "Measure this experiment's model on its own data in every batch mode "
     "(experiments/default.py): the model, dtype and batches are the experiment's, so "
     "--config, --dtype, --scan_layers, --remat, --vs, --warmup and --block do not apply.",
+  )
+  flags.DEFINE_integer(
+    "compile_threads",
+    None,
+    "--experiment: only compile its train step for every batch shape its data can produce, on "
+    "this many threads (config.compile_ahead's work), and print the seconds; one run per "
+    "thread count (a process keeps what it compiled; the compilation cache is not used).",
+    lower_bound=1,
   )
   flags.DEFINE_string(
     "workdir",
@@ -151,6 +161,14 @@ def measure(dtype: str) -> dict:
     raise UserError(
       "--plot draws the sweep's figure: add --sweep (or --sweep_tokens, --sweep_lengths)"
     )
+  if FLAGS.compile_threads and not FLAGS.experiment:
+    raise UserError("--compile_threads compiles an experiment's train steps: add --experiment")
+  if FLAGS.compile_threads:
+    results = experiment_benchmark.compile_ahead(
+      config_lib.parse(FLAGS.experiment), FLAGS.compile_threads
+    )
+    print(experiment_benchmark.format_compile_ahead(results))
+    return results
   if FLAGS.experiment:
     results = experiment_benchmark.run_experiment(
       config_lib.parse(FLAGS.experiment),

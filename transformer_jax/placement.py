@@ -96,6 +96,14 @@ class Placement:
     with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
       return fn(*args)
 
+  def abstract_batch(self, rows: int, length: int) -> dict:
+    """A global `[rows, length]` batch of abstract int32 arrays (the spec's `batch_keys`) with the
+    batch sharding: what `global_batch` makes of such rows, to lower a program for it."""
+    return {
+      k: jax.ShapeDtypeStruct((rows, length), np.int32, sharding=self.batch_sharding)
+      for k in self.spec.batch_keys
+    }
+
   def global_batch(self, local_batch: Mapping[str, np.ndarray]) -> dict:
     """This process's numpy rows (the spec's `batch_keys` of a batch) -> the sharded global
     batch."""

@@ -217,7 +217,11 @@ def _experiment_run(stage: str, run: dict) -> list[str]:
     lines.append(
       f"  First step {run['run_times']['first_step']:.1f} s after the run's start; "
       "train-step programs compiled: "
-      + ", ".join(f"step {p['step']} {p['shape']} {p['seconds']:.1f} s" for p in programs)
+      + ", ".join(
+        f"{'ahead' if p['step'] is None else 'step ' + str(p['step'])} {p['shape']} "
+        f"{p['seconds']:.1f} s"
+        for p in programs
+      )
       + "."
     )
   goal = run.get("goal")

@@ -140,15 +140,6 @@ def program_loops(model: TransformerConfig, loops: tuple[str, ...], length: int)
   return " and ".join(x for x in (*loops, chunks) if x)
 
 
-def abstract_batch(placement, rows: int, length: int) -> dict:
-  """A `[rows, length]` batch of abstract int32 arrays (the placed model's `batch_keys`) with the
-  placement's batch sharding."""
-  return {
-    k: jax.ShapeDtypeStruct((rows, length), jnp.int32, sharding=placement.batch_sharding)
-    for k in placement.spec.batch_keys
-  }
-
-
 def full_batch_flops(spec, rows: int, length: int) -> float | None:
   """The model's FLOPs of a train step (`spec.flops`) on a `[rows, length]` batch whose every
   position is a token (arrays of ones, none allocated); None for a model without them."""
@@ -215,7 +206,7 @@ class Compiler:
 
   def train(self, rows: int, length: int) -> Program:
     trainer, placement = self.trainer, self.placement
-    batch = abstract_batch(placement, rows, length)
+    batch = placement.abstract_batch(rows, length)
     cost, note = _compile(
       self.target,
       lambda: placement.run(lambda: trainer.jitted_step.lower(trainer.abstract_state, batch)),
@@ -234,7 +225,7 @@ class Compiler:
   def evaluate(self, rows: int, length: int) -> Program:
     placement = self.placement
     step = TeacherForcedLoss(placement, self.trainer.loss).jitted_sums
-    batch = abstract_batch(placement, rows, length)
+    batch = placement.abstract_batch(rows, length)
     cost, note = _compile(
       self.target, lambda: placement.run(lambda: step.lower(placement.abstract_params, batch))
     )

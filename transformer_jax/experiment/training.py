@@ -235,6 +235,7 @@ def _train(
     evaluate=_evaluator(experiment, workdir, placement, tokenizer),
     may_save=lock_kept,
     times=times,
+    batch_shapes=data.train_batch_shapes(experiment.data, shard_count),
   )
 
 

@@ -8,7 +8,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -108,6 +108,13 @@ class FitSettings:
   max_consecutive_nonfinite_steps: int = schema.setting(
     10, "stop after this many skipped (non-finite) updates in a row", ge=1
   )
+  compile_ahead: str = schema.setting(
+    "accelerators",
+    "the train step of every batch shape the data can produce, compiled before the first step "
+    "on up to one thread per CPU core (a long run meets every shape): always, never (each when "
+    "its first batch comes), or on GPUs and TPUs only, whose hosts' cores are idle meanwhile",
+    choices=("accelerators", "always", "never"),
+  )
   on_checkpoint_save_error: str = schema.setting(
     "stop",
     "a failed save stops the run, or training goes on and saves at the next checkpoint step",
@@ -162,6 +169,8 @@ def _next_batch(train_iter, step: int, trainer: Trainer, shapes: set) -> tuple[d
     return batch, None
   trainer.check_batch(batch)
   shapes.add(shape)
+  if shape in trainer.compiled_ahead:
+    return batch, None
   named = {}
   for key, key_shape in zip(keys, shape):
     named.setdefault(key_shape, []).append(key)
@@ -179,10 +188,11 @@ class RunTimes:
   `preparing_data`: the vocabulary, the data's preparation and its loaders; `setting_up`: the
   parameters or the checkpoint, and the peak FLOP/s; `first_step`: from `started` (the run's
   start: `experiment.train` sets it, else it is when this was made) to the end of its first
-  step, compiling included; `programs`: one per train-step
-  program compiled (or loaded from the compilation cache), with its batch shape, its first step
-  and its seconds; `phases`: `fit`'s time compiling, checkpointing, evaluating and, the rest of
-  it, training; `steps` and `target_tokens`: this run's steps and their non-padding target tokens.
+  step, compiling included; `programs`: one per train-step program compiled (or loaded from the
+  compilation cache), with its batch shape, its first step (None for one compiled ahead, before
+  the first step) and its seconds; `phases`: `fit`'s time compiling, checkpointing, evaluating
+  and, the rest of it, training; `steps` and `target_tokens`: this run's steps and their
+  non-padding target tokens.
   """
 
   preparing_data: float = 0.0
@@ -218,6 +228,21 @@ class RunTimes:
       seconds,
     )
 
+  def compiled_ahead(self, shapes: list[str], seconds: list[float], wall: float, threads: int):
+    """Programs compiled before the first step (`Trainer.compile_ahead`), `wall` seconds in all:
+    their `step` is None."""
+    self.programs.extend({"step": None, "shape": s, "seconds": t} for s, t in zip(shapes, seconds))
+    log.info(
+      "before the first step, the train step for each of %d batch shapes took %.1f-%.1f s to "
+      "compile (or to load, from a cache of compiled programs), %.1f s in all on %d threads: %s",
+      len(shapes),
+      min(seconds),
+      max(seconds),
+      wall,
+      threads,
+      ", ".join(shapes),
+    )
+
   def first_step_ended(self) -> None:
     self.first_step = time.perf_counter() - self.started
     log.info(
@@ -238,6 +263,22 @@ class RunTimes:
     return {k: v for k, v in dataclasses.asdict(self).items() if k != "started"}
 
 
+def _compiles_ahead(when: str, trainer: Trainer, batch_shapes) -> bool:
+  platform = trainer.placement.mesh.devices.flat[0].platform
+  return bool(batch_shapes) and (when == "always" or when == "accelerators" and platform != "cpu")
+
+
+def _compile_ahead(trainer: Trainer, batch_shapes, times: RunTimes) -> None:
+  threads = min(len(batch_shapes), os.cpu_count() or 1)
+  log.info("compiling the train step for %d batch shapes on %d threads", len(batch_shapes), threads)
+  start = time.perf_counter()
+  with times.timing("compiling"):
+    seconds = trainer.compile_ahead(batch_shapes, threads)
+  processes = trainer.placement.data_shard[1]
+  shapes = [str((rows // processes, length)) for rows, length in batch_shapes]
+  times.compiled_ahead(shapes, seconds, time.perf_counter() - start, threads)
+
+
 def _every(step: int, every: int, last: int) -> bool:
   return step % every == 0 or step == last
 
@@ -254,6 +295,7 @@ def fit(
   evaluate=None,
   may_save: Callable[[], bool] = lambda: True,
   times: RunTimes | None = None,
+  batch_shapes: Sequence[tuple[int, int]] = (),
 ) -> TrainState:
   """Run train steps from `state.step` to `settings.num_train_steps`, logging and checkpointing.
 
@@ -273,6 +315,8 @@ def fit(
   `may_save()` (every process calls it) says whether the work directory is still this run's;
   when it is not, LostWorkdirError is raised and nothing more is saved. `times` (a `RunTimes`,
   default a new one) gets each program's compile time, the first step's end and the phases.
+  `batch_shapes`: the global `(rows, length)` of every batch `train_iter` can yield; as
+  `settings.compile_ahead` says, their train steps are compiled before the first step.
   """
   last = settings.num_train_steps
   step = int(jax.device_get(state.step))
@@ -285,6 +329,8 @@ def fit(
   if stop:
     log.warning("stopped before the first step of this run (step %d); nothing new to save", step)
   times = RunTimes() if times is None else times
+  if step < last and not stop and _compiles_ahead(settings.compile_ahead, trainer, batch_shapes):
+    _compile_ahead(trainer, batch_shapes, times)
   while step < last and not stop:
     batch, new_shape = _next_batch(train_iter, step, trainer, shapes)
     # The call returns once the step is compiled and dispatched, before it has run.

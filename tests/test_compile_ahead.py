@@ -1,0 +1,87 @@
+"""The train step of every batch shape compiled before the first step, on several threads
+(`FitSettings.compile_ahead`, `Trainer.compile_ahead`): the steps then compile nothing and train
+exactly as the steps that compile their own programs."""
+
+import logging
+
+import jax
+import numpy as np
+import pytest
+
+import helpers
+from transformer_jax.train import loop
+
+# Two shapes, the second one twice: as the loop keys them, (rows, length) of every array.
+BATCHES = [(0, 8, 12), (1, 8, 16), (2, 8, 16)]
+SHAPES = [(8, 12), (8, 16), (16, 12)]  # The last one never comes.
+
+
+def _fit(tmp_path, compile_ahead: str, trainer=None):
+  """`(final state, RunTimes, train-step compilations jax logged)` of a run over BATCHES."""
+  compiles = []
+
+  class Counter(logging.Handler):
+    def emit(self, record):
+      message = record.getMessage()
+      if message.startswith("Compiling jit(train_step)"):
+        compiles.append(message)
+
+  counter, root = Counter(), logging.getLogger()
+  root.addHandler(counter)
+  times, logged = loop.RunTimes(), jax.config.jax_log_compiles
+  jax.config.update("jax_log_compiles", True)  # In every thread (a context is the caller's).
+  try:
+    state = helpers.fit_batches(
+      trainer or helpers.make_trainer(),
+      [helpers.synthetic_batch(seed, rows, length) for seed, rows, length in BATCHES],
+      tmp_path,
+      times=times,
+      batch_shapes=SHAPES,
+      compile_ahead=compile_ahead,
+      checkpoint_every_steps=100,
+    )
+  finally:
+    jax.config.update("jax_log_compiles", logged)
+    root.removeHandler(counter)
+  return state, times, compiles
+
+
+@pytest.mark.slow
+def test_every_shape_compiled_ahead_and_no_step_compiles_again(tmp_path, caplog):
+  with caplog.at_level(logging.INFO, logger=loop.__name__):
+    ahead, times, compiles = _fit(tmp_path / "ahead", "always")
+  # One compilation per shape, the one that never comes included, and none at the steps.
+  assert len(compiles) == len(SHAPES)
+  assert [(p["step"], p["shape"]) for p in times.programs] == [
+    (None, "(8, 12)"),
+    (None, "(8, 16)"),
+    (None, "(16, 12)"),
+  ]
+  assert all(p["seconds"] > 0 for p in times.programs)
+  assert times.phases["compiling"] >= max(p["seconds"] for p in times.programs)
+  assert times.first_step > times.phases["compiling"]
+  assert "before the first step, the train step for each of 3 batch shapes took" in caplog.text
+  assert "compiling the train step for batch shape" not in caplog.text  # No step announces one.
+  # The same programs as those the steps compile themselves: the same state, bit for bit.
+  lazy, lazy_times, lazy_compiles = _fit(tmp_path / "lazy", "never")
+  assert len(lazy_compiles) == 2 and [p["step"] for p in lazy_times.programs] == [1, 2]
+  for a, b in zip(jax.tree.leaves(ahead), jax.tree.leaves(lazy), strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.slow
+def test_a_batch_split_over_devices_finds_its_programs_compiled_ahead(tmp_path):
+  trainer = helpers.make_trainer({"data": 4}, devices=jax.devices()[:4])
+  _, times, compiles = _fit(tmp_path, "always", trainer)
+  assert len(compiles) == len(SHAPES) and [p["step"] for p in times.programs] == [None] * 3
+
+
+@pytest.mark.slow
+def test_accelerators_only_leaves_a_cpu_run_to_compile_each_shape_when_it_comes(tmp_path):
+  _, times, compiles = _fit(tmp_path, "accelerators")
+  assert [p["step"] for p in times.programs] == [1, 2] and len(compiles) == 2
+
+
+def test_compile_ahead_names_its_choices():
+  with pytest.raises(ValueError, match="compile_ahead"):
+    loop.FitSettings(compile_ahead="sometimes")
