@@ -130,7 +130,7 @@ def fit_batches(
 ):
   """`loop.fit` from a fresh state over `batches`, checkpoints in `directory`/checkpoints; keeps
   every checkpoint, never evaluates and stops on a failed save unless `settings` say otherwise;
-  `times` (a `loop.RunTimes`) gets where the time went; `stop_requested` and `batch_shapes` as
+  `times` (a `run_times.RunTimes`) gets where the time went; `stop_requested` and `batch_shapes` as
   `fit` takes them."""
   logger = TrainLogger(
     str(directory / "tensorboard"),

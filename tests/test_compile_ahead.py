@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import helpers
-from transformer_jax.train import loop
+from transformer_jax.train import loop, run_times
 
 # Two shapes, the second one twice: as the loop keys them, (rows, length) of every array.
 BATCHES = [(0, 8, 12), (1, 8, 16), (2, 8, 16)]
@@ -28,7 +28,7 @@ def _fit(tmp_path, compile_ahead: str, trainer=None):
 
   counter, root = Counter(), logging.getLogger()
   root.addHandler(counter)
-  times, logged = loop.RunTimes(), jax.config.jax_log_compiles
+  times, logged = run_times.RunTimes(), jax.config.jax_log_compiles
   jax.config.update("jax_log_compiles", True)  # In every thread (a context is the caller's).
   try:
     state = helpers.fit_batches(
@@ -48,7 +48,7 @@ def _fit(tmp_path, compile_ahead: str, trainer=None):
 
 @pytest.mark.slow
 def test_every_shape_compiled_ahead_and_no_step_compiles_again(tmp_path, caplog):
-  with caplog.at_level(logging.INFO, logger=loop.__name__):
+  with caplog.at_level(logging.INFO, logger="transformer_jax.train"):
     ahead, times, compiles = _fit(tmp_path / "ahead", "always")
   # One compilation per shape, the one that never comes included, and none at the steps.
   assert len(compiles) == len(SHAPES)

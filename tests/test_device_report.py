@@ -214,7 +214,7 @@ def _check_experiment_run(run: dict, splits) -> None:
   assert run["updates_per_second"] > 0 and run["target_tokens_per_second"] > 0
   cache = run["compilation_cache"]
   assert cache["requests"] > 0 and 0 <= cache["loaded"] <= cache["requests"]
-  times = run["run_times"]  # The library's split of the training run (train/loop.py RunTimes).
+  times = run["run_times"]  # The library's split of the training run (train/run_times.py RunTimes).
   assert times["first_step"] > 0 and times["programs"] and parts["compiling"] > 0
   assert parts["training"] > 0 and parts["preparing_data"] > 0
   assert all(p["seconds"] > 0 for p in times["programs"])

@@ -7,7 +7,7 @@ import pytest
 
 import helpers
 from transformer_jax import experiment as experiment_lib
-from transformer_jax.train import loop
+from transformer_jax.train import run_times
 from transformer_jax.workdir import Workdir
 
 
@@ -21,8 +21,8 @@ def test_fit_times_each_program_and_the_first_step(tmp_path, caplog):
     helpers.synthetic_batch(2, length=16),
     helpers.synthetic_batch(3, rows=16, length=12),
   ]
-  times = loop.RunTimes()
-  with caplog.at_level(logging.INFO, logger=loop.__name__):
+  times = run_times.RunTimes()
+  with caplog.at_level(logging.INFO, logger="transformer_jax.train"):
     helpers.fit_batches(trainer, batches, tmp_path, times=times, checkpoint_every_steps=100)
   assert [p["step"] for p in times.programs] == [1, 2, 4]
   assert [p["shape"] for p in times.programs] == ["(8, 12)", "(8, 16)", "(16, 12)"]
@@ -55,7 +55,7 @@ def test_fit_times_each_program_and_the_first_step(tmp_path, caplog):
 def test_a_run_stopped_between_log_steps_counts_every_step_and_token(tmp_path):
   trainer = helpers.make_trainer()
   batches = [helpers.synthetic_batch(seed) for seed in range(5)]
-  times = loop.RunTimes()
+  times = run_times.RunTimes()
   helpers.fit_batches(
     trainer,
     batches,

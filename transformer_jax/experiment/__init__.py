@@ -21,7 +21,7 @@ from transformer_jax.experiment.inference import (
 )
 from transformer_jax.experiment.settings import Experiment
 from transformer_jax.experiment.training import make_trainer, train
-from transformer_jax.train.loop import RunTimes
+from transformer_jax.train.run_times import RunTimes
 
 __all__ = [
   "Checkpoint",

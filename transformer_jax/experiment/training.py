@@ -20,8 +20,9 @@ from transformer_jax.errors import first_line
 from transformer_jax.experiment.settings import Experiment
 from transformer_jax.hosts import liveness, workdir_lock
 from transformer_jax.train import validation
-from transformer_jax.train.loop import PreemptionWatch, RunTimes, fit
+from transformer_jax.train.loop import PreemptionWatch, fit
 from transformer_jax.train.reporting import TrainLogger, measure_matmul_flops
+from transformer_jax.train.run_times import RunTimes
 from transformer_jax.train.step import Trainer, TrainState
 from transformer_jax.workdir import Workdir
 

@@ -19,6 +19,7 @@ from transformer_jax.checkpoints import recovery
 from transformer_jax.errors import UserError
 from transformer_jax.model.loss import add_sums
 from transformer_jax.train.reporting import TrainLogger
+from transformer_jax.train.run_times import RunTimes
 from transformer_jax.train.step import Trainer, TrainState
 
 log = logging.getLogger(__name__)
@@ -178,89 +179,6 @@ def _next_batch(train_iter, step: int, trainer: Trainer, shapes: set) -> tuple[d
   described = str(shape[0]) if len(named) == 1 else described
   log.info("step %d: compiling the train step for batch shape %s", step + 1, described)
   return batch, described
-
-
-@dataclasses.dataclass
-class RunTimes:
-  """Where a training run's wall time went, in seconds: filled by `experiment.train` and `fit`
-  (pass a new one to either, one per run, to read it afterwards).
-
-  `preparing_data`: the vocabulary, the data's preparation and its loaders; `setting_up`: the
-  parameters or the checkpoint, and the peak FLOP/s; `first_step`: from `started` (the run's
-  start: `experiment.train` sets it, else it is when this was made) to the end of its first
-  step, compiling included; `programs`: one per train-step program compiled (or loaded from the
-  compilation cache), with its batch shape, its first step (None for one compiled ahead, before
-  the first step) and its seconds; `phases`: `fit`'s time compiling, checkpointing, evaluating
-  and, the rest of it, training; `steps` and `target_tokens`: this run's steps and their
-  non-padding target tokens.
-  """
-
-  preparing_data: float = 0.0
-  setting_up: float = 0.0
-  first_step: float | None = None
-  programs: list[dict] = dataclasses.field(default_factory=list)
-  phases: dict[str, float] = dataclasses.field(
-    default_factory=lambda: {"compiling": 0.0, "checkpointing": 0.0, "evaluating": 0.0}
-  )
-  steps: int = 0
-  target_tokens: float = 0.0
-  started: float = dataclasses.field(default_factory=time.perf_counter)
-
-  @contextlib.contextmanager
-  def timing(self, phase: str, state=None):
-    """Add the block's time to `phase`; with `state`, after the steps queued up to it have run
-    (they are training's time, not the phase's)."""
-    if state is not None:
-      jax.block_until_ready(state)
-    start = time.perf_counter()
-    try:
-      yield
-    finally:
-      self.phases[phase] += time.perf_counter() - start
-
-  def compiled(self, step: int, shape: str, seconds: float) -> None:
-    self.programs.append({"step": step, "shape": shape, "seconds": seconds})
-    log.info(
-      "step %d: the train step for batch shape %s took %.1f s to compile (or to load, from a "
-      "cache of compiled programs)",
-      step,
-      shape,
-      seconds,
-    )
-
-  def compiled_ahead(self, shapes: list[str], seconds: list[float], wall: float, threads: int):
-    """Programs compiled before the first step (`Trainer.compile_ahead`), `wall` seconds in all:
-    their `step` is None."""
-    self.programs.extend({"step": None, "shape": s, "seconds": t} for s, t in zip(shapes, seconds))
-    log.info(
-      "before the first step, the train step for each of %d batch shapes took %.1f-%.1f s to "
-      "compile (or to load, from a cache of compiled programs), %.1f s in all on %d threads: %s",
-      len(shapes),
-      min(seconds),
-      max(seconds),
-      wall,
-      threads,
-      ", ".join(shapes),
-    )
-
-  def first_step_ended(self) -> None:
-    self.first_step = time.perf_counter() - self.started
-    log.info(
-      "the first step ended %.1f s after the run's start (preparing data %.1f s, setting up "
-      "%.1f s, compiling %.1f s)",
-      self.first_step,
-      self.preparing_data,
-      self.setting_up,
-      self.phases["compiling"],
-    )
-
-  def summary(self, total: float) -> dict:
-    """`fit`'s phases, training being what the others leave of its `total` seconds."""
-    rest = {k: v for k, v in self.phases.items() if k != "training"}
-    return {"training": total - sum(rest.values()), **rest}
-
-  def to_json(self) -> dict:
-    return {k: v for k, v in dataclasses.asdict(self).items() if k != "started"}
 
 
 def _compiles_ahead(when: str, trainer: Trainer, batch_shapes) -> bool:
