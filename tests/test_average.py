@@ -9,11 +9,14 @@ import jax
 import numpy as np
 import pytest
 
+from helpers import fit_batches, synthetic_batch
 from helpers import make_trainer as _trainer
 from helpers import random_state as _random_state
 from transformer_jax.checkpoints import store
 from transformer_jax.checkpoints.average import average_params
 from transformer_jax.decode import transformer_search as search_lib
+from transformer_jax.errors import FieldError
+from transformer_jax.train.loop import FitSettings
 
 
 def _leaves(tree):
@@ -112,3 +115,50 @@ def test_a_params_only_checkpoint_that_reads_back_other_values_is_refused(tmp_pa
   fingerprint.write_text(json.dumps(record))
   with pytest.raises(store.CorruptCheckpointError, match=r"5: the parameters read back differ"):
     store.restore_params(manager, trainer.placement.abstract_params)
+
+
+def _saves(settings):
+  return [s for s in range(1, settings.num_train_steps + 1) if settings.saves_at(s)]
+
+
+@pytest.mark.parametrize(
+  "steps, every, final, keep, saves, often_saves",
+  [(8000, 500, 60, 10, 25, 134), (16_000, 500, 60, 20, 50, 267), (14, 3, 2, 3, 5, 7)],
+)
+def test_a_final_stretch_of_checkpoints_keeps_those_of_saving_often_throughout(
+  steps, every, final, keep, saves, often_saves
+):
+  often = FitSettings(num_train_steps=steps, checkpoint_every_steps=final, keep_checkpoints=keep)
+  sparse = FitSettings(
+    num_train_steps=steps,
+    checkpoint_every_steps=every,
+    final_checkpoint_every_steps=final,
+    keep_checkpoints=keep,
+  )
+  assert _saves(sparse)[-keep:] == _saves(often)[-keep:]
+  assert (len(_saves(sparse)), len(_saves(often))) == (saves, often_saves)
+
+
+def test_the_final_stretch_needs_checkpoints_kept():
+  with pytest.raises(FieldError, match="final_checkpoint_every_steps.*needs keep_checkpoints > 0"):
+    FitSettings(final_checkpoint_every_steps=60, keep_checkpoints=0)
+
+
+@pytest.mark.slow
+def test_the_final_stretch_averages_the_checkpoints_of_saving_often(tmp_path):
+  trainer = _trainer()
+  batches = [synthetic_batch(seed) for seed in range(14)]
+  runs = {
+    "often": dict(checkpoint_every_steps=2),
+    "sparse": dict(checkpoint_every_steps=3, final_checkpoint_every_steps=2),
+  }
+  means = {}
+  for name, settings in runs.items():
+    fit_batches(trainer, batches, tmp_path / name, keep_checkpoints=3, **settings)
+    manager = store.make_manager(str(tmp_path / name / "checkpoints"))
+    assert sorted(manager.all_steps()) == [10, 12, 14]
+    means[name], used = average_params(manager, manager.all_steps(), trainer.abstract_state.params)
+    assert sorted(used) == [10, 12, 14]
+    manager.close()
+  for a, b in zip(_leaves(means["often"]), _leaves(means["sparse"]), strict=True):
+    np.testing.assert_array_equal(a, b)

@@ -1,5 +1,7 @@
 """The experiment files' recipes against the numbers their sources give."""
 
+import dataclasses
+
 import flax
 import pytest
 
@@ -37,6 +39,13 @@ def test_multi30k_tiny_is_the_literatures_transformer_tiny():
   assert rate(8000) == pytest.approx(0.005 * (2000 / 8000) ** 0.5)  # then 1/sqrt(step).
   assert settings.optimizer.adam_eps == 1e-8 and settings.label_smoothing == 0.1
   assert settings.fit.num_train_steps == 8000 and settings.average_last == 10
+  # The 10 checkpoints averaged are those of one every 60 updates, in 25 saves instead of 134.
+  every_60 = dataclasses.replace(
+    settings.fit, checkpoint_every_steps=60, final_checkpoint_every_steps=0
+  )
+  saves = lambda fit: [step for step in range(1, 8001) if fit.saves_at(step)]
+  assert saves(settings.fit)[-10:] == saves(every_60)[-10:] == [*range(7500, 7981, 60), 8000]
+  assert len(saves(settings.fit)) == 25
   decode = settings.decode
   assert (decode.beam_size, decode.alpha, decode.length_normalization) == (5, 1.0, "length")
   assert decode.as_is_bleu and decode.split == "test"

@@ -179,6 +179,7 @@ _TINY_RUN = {
   "num_train_steps": 6,
   "warmup_steps": 2,
   "checkpoint_every_steps": 3,
+  "final_checkpoint_every_steps": 0,
   "keep_checkpoints": 2,
   "average_last": 2,
   "log_every_steps": 3,

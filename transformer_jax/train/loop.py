@@ -16,7 +16,7 @@ import numpy as np
 
 from transformer_jax import schema
 from transformer_jax.checkpoints import recovery
-from transformer_jax.errors import UserError
+from transformer_jax.errors import FieldError, UserError
 from transformer_jax.model.loss import add_sums
 from transformer_jax.train.reporting import TrainLogger
 from transformer_jax.train.run_times import RunTimes
@@ -100,6 +100,14 @@ class FitSettings:
   keep_checkpoints: int = schema.setting(
     20, "the newest K checkpoints are kept, for averaging", ge=0, means={0: "keep all"}
   )
+  final_checkpoint_every_steps: int = schema.setting(
+    0,
+    "in the run's last keep_checkpoints x N steps, checkpoints every N steps instead (the ones "
+    "an average of the last checkpoints reads, as if saved every N steps throughout); "
+    "checkpoint_every_steps before them may then be sparser: fewer saves, for resuming",
+    ge=0,
+    means={0: "off: checkpoint_every_steps to the end"},
+  )
   log_every_steps: int = schema.setting(
     100, "a log line and TensorBoard scalars every N steps", ge=1
   )
@@ -124,6 +132,25 @@ class FitSettings:
 
   def __post_init__(self):
     schema.check(self, "fit")
+    if self.final_checkpoint_every_steps and not self.keep_checkpoints:
+      raise FieldError(
+        "fit",
+        "final_checkpoint_every_steps",
+        f"={self.final_checkpoint_every_steps} needs keep_checkpoints > 0: its stretch of the "
+        "run is the last keep_checkpoints x final_checkpoint_every_steps steps",
+      )
+
+  def saves_at(self, step: int) -> bool:
+    """Whether `fit` checkpoints after `step`, preemption aside: at the last step, and every
+    `checkpoint_every_steps`, or every `final_checkpoint_every_steps` in the last
+    `keep_checkpoints` times that many steps; so the checkpoints kept at the end are those that
+    saving every `final_checkpoint_every_steps` throughout would keep."""
+    last, final = self.num_train_steps, self.final_checkpoint_every_steps
+    if step == last:
+      return True
+    if final and step > last - final * self.keep_checkpoints:
+      return step % final == 0
+    return step % self.checkpoint_every_steps == 0
 
 
 @jax.jit
@@ -221,10 +248,10 @@ def fit(
   checkpointable state, saved with every checkpoint. Metrics stay on the
   device, summed, and are fetched only at log steps. The first step of the
   run (which compiles) is reported on its own, and every new batch shape
-  (which compiles again) is announced. A checkpoint is written every
-  `checkpoint_every_steps` steps, when `stop_requested(step)` (then the loop
-  ends; it is also asked once before the first step) and after the last
-  step, through `recovery.CheckpointWriter` (give `manager` no limit of its
+  (which compiles again) is announced. A checkpoint is written at the steps
+  `settings.saves_at` names (every `checkpoint_every_steps`, the last), when
+  `stop_requested(step)` (then the loop ends; it is also asked once before the
+  first step), through `recovery.CheckpointWriter` (give `manager` no limit of its
   own). `evaluate(state)`, if given, returns `(split, sums)`; it runs every
   `eval_every_steps` steps and after the last step, and its time is left out
   of the training speed. Updates with a non-finite loss or gradient are
@@ -276,7 +303,7 @@ def fit(
           "data"
         )
     stop = stop_requested(step)
-    if stop or _every(step, settings.checkpoint_every_steps, last):
+    if stop or settings.saves_at(step):
       if not may_save():
         writer.finish()
         raise LostWorkdirError(
