@@ -7,8 +7,10 @@ vocabulary and a JAX compilation cache are shared by all runs of a test
 session (`shared_dir`), so a run starts in seconds.
 """
 
+import contextlib
 import dataclasses
 import io
+import logging
 import os
 import pathlib
 import re
@@ -599,3 +601,24 @@ def text_data_config(root, **fields) -> data.DataConfig:
     batch__tokens=512,
     **fields,
   )
+
+
+@contextlib.contextmanager
+def compilations(name: str):
+  """Within the block, the list of the programs of the jitted function `name` that jax compiled,
+  in any thread (its log of compilations switched on for all of them, as it was after)."""
+  compiled = []
+
+  class Counter(logging.Handler):
+    def emit(self, record):
+      if record.getMessage().startswith(f"Compiling jit({name})"):
+        compiled.append(record.getMessage())
+
+  counter, root, logged = Counter(), logging.getLogger(), jax.config.jax_log_compiles
+  root.addHandler(counter)
+  jax.config.update("jax_log_compiles", True)  # In every thread (a context is the caller's).
+  try:
+    yield compiled
+  finally:
+    jax.config.update("jax_log_compiles", logged)
+    root.removeHandler(counter)

@@ -18,19 +18,8 @@ SHAPES = [(8, 12), (8, 16), (16, 12)]  # The last one never comes.
 
 def _fit(tmp_path, compile_ahead: str, trainer=None):
   """`(final state, RunTimes, train-step compilations jax logged)` of a run over BATCHES."""
-  compiles = []
-
-  class Counter(logging.Handler):
-    def emit(self, record):
-      message = record.getMessage()
-      if message.startswith("Compiling jit(train_step)"):
-        compiles.append(message)
-
-  counter, root = Counter(), logging.getLogger()
-  root.addHandler(counter)
-  times, logged = run_times.RunTimes(), jax.config.jax_log_compiles
-  jax.config.update("jax_log_compiles", True)  # In every thread (a context is the caller's).
-  try:
+  times = run_times.RunTimes()
+  with helpers.compilations("train_step") as compiles:
     state = helpers.fit_batches(
       trainer or helpers.make_trainer(),
       [helpers.synthetic_batch(seed, rows, length) for seed, rows, length in BATCHES],
@@ -40,9 +29,6 @@ def _fit(tmp_path, compile_ahead: str, trainer=None):
       compile_ahead=compile_ahead,
       checkpoint_every_steps=100,
     )
-  finally:
-    jax.config.update("jax_log_compiles", logged)
-    root.removeHandler(counter)
   return state, times, compiles
 
 

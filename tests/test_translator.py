@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import helpers
 from transformer_jax import sharding
 from transformer_jax.conventions import EOS_ID as EOS
 from transformer_jax.decode import search, transformer_search
@@ -43,8 +44,10 @@ def model_and_params():
   return placement, params
 
 
-def _translator(placement, beam_size, batch_size=4):
-  settings = DecodeSettings(beam_size=beam_size, alpha=0.6, max_extra=5, batch_size=batch_size)
+def _translator(placement, beam_size, batch_size=4, compile_ahead="never"):
+  settings = DecodeSettings(
+    beam_size=beam_size, alpha=0.6, max_extra=5, batch_size=batch_size, compile_ahead=compile_ahead
+  )
   return Translator(placement, WordTokenizer(), settings)
 
 
@@ -95,3 +98,20 @@ def test_lines_without_tokens_give_empty_lines_and_long_lines_are_cut_with_a_war
   assert "line 4 has 41 tokens" in caplog.text and "line 1 " not in caplog.text
   assert len(out) == 5 and out[1] == out[2] == ""
   assert out[0] == WordTokenizer().decode(translator.translate_ids(params, [sources[0]])[0])
+
+
+@pytest.mark.slow
+def test_the_searches_compiled_ahead_are_those_the_batches_run(model_and_params, caplog):
+  placement, params = model_and_params
+  rng = np.random.default_rng(1)
+  # Sorted by length, batches of 8: 8 rows of up to 8 tokens, 8 of up to 16, 1 of up to 16.
+  lengths = [3, 5, 7, 2, 6, 4, 7, 5, 9, 12, 15, 10, 11, 14, 13, 9, 15]
+  sources = [list(rng.integers(3, 24, size=n - 1)) + [EOS] for n in lengths]
+  ahead = _translator(placement, 2, batch_size=8, compile_ahead="always")  # Beam 2: no other.
+  with caplog.at_level(logging.INFO), helpers.compilations("beam_search") as compiled:
+    outputs = ahead.translate_ids(params, sources)
+    assert ahead.compiled_ahead == {(8, 8), (8, 16)} and len(compiled) == 2
+    assert "the beam2 for each of 2 batch shapes took" in caplog.text
+    ahead.translate_ids(params, sources)  # Compiled already: nothing more.
+  assert len(compiled) == 2
+  assert outputs == _translator(placement, 2, batch_size=8).translate_ids(params, sources)

@@ -9,6 +9,8 @@ token (empty, or only spaces) translate to empty lines without decoding.
 
 import dataclasses
 import logging
+import os
+import time
 
 import jax
 import numpy as np
@@ -18,7 +20,7 @@ from transformer_jax import schema
 from transformer_jax.conventions import EOS_ID
 from transformer_jax.data import padded_length
 from transformer_jax.decode import search, transformer_search
-from transformer_jax.placement import Placement
+from transformer_jax.placement import COMPILE_AHEAD, Placement
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +73,13 @@ class DecodeSettings:
   batch_size: int = schema.setting(
     128, "sentences per decoding batch (rounded up to the batch shards)", ge=1
   )
+  compile_ahead: str = schema.setting(
+    "always",
+    "the search of every batch shape the sentences make (each one a batch runs), compiled "
+    "before the first batch on up to one thread per CPU core: always, never (each when its "
+    "first batch comes), or on GPUs and TPUs only",
+    choices=COMPILE_AHEAD,
+  )
   split: str = schema.setting("test", "the split --mode=eval decodes", nonempty=True)
   tokenized_bleu: bool = schema.setting(
     False, "--mode=eval also reports the paper's tokenized BLEU"
@@ -119,6 +128,13 @@ class DecodeSettings:
     )
 
 
+def _abstract(array) -> jax.ShapeDtypeStruct:
+  """`array`'s shape and type, with its sharding where it is committed to one (a jitted call
+  places an uncommitted array itself)."""
+  sharding = array.sharding if getattr(array, "committed", False) else None
+  return jax.ShapeDtypeStruct(array.shape, array.dtype, sharding=sharding)
+
+
 class Translator:
   """Translates with a placed model: beam search when `settings.beam_size > 1`, else greedy.
 
@@ -135,6 +151,7 @@ class Translator:
     self.placement, self.tokenizer, self.settings = placement, tokenizer, settings
     shards = placement.batch_shards
     self.batch_size = -(-settings.batch_size // shards) * shards
+    self.compiled_ahead: set[tuple[int, int]] = set()
 
   @property
   def max_len(self) -> int:
@@ -174,19 +191,56 @@ class Translator:
     """
     outputs = [[] for _ in sources]
     order = sorted((i for i, ids in enumerate(sources) if ids), key=lambda i: len(sources[i]))
-    for start in range(0, len(order), self.batch_size):
-      batch = order[start : start + self.batch_size]
+    batches = [
+      order[start : start + self.batch_size] for start in range(0, len(order), self.batch_size)
+    ]
+    if self.placement.compiles_ahead(self.settings.compile_ahead):
+      self._compile_ahead(params, {self._shape([sources[i] for i in b]) for b in batches})
+    for batch in batches:
       for i, ids in zip(batch, self._decode(params, [sources[i] for i in batch])):
         outputs[i] = ids
     return outputs
 
-  def _decode(self, params, sources) -> list[list[int]]:
-    """One batch: source id lists (at most `batch_size`, none over `max_len`) -> output ids."""
+  def _shape(self, sources) -> tuple[int, int]:
+    """The `(rows, source length)` of the batch that decodes `sources`."""
     rows = self.placement.batch_shards
     while rows < len(sources):
       rows *= 2
-    rows = min(rows, self.batch_size)
-    length = min(padded_length(max(len(ids) for ids in sources)), self.max_len)
+    return min(rows, self.batch_size), min(padded_length(max(map(len, sources))), self.max_len)
+
+  def _compile_ahead(self, params, shapes) -> None:
+    """Compile the search for each `(rows, length)` of `shapes` not compiled yet, on threads."""
+    shapes = sorted(shapes - self.compiled_ahead)
+    if len(shapes) < 2:  # One program gains nothing from a thread.
+      return
+    abstract = jax.tree.map(_abstract, params)
+
+    def lowering(rows, length):
+      run, kwargs = self.settings.search_call(length, self.max_len)
+      inputs = jax.ShapeDtypeStruct(
+        (rows, length), np.int32, sharding=self.placement.batch_sharding
+      )
+      return lambda: run.lower(self.placement.model, {"params": abstract}, inputs, **kwargs)
+
+    threads = min(len(shapes), os.cpu_count() or 1)
+    start = time.perf_counter()
+    seconds = self.placement.compile_ahead([lowering(*shape) for shape in shapes], threads)
+    self.compiled_ahead.update(shapes)
+    log.info(
+      "the %s for each of %d batch shapes took %.1f-%.1f s to compile (or to load), %.1f s in all "
+      "on %d threads: %s",
+      self.settings.search,
+      len(shapes),
+      min(seconds),
+      max(seconds),
+      time.perf_counter() - start,
+      threads,
+      ", ".join(map(str, shapes)),
+    )
+
+  def _decode(self, params, sources) -> list[list[int]]:
+    """One batch: source id lists (at most `batch_size`, none over `max_len`) -> output ids."""
+    rows, length = self._shape(sources)
     host = np.zeros((rows, length), np.int32)
     for row, ids in enumerate(sources):
       host[row, : len(ids)] = ids

@@ -18,6 +18,7 @@ from transformer_jax import schema
 from transformer_jax.checkpoints import recovery
 from transformer_jax.errors import FieldError, UserError
 from transformer_jax.model.loss import add_sums
+from transformer_jax.placement import COMPILE_AHEAD
 from transformer_jax.train.reporting import TrainLogger
 from transformer_jax.train.run_times import RunTimes
 from transformer_jax.train.step import Trainer, TrainState
@@ -122,7 +123,7 @@ class FitSettings:
     "the train step of every batch shape the data can produce, compiled before the first step "
     "on up to one thread per CPU core (a long run meets every shape): always, never (each when "
     "its first batch comes), or on GPUs and TPUs only, whose hosts' cores are idle meanwhile",
-    choices=("accelerators", "always", "never"),
+    choices=COMPILE_AHEAD,
   )
   on_checkpoint_save_error: str = schema.setting(
     "stop",
@@ -208,11 +209,6 @@ def _next_batch(train_iter, step: int, trainer: Trainer, shapes: set) -> tuple[d
   return batch, described
 
 
-def _compiles_ahead(when: str, trainer: Trainer, batch_shapes) -> bool:
-  platform = trainer.placement.mesh.devices.flat[0].platform
-  return bool(batch_shapes) and (when == "always" or when == "accelerators" and platform != "cpu")
-
-
 def _compile_ahead(trainer: Trainer, batch_shapes, times: RunTimes) -> None:
   threads = min(len(batch_shapes), os.cpu_count() or 1)
   log.info("compiling the train step for %d batch shapes on %d threads", len(batch_shapes), threads)
@@ -274,7 +270,8 @@ def fit(
   if stop:
     log.warning("stopped before the first step of this run (step %d); nothing new to save", step)
   times = RunTimes() if times is None else times
-  if step < last and not stop and _compiles_ahead(settings.compile_ahead, trainer, batch_shapes):
+  ahead = batch_shapes and trainer.placement.compiles_ahead(settings.compile_ahead)
+  if step < last and not stop and ahead:
     _compile_ahead(trainer, batch_shapes, times)
   while step < last and not stop:
     batch, new_shape = _next_batch(train_iter, step, trainer, shapes)

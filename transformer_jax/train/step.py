@@ -9,9 +9,7 @@ in/out shardings and the state donated. Its dropout key is
 """
 
 import functools
-import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import flax.linen as nn
@@ -219,22 +217,19 @@ class Trainer:
 
   def compile_ahead(self, shapes: Sequence[tuple[int, int]], threads: int) -> list[float]:
     """Compile the train step for global batches of each `(rows, length)` of `shapes`, on up to
-    `threads` threads at once (XLA compiles without Python's lock); the seconds each took.
-
-    jax keeps the programs: a later `train_step` on such a batch runs without compiling (tested on
-    jax 0.10.2; a jax that did not would compile it again, or load it from the persistent
-    compilation cache).
-    """
-
-    def compile_one(shape):
-      start = time.perf_counter()
-      batch = self.placement.abstract_batch(*shape)
-      self.placement.run(lambda: self.jitted_step.lower(self.abstract_state, batch).compile())
-      return time.perf_counter() - start
-
-    with ThreadPoolExecutor(max(1, min(threads, len(shapes)))) as pool:
-      seconds = list(pool.map(compile_one, shapes))
-    keys, processes = self.placement.spec.batch_keys, self.placement.data_shard[1]
+    `threads` threads at once (`Placement.compile_ahead`); the seconds each took. A later
+    `train_step` on such a batch runs without compiling."""
+    placement = self.placement
+    seconds = placement.compile_ahead(
+      [
+        lambda shape=shape: self.jitted_step.lower(
+          self.abstract_state, placement.abstract_batch(*shape)
+        )
+        for shape in shapes
+      ],
+      threads,
+    )
+    keys, processes = placement.spec.batch_keys, placement.data_shard[1]
     self.compiled_ahead.update(tuple((r // processes, n) for _ in keys) for r, n in shapes)
     return seconds
 
