@@ -217,6 +217,15 @@ def test_the_bundle_carries_the_multi30k_text_only_when_asked(tmp_path, monkeypa
   german = (out / "multi30k/data/task1/tok/val.lc.norm.tok.de").read_text().splitlines()
   assert german == lines["multi30k_tok", "val", "de"]
   assert "(for the multi30k stage)" in capsys.readouterr().out
+  # On the GPU machine the report checks the copies against the list.
+  assert bundle_data.changed(str(out), listed) == []
+  val = out / "multi30k/data/task1/tok/val.lc.norm.tok.de"
+  val.write_bytes(val.read_bytes()[:-10])  # Cut short.
+  (out / "multi30k/data/task1/tok/train.lc.norm.tok.en").unlink()
+  assert bundle_data.changed(str(out), listed) == [
+    "multi30k/data/task1/tok/train.lc.norm.tok.en",
+    "multi30k/data/task1/tok/val.lc.norm.tok.de",
+  ]
   # Made again without it, the bundle no longer carries it.
   assert bundle.main([str(out)]) == 0
   assert not (out / "multi30k").exists()

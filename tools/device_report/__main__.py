@@ -105,6 +105,11 @@ def main(argv):
       ours + bundle.bundled_requirements([_BUNDLE_TARGET.value]), [_BUNDLE_TARGET.value]
     )
     extra_path = _BUNDLE_TARGET.value
+    if changed := bundle_data.changed(_BUNDLE.value, record.get("data", [])):
+      sys.exit(
+        f"error: {', '.join(changed)} in {_BUNDLE.value} differ from its {bundle.LIST_NAME} "
+        "(a copy cut short?): copy the bundle again"
+      )
     print(
       f"installed {len(record['wheels'])} wheels into {record['target']} in "
       f"{record['seconds']:.1f} s (already here: "

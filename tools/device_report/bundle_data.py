@@ -46,14 +46,24 @@ def copy_multi30k(clone: str, directory: str) -> list[dict]:
     (out / name).parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(source / name, out / name)
     data = (out / name).read_bytes()
-    listed.append(
-      {
-        "file": f"{MULTI30K_DIR}/{name}",
-        "bytes": len(data),
-        "sha256": hashlib.sha256(data).hexdigest(),
-      }
-    )
+    listed.append({"file": f"{MULTI30K_DIR}/{name}", "bytes": len(data), "sha256": _sha256(data)})
   return listed
+
+
+def changed(directory: str, listed: list[dict]) -> list[str]:
+  """The files of `listed` (bundle.json's `data`, under `directory`) that are missing or whose
+  bytes are not those listed: a copy cut short on its way to the GPU machine."""
+  paths = {item["file"]: pathlib.Path(directory) / item["file"] for item in listed}
+  return [
+    item["file"]
+    for item in listed
+    if not paths[item["file"]].is_file()
+    or _sha256(paths[item["file"]].read_bytes()) != item["sha256"]
+  ]
+
+
+def _sha256(data: bytes) -> str:
+  return hashlib.sha256(data).hexdigest()
 
 
 def carry(directory: str, multi30k: str | None) -> list[dict]:
