@@ -605,13 +605,14 @@ def text_data_config(root, **fields) -> data.DataConfig:
 
 @contextlib.contextmanager
 def compilations(name: str):
-  """Within the block, the list of the programs of the jitted function `name` that jax compiled,
-  in any thread (its log of compilations switched on for all of them, as it was after)."""
+  """Within the block, the list of jax's lines saying it compiled a program of the jitted function
+  `name` (XLA's compiler ran), in any thread (its log of compilations switched on for all of them,
+  as it was after)."""
   compiled = []
 
   class Counter(logging.Handler):
     def emit(self, record):
-      if record.getMessage().startswith(f"Compiling jit({name})"):
+      if record.getMessage().startswith(f"Finished XLA compilation of jit({name})"):
         compiled.append(record.getMessage())
 
   counter, root, logged = Counter(), logging.getLogger(), jax.config.jax_log_compiles

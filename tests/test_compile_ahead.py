@@ -11,9 +11,8 @@ import pytest
 import helpers
 from transformer_jax.train import loop, run_times
 
-# Two shapes, the second one twice: as the loop keys them, (rows, length) of every array.
-BATCHES = [(0, 8, 12), (1, 8, 16), (2, 8, 16)]
-SHAPES = [(8, 12), (8, 16), (16, 12)]  # The last one never comes.
+BATCHES = [(0, 8, 12), (1, 8, 16), (2, 8, 16)]  # (seed, rows, length): two shapes, one twice.
+SHAPES = [(8, 12), (8, 16), (16, 12)]  # The global batches' (rows, length); the last never comes.
 
 
 def _fit(tmp_path, compile_ahead: str, trainer=None):
@@ -60,6 +59,15 @@ def test_a_batch_split_over_devices_finds_its_programs_compiled_ahead(tmp_path):
   trainer = helpers.make_trainer({"data": 4}, devices=jax.devices()[:4])
   _, times, compiles = _fit(tmp_path, "always", trainer)
   assert len(compiles) == len(SHAPES) and [p["step"] for p in times.programs] == [None] * 3
+
+
+@pytest.mark.slow
+def test_each_process_keys_its_programs_by_its_own_rows(monkeypatch):
+  trainer = helpers.make_trainer()
+  monkeypatch.setattr(trainer.placement, "data_shard", (1, 2))  # The second of two processes.
+  (compiled,) = trainer.compile_ahead([(16, 12)], threads=1)
+  assert compiled[0] == (8, 12) and compiled[1] > 0
+  assert list(trainer.compiled_ahead) == [((8, 12),) * len(trainer.placement.spec.batch_keys)]
 
 
 @pytest.mark.slow

@@ -43,6 +43,7 @@ def test_experiment_measures_every_batch_mode_on_its_own_data(tmp_path):
   assert table[1].startswith("tokens") and f"{ratio:.2f}" in table[1].split()
 
 
+@pytest.mark.slow
 def test_compile_ahead_times_every_batch_shape_of_the_experiment(tmp_path):
   settings = experiment.Experiment(
     model=TransformerConfig(num_layers=1, d_model=32, d_ff=64, num_heads=4, max_len=64),

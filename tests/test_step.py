@@ -96,3 +96,14 @@ def test_clipping_by_the_global_norm_is_optaxs(max_norm):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6)
   norm = float(objective.global_norm(clipped))
   assert norm == pytest.approx(min(max_norm, float(optax.tree.norm(tree))), rel=1e-6)
+
+
+def test_clipping_leaves_zero_gradients_and_passes_a_nan_on():
+  clip = objective.clip_by_global_norm(1.0)
+  zeros = {"w": jnp.zeros((3, 2)), "b": jnp.zeros(2)}
+  clipped, _ = clip.update(zeros, clip.init(zeros))
+  assert all(not np.asarray(x).any() for x in jax.tree.leaves(clipped))
+  nan = {"w": jnp.full((3, 2), 2.0), "b": jnp.array([jnp.nan, 1.0])}
+  clipped, _ = clip.update(nan, clip.init(nan))
+  # A non-finite norm makes a non-finite update, which the train step skips (skip_nonfinite).
+  assert np.isnan(np.asarray(clipped["w"])).all()

@@ -2,9 +2,11 @@
 platform."""
 
 import dataclasses
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -29,6 +31,13 @@ from transformer_jax.sharding import (
 )
 
 COMPILE_AHEAD = ("accelerators", "always", "never")  # When programs are compiled ahead.
+
+
+def host_cores() -> int:
+  """The CPU cores this process may run on (its affinity, where the system says)."""
+  if hasattr(os, "sched_getaffinity"):
+    return len(os.sched_getaffinity(0))
+  return os.cpu_count() or 1
 
 
 def for_platform(model_config: TransformerConfig, platform: str) -> TransformerConfig:
@@ -100,26 +109,23 @@ class Placement:
     with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
       return fn(*args)
 
-  def compiles_ahead(self, when: str) -> bool:
+  def should_compile_ahead(self, when: str) -> bool:
     """Whether `when`, a `COMPILE_AHEAD` choice, compiles programs ahead on this mesh: always,
     never, or on GPUs and TPUs only ('accelerators'), whose hosts' cores are idle meanwhile."""
     platform = self.mesh.devices.flat[0].platform
     return when == "always" or (when == "accelerators" and platform != "cpu")
 
-  def compile_ahead(self, lowerings: Sequence[Callable], threads: int) -> list[float]:
+  def compile_ahead(self, lowerings: Sequence[Callable], threads: int) -> list[tuple[Any, float]]:
     """Compile the program each of `lowerings` lowers (a function returning a
     `jax.stages.Lowered`), inside the mesh and rules, on up to `threads` threads at once (XLA
-    compiles without Python's lock); the seconds each took.
-
-    jax keeps the programs: a later call of the jitted function on arguments of those shapes
-    and shardings runs without compiling (tested on jax 0.10.2; a jax that did not would
-    compile it again, or load it from the persistent compilation cache).
-    """
+    compiles without Python's lock): `(jax.stages.Compiled, seconds it took)` of each. Call the
+    compiled programs themselves (without the static arguments): a call of the jitted function
+    may compile again."""
 
     def compile_one(lower):
       start = time.perf_counter()
-      self.run(lambda: lower().compile())
-      return time.perf_counter() - start
+      compiled = self.run(lambda: lower().compile())
+      return compiled, time.perf_counter() - start
 
     with ThreadPoolExecutor(max(1, min(threads, len(lowerings)))) as pool:
       return list(pool.map(compile_one, lowerings))

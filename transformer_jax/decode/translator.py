@@ -9,7 +9,6 @@ token (empty, or only spaces) translate to empty lines without decoding.
 
 import dataclasses
 import logging
-import os
 import time
 
 import jax
@@ -20,7 +19,7 @@ from transformer_jax import schema
 from transformer_jax.conventions import EOS_ID
 from transformer_jax.data import padded_length
 from transformer_jax.decode import search, transformer_search
-from transformer_jax.placement import COMPILE_AHEAD, Placement
+from transformer_jax.placement import COMPILE_AHEAD, Placement, host_cores
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +150,8 @@ class Translator:
     self.placement, self.tokenizer, self.settings = placement, tokenizer, settings
     shards = placement.batch_shards
     self.batch_size = -(-settings.batch_size // shards) * shards
-    self.compiled_ahead: set[tuple[int, int]] = set()
+    # (rows, source length) -> (the parameters' abstract tree it was compiled for, program).
+    self.compiled_ahead: dict[tuple[int, int], tuple] = {}
 
   @property
   def max_len(self) -> int:
@@ -194,10 +194,11 @@ class Translator:
     batches = [
       order[start : start + self.batch_size] for start in range(0, len(order), self.batch_size)
     ]
-    if self.placement.compiles_ahead(self.settings.compile_ahead):
-      self._compile_ahead(params, {self._shape([sources[i] for i in b]) for b in batches})
+    abstract = jax.tree.map(_abstract, params)
+    if self.placement.should_compile_ahead(self.settings.compile_ahead):
+      self._compile_ahead(abstract, {self._shape([sources[i] for i in b]) for b in batches})
     for batch in batches:
-      for i, ids in zip(batch, self._decode(params, [sources[i] for i in batch])):
+      for i, ids in zip(batch, self._decode(params, [sources[i] for i in batch], abstract)):
         outputs[i] = ids
     return outputs
 
@@ -208,12 +209,13 @@ class Translator:
       rows *= 2
     return min(rows, self.batch_size), min(padded_length(max(map(len, sources))), self.max_len)
 
-  def _compile_ahead(self, params, shapes) -> None:
-    """Compile the search for each `(rows, length)` of `shapes` not compiled yet, on threads."""
-    shapes = sorted(shapes - self.compiled_ahead)
-    if len(shapes) < 2:  # One program gains nothing from a thread.
+  def _compile_ahead(self, abstract, shapes) -> None:
+    """Compile the search for parameters like `abstract` (their shapes, types and shardings) and
+    each `(rows, length)` of `shapes` that has no program for them yet, on threads; with only
+    one to compile, none (its batch compiles it)."""
+    shapes = sorted(s for s in shapes if self.compiled_ahead.get(s, (None,))[0] != abstract)
+    if len(shapes) < 2:
       return
-    abstract = jax.tree.map(_abstract, params)
 
     def lowering(rows, length):
       run, kwargs = self.settings.search_call(length, self.max_len)
@@ -222,10 +224,12 @@ class Translator:
       )
       return lambda: run.lower(self.placement.model, {"params": abstract}, inputs, **kwargs)
 
-    threads = min(len(shapes), os.cpu_count() or 1)
+    threads = min(len(shapes), host_cores())
     start = time.perf_counter()
-    seconds = self.placement.compile_ahead([lowering(*shape) for shape in shapes], threads)
-    self.compiled_ahead.update(shapes)
+    compiled = self.placement.compile_ahead([lowering(*shape) for shape in shapes], threads)
+    for shape, (program, _) in zip(shapes, compiled):
+      self.compiled_ahead[shape] = (abstract, program)
+    seconds = [t for _, t in compiled]
     log.info(
       "the %s for each of %d batch shapes took %.1f-%.1f s to compile (or to load), %.1f s in all "
       "on %d threads: %s",
@@ -238,8 +242,9 @@ class Translator:
       ", ".join(map(str, shapes)),
     )
 
-  def _decode(self, params, sources) -> list[list[int]]:
-    """One batch: source id lists (at most `batch_size`, none over `max_len`) -> output ids."""
+  def _decode(self, params, sources, abstract) -> list[list[int]]:
+    """One batch: source id lists (at most `batch_size`, none over `max_len`) -> output ids;
+    `abstract`: the parameters' abstract tree, to find a program compiled ahead for them."""
     rows, length = self._shape(sources)
     host = np.zeros((rows, length), np.int32)
     for row, ids in enumerate(sources):
@@ -248,7 +253,12 @@ class Translator:
       host.shape, self.placement.batch_sharding, lambda index: host[index]
     )
     run, kwargs = self.settings.search_call(length, self.max_len)
-    model = self.placement.model
-    out = self.placement.run(lambda: run(model, {"params": params}, inputs, **kwargs))
+    ahead, program = self.compiled_ahead.get((rows, length), (None, None))
+    if ahead == abstract:  # The compiled program takes the options that are not static.
+      traced = {k: v for k, v in kwargs.items() if k not in transformer_search.STATIC_OPTIONS}
+      out = self.placement.run(lambda: program({"params": params}, inputs, **traced))
+    else:
+      model = self.placement.model
+      out = self.placement.run(lambda: run(model, {"params": params}, inputs, **kwargs))
     tokens = multihost_utils.process_allgather(out.tokens, tiled=True)
     return search.trim(tokens)[: len(sources)]

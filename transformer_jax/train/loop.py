@@ -18,7 +18,7 @@ from transformer_jax import schema
 from transformer_jax.checkpoints import recovery
 from transformer_jax.errors import FieldError, UserError
 from transformer_jax.model.loss import add_sums
-from transformer_jax.placement import COMPILE_AHEAD
+from transformer_jax.placement import COMPILE_AHEAD, host_cores
 from transformer_jax.train.reporting import TrainLogger
 from transformer_jax.train.run_times import RunTimes
 from transformer_jax.train.step import Trainer, TrainState
@@ -121,8 +121,8 @@ class FitSettings:
   compile_ahead: str = schema.setting(
     "accelerators",
     "the train step of every batch shape the data can produce, compiled before the first step "
-    "on up to one thread per CPU core (a long run meets every shape): always, never (each when "
-    "its first batch comes), or on GPUs and TPUs only, whose hosts' cores are idle meanwhile",
+    "on up to one thread per CPU core: always, never (each when its first batch comes), or on "
+    "GPUs and TPUs only, whose hosts' cores are idle meanwhile",
     choices=COMPILE_AHEAD,
   )
   on_checkpoint_save_error: str = schema.setting(
@@ -210,14 +210,12 @@ def _next_batch(train_iter, step: int, trainer: Trainer, shapes: set) -> tuple[d
 
 
 def _compile_ahead(trainer: Trainer, batch_shapes, times: RunTimes) -> None:
-  threads = min(len(batch_shapes), os.cpu_count() or 1)
+  threads = min(len(batch_shapes), host_cores())
   log.info("compiling the train step for %d batch shapes on %d threads", len(batch_shapes), threads)
   start = time.perf_counter()
   with times.timing("compiling"):
-    seconds = trainer.compile_ahead(batch_shapes, threads)
-  processes = trainer.placement.data_shard[1]
-  shapes = [str((rows // processes, length)) for rows, length in batch_shapes]
-  times.compiled_ahead(shapes, seconds, time.perf_counter() - start, threads)
+    compiled = trainer.compile_ahead(batch_shapes, threads)
+  times.record_compiled_ahead(compiled, time.perf_counter() - start, threads)
 
 
 def _every(step: int, every: int, last: int) -> bool:
@@ -244,7 +242,7 @@ def fit(
   checkpointable state, saved with every checkpoint. Metrics stay on the
   device, summed, and are fetched only at log steps. The first step of the
   run (which compiles) is reported on its own, and every new batch shape
-  (which compiles again) is announced. A checkpoint is written at the steps
+  (which compiles again, unless compiled ahead) is announced. A checkpoint is written at the steps
   `settings.saves_at` names (every `checkpoint_every_steps`, the last), when
   `stop_requested(step)` (then the loop ends; it is also asked once before the
   first step), through `recovery.CheckpointWriter` (give `manager` no limit of its
@@ -270,7 +268,7 @@ def fit(
   if stop:
     log.warning("stopped before the first step of this run (step %d); nothing new to save", step)
   times = RunTimes() if times is None else times
-  ahead = batch_shapes and trainer.placement.compiles_ahead(settings.compile_ahead)
+  ahead = len(batch_shapes) > 0 and trainer.placement.should_compile_ahead(settings.compile_ahead)
   if step < last and not stop and ahead:
     _compile_ahead(trainer, batch_shapes, times)
   while step < last and not stop:

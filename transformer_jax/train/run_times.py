@@ -59,19 +59,20 @@ class RunTimes:
       seconds,
     )
 
-  def compiled_ahead(self, shapes: list[str], seconds: list[float], wall: float, threads: int):
-    """Programs compiled before the first step (`Trainer.compile_ahead`), `wall` seconds in all:
-    their `step` is None."""
-    self.programs.extend({"step": None, "shape": s, "seconds": t} for s, t in zip(shapes, seconds))
+  def record_compiled_ahead(self, compiled: list[tuple], wall: float, threads: int) -> None:
+    """Programs compiled before the first step (`Trainer.compile_ahead`'s `(shape, seconds)`),
+    `wall` seconds in all on `threads` threads: their `step` is None."""
+    self.programs.extend({"step": None, "shape": str(s), "seconds": t} for s, t in compiled)
+    seconds = [t for _, t in compiled]
     log.info(
       "before the first step, the train step for each of %d batch shapes took %.1f-%.1f s to "
       "compile (or to load, from a cache of compiled programs), %.1f s in all on %d threads: %s",
-      len(shapes),
+      len(compiled),
       min(seconds),
       max(seconds),
       wall,
       threads,
-      ", ".join(shapes),
+      ", ".join(str(s) for s, _ in compiled),
     )
 
   def first_step_ended(self) -> None:

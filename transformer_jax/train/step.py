@@ -144,8 +144,8 @@ class Trainer:
   `abstract_state`); calls run inside its mesh and rules contexts.
   `jitted_step` is the jit-compiled step over global arrays that
   `train_step` runs (to lower or export it); `compile_ahead` compiles it for several batch shapes
-  at once, before their batches come, and `compiled_ahead` holds those shapes as this process's
-  batches have them.
+  at once, before their batches come, into `compiled_ahead` (keyed by the shapes of the arrays of
+  this process's batches), whose programs `train_step` then runs.
   """
 
   def __init__(
@@ -182,7 +182,7 @@ class Trainer:
       out_shardings=(self.state_shardings, replicated),
       donate_argnums=0,
     )
-    self.compiled_ahead: set[tuple] = set()
+    self.compiled_ahead: dict[tuple, Any] = {}
 
   def _init_boxed(self, key):
     """Initial state, parameters boxed by logical axis names (the optimizer state inherits them)."""
@@ -215,12 +215,12 @@ class Trainer:
         "the mesh or grad_accum_steps"
       )
 
-  def compile_ahead(self, shapes: Sequence[tuple[int, int]], threads: int) -> list[float]:
+  def compile_ahead(self, shapes: Sequence[tuple[int, int]], threads: int) -> list[tuple]:
     """Compile the train step for global batches of each `(rows, length)` of `shapes`, on up to
-    `threads` threads at once (`Placement.compile_ahead`); the seconds each took. A later
-    `train_step` on such a batch runs without compiling."""
+    `threads` threads at once (`Placement.compile_ahead`); later `train_step`s on such batches
+    run these programs. `((rows, length) of this process's batches, seconds)` of each."""
     placement = self.placement
-    seconds = placement.compile_ahead(
+    compiled = placement.compile_ahead(
       [
         lambda shape=shape: self.jitted_step.lower(
           self.abstract_state, placement.abstract_batch(*shape)
@@ -230,9 +230,13 @@ class Trainer:
       threads,
     )
     keys, processes = placement.spec.batch_keys, placement.data_shard[1]
-    self.compiled_ahead.update(tuple((r // processes, n) for _ in keys) for r, n in shapes)
-    return seconds
+    local = [(rows // processes, length) for rows, length in shapes]
+    for shape, (program, _) in zip(local, compiled):
+      self.compiled_ahead[tuple(shape for _ in keys)] = program
+    return [(shape, seconds) for shape, (_, seconds) in zip(local, compiled)]
 
   def train_step(self, state: TrainState, local_batch: Mapping[str, np.ndarray]):
     """One update from this process's rows of the batch; `state` is donated. `(state, metrics)`."""
-    return self.placement.run(self.jitted_step, state, self.placement.global_batch(local_batch))
+    shapes = tuple(np.shape(local_batch[k]) for k in self.placement.spec.batch_keys)
+    step = self.compiled_ahead.get(shapes, self.jitted_step)
+    return self.placement.run(step, state, self.placement.global_batch(local_batch))
