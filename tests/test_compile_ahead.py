@@ -71,6 +71,23 @@ def test_each_process_keys_its_programs_by_its_own_rows(monkeypatch):
 
 
 @pytest.mark.slow
+def test_a_failure_to_compile_ahead_leaves_each_step_to_compile_its_own(tmp_path, caplog):
+  trainer = helpers.make_trainer()
+
+  def fail(shapes, threads):
+    raise RuntimeError("RESOURCE_EXHAUSTED: out of memory while autotuning\nmore lines")
+
+  trainer.compile_ahead = fail
+  with caplog.at_level(logging.WARNING):
+    _, times, compiles = _fit(tmp_path, "always", trainer)
+  assert [p["step"] for p in times.programs] == [1, 2] and len(compiles) == 2
+  assert (
+    "compiling ahead failed (RuntimeError: RESOURCE_EXHAUSTED: out of memory while autotuning): "
+    "each batch shape compiles when its first batch comes" in caplog.text
+  )
+
+
+@pytest.mark.slow
 def test_accelerators_only_leaves_a_cpu_run_to_compile_each_shape_when_it_comes(tmp_path):
   _, times, compiles = _fit(tmp_path, "accelerators")
   assert [p["step"] for p in times.programs] == [1, 2] and len(compiles) == 2

@@ -120,3 +120,22 @@ def test_the_searches_compiled_ahead_are_those_the_batches_run(model_and_params,
   with helpers.compilations("beam_search") as compiled:
     assert ahead.translate_ids(placed, sources) == outputs
   assert len(compiled) == 2
+
+
+@pytest.mark.slow
+def test_a_failure_to_compile_the_searches_ahead_leaves_each_batch_to_compile_its_own(
+  model_and_params, monkeypatch, caplog
+):
+  placement, params = model_and_params
+  sources = [[5, 6, EOS]] * 8 + [[7] * 12 + [EOS]]  # Two batches of 8 rows, two shapes.
+
+  def fail(lowerings, threads):
+    raise RuntimeError("out of memory")
+
+  monkeypatch.setattr(placement, "compile_ahead", fail)
+  translator = _translator(placement, 1, batch_size=8, compile_ahead="always")
+  with caplog.at_level(logging.WARNING):
+    outputs = translator.translate_ids(params, sources)
+  assert outputs == _translator(placement, 1, batch_size=8).translate_ids(params, sources)
+  assert not translator.compiled_ahead
+  assert "compiling the greedy ahead failed (RuntimeError: out of memory)" in caplog.text

@@ -19,6 +19,7 @@ from transformer_jax import schema
 from transformer_jax.conventions import EOS_ID
 from transformer_jax.data import padded_length
 from transformer_jax.decode import search, transformer_search
+from transformer_jax.errors import first_line
 from transformer_jax.placement import COMPILE_AHEAD, Placement, host_cores
 
 log = logging.getLogger(__name__)
@@ -226,7 +227,15 @@ class Translator:
 
     threads = min(len(shapes), host_cores())
     start = time.perf_counter()
-    compiled = self.placement.compile_ahead([lowering(*shape) for shape in shapes], threads)
+    try:
+      compiled = self.placement.compile_ahead([lowering(*shape) for shape in shapes], threads)
+    except Exception as error:  # Only time is at stake: the batches compile their own.
+      log.warning(
+        "compiling the %s ahead failed (%s): each batch shape compiles when its first batch comes",
+        self.settings.search,
+        first_line(error),
+      )
+      return
     for shape, (program, _) in zip(shapes, compiled):
       self.compiled_ahead[shape] = (abstract, program)
     seconds = [t for _, t in compiled]
