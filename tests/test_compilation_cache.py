@@ -67,14 +67,20 @@ def _summary(run: helpers.Run) -> str:
 
 
 def _programs(run: helpers.Run) -> list[str]:
-  """The train-step programs a run compiled or loaded: their batch shapes, from its log."""
+  """The train-step programs a run compiled or loaded: their batch shapes, from its log (each
+  step's line, or the one line of those compiled ahead)."""
+  ahead = re.search(r"before the first step, the train step for each of .*: (.*)", run.output)
+  if ahead:
+    return re.findall(r"\(\d+, \d+\)", ahead.group(1))
   return re.findall(r"the train step for batch shape (.*) took [\d.]+ s to compile", run.output)
 
 
 @pytest.mark.slow
-def test_a_second_run_loads_every_train_step_the_first_compiled(shared, tmp_path):
+@pytest.mark.parametrize("compile_ahead", ["never", "always"])
+def test_a_second_run_loads_every_train_step_the_first_compiled(shared, tmp_path, compile_ahead):
   """The default experiment's own batches (bucketed by length: a program per batch shape), on a
-  tiny model: the second run compiles none of them."""
+  tiny model, compiled as they come or all before the first step: the second run compiles none
+  of them."""
   cache = tmp_path / "cache"
   runs = {}
   for name in ("first", "second"):
@@ -85,6 +91,7 @@ def test_a_second_run_loads_every_train_step_the_first_compiled(shared, tmp_path
       data__batch__mode="tokens",
       data__batch__tokens=512,
       compilation_cache_dir=cache,
+      compile_ahead=compile_ahead,
     )
     assert runs[name].finish() == 0, runs[name].lines[-20:]
     if name == "first":
@@ -94,6 +101,8 @@ def test_a_second_run_loads_every_train_step_the_first_compiled(shared, tmp_path
       assert any(path.name.startswith("jit_train_step") for path in written), written
   shapes = _programs(runs["first"])
   assert len(shapes) >= 2 and _programs(runs["second"]) == shapes, shapes
+  for run in runs.values():
+    assert ("before the first step" in run.output) == (compile_ahead == "always")
   loaded, total = map(
     int, re.search(r"(\d+) of (\d+) programs loaded", _summary(runs["second"])).groups()
   )
