@@ -96,3 +96,12 @@ def test_accelerators_only_leaves_a_cpu_run_to_compile_each_shape_when_it_comes(
 def test_compile_ahead_names_its_choices():
   with pytest.raises(ValueError, match="compile_ahead"):
     loop.FitSettings(compile_ahead="sometimes")
+
+
+def test_programs_compiled_ahead_keep_the_callers_contexts():
+  placement = helpers.make_trainer().placement
+  matmul, x = jax.jit(lambda a: a @ a), jax.numpy.ones((4, 4))
+  with jax.default_matmul_precision("highest"):  # Thread-local: the caller's alone.
+    ((program, seconds),) = placement.compile_ahead([lambda: matmul.lower(x)], threads=2)
+  assert "operand_precision={highest,highest}" in program.as_text() and seconds > 0
+  np.testing.assert_array_equal(np.asarray(program(x)), np.full((4, 4), 4.0))

@@ -116,19 +116,20 @@ class Placement:
     return when == "always" or (when == "accelerators" and platform != "cpu")
 
   def compile_ahead(self, lowerings: Sequence[Callable], threads: int) -> list[tuple[Any, float]]:
-    """Compile the program each of `lowerings` lowers (a function returning a
-    `jax.stages.Lowered`), inside the mesh and rules, on up to `threads` threads at once (XLA
-    compiles without Python's lock): `(jax.stages.Compiled, seconds it took)` of each. Call the
+    """Lower the programs of `lowerings` (functions returning a `jax.stages.Lowered`) one by one
+    in this thread, inside the mesh and rules (so that every context of the caller applies, such
+    as a matmul precision), then compile them on up to `threads` threads at once (XLA compiles
+    without Python's lock): `(jax.stages.Compiled, seconds its compile took)` of each. Call the
     compiled programs themselves (without the static arguments): a call of the jitted function
     may compile again."""
+    lowered = [self.run(lower) for lower in lowerings]
 
-    def compile_one(lower):
+    def compile_one(program):
       start = time.perf_counter()
-      compiled = self.run(lambda: lower().compile())
-      return compiled, time.perf_counter() - start
+      return program.compile(), time.perf_counter() - start
 
-    with ThreadPoolExecutor(max(1, min(threads, len(lowerings)))) as pool:
-      return list(pool.map(compile_one, lowerings))
+    with ThreadPoolExecutor(max(1, min(threads, len(lowered)))) as pool:
+      return list(pool.map(compile_one, lowered))
 
   def abstract_batch(self, rows: int, length: int) -> dict:
     """A global `[rows, length]` batch of abstract int32 arrays (the spec's `batch_keys`) with the
