@@ -118,18 +118,19 @@ class Placement:
   def compile_ahead(self, lowerings: Sequence[Callable], threads: int) -> list[tuple[Any, float]]:
     """Lower the programs of `lowerings` (functions returning a `jax.stages.Lowered`) one by one
     in this thread, inside the mesh and rules (so that every context of the caller applies, such
-    as a matmul precision), then compile them on up to `threads` threads at once (XLA compiles
-    without Python's lock): `(jax.stages.Compiled, seconds its compile took)` of each. Call the
-    compiled programs themselves (without the static arguments): a call of the jitted function
-    may compile again."""
-    lowered = [self.run(lower) for lower in lowerings]
+    as a matmul precision), each compiled as soon as it is lowered, on up to `threads` threads
+    at once (XLA compiles without Python's lock): `(jax.stages.Compiled, seconds its compile
+    took)` of each. Call the compiled programs themselves (without the static arguments): a call
+    of the jitted function may compile again."""
 
     def compile_one(program):
       start = time.perf_counter()
       return program.compile(), time.perf_counter() - start
 
-    with ThreadPoolExecutor(max(1, min(threads, len(lowered)))) as pool:
-      return list(pool.map(compile_one, lowered))
+    with ThreadPoolExecutor(max(1, min(threads, len(lowerings)))) as pool:
+      # Each compile starts as soon as its program is lowered, while the next one lowers.
+      compiling = [pool.submit(compile_one, self.run(lower)) for lower in lowerings]
+      return [future.result() for future in compiling]
 
   def abstract_batch(self, rows: int, length: int) -> dict:
     """A global `[rows, length]` batch of abstract int32 arrays (the spec's `batch_keys`) with the
