@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import helpers
+from transformer_jax.placement import Placement
 from transformer_jax.train import loop, run_times
 
 BATCHES = [(0, 8, 12), (1, 8, 16), (2, 8, 16)]  # (seed, rows, length): two shapes, one twice.
@@ -98,10 +99,38 @@ def test_compile_ahead_names_its_choices():
     loop.FitSettings(compile_ahead="sometimes")
 
 
+class _FailingCompile:
+  """A lowered program whose compile fails, as XLA's may when several autotune at once."""
+
+  def compile(self):
+    raise RuntimeError("RESOURCE_EXHAUSTED: out of memory")
+
+
+def _placement():
+  return Placement.data_parallel(helpers.tiny_model_config(), jax.devices()[:1])
+
+
 def test_programs_compiled_ahead_keep_the_callers_contexts():
-  placement = helpers.make_trainer().placement
   matmul, x = jax.jit(lambda a: a @ a), jax.numpy.ones((4, 4))
   with jax.default_matmul_precision("highest"):  # Thread-local: the caller's alone.
-    ((program, seconds),) = placement.compile_ahead([lambda: matmul.lower(x)], threads=2)
+    ((program, seconds),) = _placement().compile_ahead([lambda: matmul.lower(x)], threads=2)
   assert "operand_precision={highest,highest}" in program.as_text() and seconds > 0
   np.testing.assert_array_equal(np.asarray(program(x)), np.full((4, 4), 4.0))
+
+
+def test_a_program_that_fails_to_compile_ahead_leaves_the_others(caplog):
+  double, x = jax.jit(lambda a: 2 * a), jax.numpy.ones(3)
+  lowerings = [lambda: double.lower(x), _FailingCompile, lambda: double.lower(x[:2])]
+  with caplog.at_level(logging.WARNING):
+    (first, _), (failed, _), (last, _) = _placement().compile_ahead(lowerings, threads=2)
+  assert failed is None and list(np.asarray(last(x[:2]))) == [2.0, 2.0] and first is not None
+  assert "compiling a program ahead failed (RuntimeError: RESOURCE_EXHAUSTED" in caplog.text
+
+
+def test_a_lowering_that_fails_stops_compiling_ahead_at_once():
+  def fail():
+    raise TypeError("a bug in the program")
+
+  double, x = jax.jit(lambda a: 2 * a), jax.numpy.ones(3)
+  with pytest.raises(TypeError, match="a bug in the program"):
+    _placement().compile_ahead([lambda: double.lower(x), fail, _FailingCompile], threads=1)

@@ -129,7 +129,10 @@ def test_a_failure_to_compile_the_searches_ahead_leaves_each_batch_to_compile_it
   placement, params = model_and_params
   sources = [[5, 6, EOS]] * 8 + [[7] * 12 + [EOS]]  # Two batches of 8 rows, two shapes.
 
+  calls = []
+
   def fail(lowerings, threads):
+    calls.append(len(lowerings))
     raise RuntimeError("out of memory")
 
   monkeypatch.setattr(placement, "compile_ahead", fail)
@@ -137,5 +140,8 @@ def test_a_failure_to_compile_the_searches_ahead_leaves_each_batch_to_compile_it
   with caplog.at_level(logging.WARNING):
     outputs = translator.translate_ids(params, sources)
   assert outputs == _translator(placement, 1, batch_size=8).translate_ids(params, sources)
-  assert not translator.compiled_ahead
   assert "compiling the greedy ahead failed (RuntimeError: out of memory)" in caplog.text
+  caplog.clear()
+  with caplog.at_level(logging.WARNING):  # As at a later evaluation: no second try, no warning.
+    assert translator.translate_ids(params, sources) == outputs
+  assert calls == [2] and "ahead failed" not in caplog.text

@@ -2,6 +2,7 @@
 platform."""
 
 import dataclasses
+import logging
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -13,7 +14,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from transformer_jax.errors import FieldError
+from transformer_jax.errors import FieldError, first_line
 from transformer_jax.model.attention import implementation_problem, resolve_implementation
 from transformer_jax.model.spec import ModelSpec
 from transformer_jax.model.transformer import TransformerConfig, transformer_spec
@@ -29,6 +30,8 @@ from transformer_jax.sharding import (
   num_batch_shards,
   tree_shardings,
 )
+
+log = logging.getLogger(__name__)
 
 COMPILE_AHEAD = ("accelerators", "always", "never")  # When programs are compiled ahead.
 
@@ -118,19 +121,29 @@ class Placement:
   def compile_ahead(self, lowerings: Sequence[Callable], threads: int) -> list[tuple[Any, float]]:
     """Lower the programs of `lowerings` (functions returning a `jax.stages.Lowered`) one by one
     in this thread, inside the mesh and rules (so that every context of the caller applies, such
-    as a matmul precision), each compiled as soon as it is lowered, on up to `threads` threads
-    at once (XLA compiles without Python's lock): `(jax.stages.Compiled, seconds its compile
-    took)` of each. Call the compiled programs themselves (without the static arguments): a call
-    of the jitted function may compile again."""
+    as a matmul precision), each compiled as soon as it is lowered on a pool of up to `threads`
+    threads (XLA compiles without Python's lock): `(jax.stages.Compiled, seconds its compile
+    took)` of each, None for a program whose compile failed (logged; its first call compiles it).
+    A lowering that raises cancels the compiles not yet begun and raises at once. Call the
+    compiled programs themselves (without the static arguments): a call of the jitted function
+    may compile again."""
 
-    def compile_one(program):
+    def compile_one(lowered):
       start = time.perf_counter()
-      return program.compile(), time.perf_counter() - start
+      try:
+        return lowered.compile(), time.perf_counter() - start
+      except Exception as error:  # Only time is at stake.
+        log.warning(
+          "compiling a program ahead failed (%s): its first call compiles it", first_line(error)
+        )
+        return None, time.perf_counter() - start
 
-    with ThreadPoolExecutor(max(1, min(threads, len(lowerings)))) as pool:
-      # Each compile starts as soon as its program is lowered, while the next one lowers.
+    pool = ThreadPoolExecutor(max(1, min(threads, len(lowerings))))
+    try:  # Each compile starts as soon as its program is lowered, while the next one lowers.
       compiling = [pool.submit(compile_one, self.run(lower)) for lower in lowerings]
       return [future.result() for future in compiling]
+    finally:
+      pool.shutdown(wait=False, cancel_futures=True)
 
   def abstract_batch(self, rows: int, length: int) -> dict:
     """A global `[rows, length]` batch of abstract int32 arrays (the spec's `batch_keys`) with the

@@ -153,6 +153,7 @@ class Translator:
     self.batch_size = -(-settings.batch_size // shards) * shards
     # (rows, source length) -> (the parameters' abstract tree it was compiled for, program).
     self.compiled_ahead: dict[tuple[int, int], tuple] = {}
+    self.ahead_failed = False  # Then its batches compile their own programs from then on.
 
   @property
   def max_len(self) -> int:
@@ -215,7 +216,7 @@ class Translator:
     each `(rows, length)` of `shapes` that has no program for them yet, on threads; with only
     one to compile, none (its batch compiles it)."""
     shapes = sorted(s for s in shapes if self.compiled_ahead.get(s, (None,))[0] != abstract)
-    if len(shapes) < 2:
+    if len(shapes) < 2 or self.ahead_failed:
       return
 
     def lowering(rows, length):
@@ -230,6 +231,7 @@ class Translator:
     try:
       compiled = self.placement.compile_ahead([lowering(*shape) for shape in shapes], threads)
     except Exception as error:  # Only time is at stake: the batches compile their own.
+      self.ahead_failed = True
       log.warning(
         "compiling the %s ahead failed (%s): each batch shape compiles when its first batch comes",
         self.settings.search,
@@ -237,11 +239,12 @@ class Translator:
       )
       return
     for shape, (program, _) in zip(shapes, compiled):
-      self.compiled_ahead[shape] = (abstract, program)
+      if program:
+        self.compiled_ahead[shape] = (abstract, program)
     seconds = [t for _, t in compiled]
     log.info(
-      "the %s for each of %d batch shapes took %.1f-%.1f s to compile (or to load), %.1f s in all "
-      "on %d threads: %s",
+      "the %s for each of %d batch shapes took %.1f-%.1f s to compile after lowering (or to "
+      "load), %.1f s in all on %d threads: %s",
       self.settings.search,
       len(shapes),
       min(seconds),

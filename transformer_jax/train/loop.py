@@ -222,7 +222,8 @@ def _compile_ahead(trainer: Trainer, batch_shapes, times: RunTimes) -> None:
         first_line(error),
       )
       return
-  times.record_compiled_ahead(compiled, time.perf_counter() - start, threads)
+  if compiled:
+    times.record_compiled_ahead(compiled, time.perf_counter() - start, threads)
 
 
 def _every(step: int, every: int, last: int) -> bool:

@@ -66,7 +66,8 @@ class RunTimes:
     seconds = [t for _, t in compiled]
     log.info(
       "before the first step, the train step for each of %d batch shapes took %.1f-%.1f s to "
-      "compile (or to load, from a cache of compiled programs), %.1f s in all on %d threads: %s",
+      "compile after lowering (or to load, from a cache of compiled programs), %.1f s in all on "
+      "%d threads: %s",
       len(compiled),
       min(seconds),
       max(seconds),

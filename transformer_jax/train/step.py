@@ -218,7 +218,8 @@ class Trainer:
   def compile_ahead(self, shapes: Sequence[tuple[int, int]], threads: int) -> list[tuple]:
     """Compile the train step for global batches of each `(rows, length)` of `shapes`, on up to
     `threads` threads at once (`Placement.compile_ahead`); later `train_step`s on such batches
-    run these programs. `((rows, length) of this process's batches, seconds)` of each."""
+    run these programs. `((rows, length) of this process's batches, seconds)` of each compiled
+    (one whose compile failed is left to its first step)."""
     placement = self.placement
     compiled = placement.compile_ahead(
       [
@@ -231,9 +232,10 @@ class Trainer:
     )
     keys, processes = placement.spec.batch_keys, placement.data_shard[1]
     local = [(rows // processes, length) for rows, length in shapes]
-    for shape, (program, _) in zip(local, compiled):
+    done = [(shape, program, t) for shape, (program, t) in zip(local, compiled) if program]
+    for shape, program, _ in done:
       self.compiled_ahead[tuple(shape for _ in keys)] = program
-    return [(shape, seconds) for shape, (_, seconds) in zip(local, compiled)]
+    return [(shape, seconds) for shape, _, seconds in done]
 
   def train_step(self, state: TrainState, local_batch: Mapping[str, np.ndarray]):
     """One update from this process's rows of the batch; `state` is donated. `(state, metrics)`."""
