@@ -43,6 +43,17 @@ def host_cores() -> int:
   return os.cpu_count() or 1
 
 
+def compiled_ahead_line(what: str, compiled: Sequence[tuple], wall: float, threads: int) -> str:
+  """The log line of programs compiled ahead: `what` (e.g. "the beam4") and, of `compiled`'s
+  `(name, seconds)`, how long they took, each and in all (`wall` seconds on `threads` threads)."""
+  seconds = [t for _, t in compiled]
+  return (
+    f"{what} for each of {len(compiled)} batch shapes took {min(seconds):.1f}-"
+    f"{max(seconds):.1f} s to compile after lowering (or to load, from a cache of compiled "
+    f"programs), {wall:.1f} s in all on {threads} threads: {', '.join(str(n) for n, _ in compiled)}"
+  )
+
+
 def for_platform(model_config: TransformerConfig, platform: str) -> TransformerConfig:
   """`model_config` with its attention implementation resolved for devices of `platform` ("cpu",
   "gpu", "tpu"), so that a program compiled for a target takes the path a run there takes.

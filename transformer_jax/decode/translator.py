@@ -20,7 +20,7 @@ from transformer_jax.conventions import EOS_ID
 from transformer_jax.data import padded_length
 from transformer_jax.decode import search, transformer_search
 from transformer_jax.errors import first_line
-from transformer_jax.placement import COMPILE_AHEAD, Placement, host_cores
+from transformer_jax.placement import COMPILE_AHEAD, Placement, compiled_ahead_line, host_cores
 
 log = logging.getLogger(__name__)
 
@@ -199,8 +199,10 @@ class Translator:
     abstract = jax.tree.map(_abstract, params)
     if self.placement.should_compile_ahead(self.settings.compile_ahead):
       self._compile_ahead(abstract, {self._shape([sources[i] for i in b]) for b in batches})
+    # The programs compiled ahead for parameters like these.
+    programs = {s: p for s, (a, p) in self.compiled_ahead.items() if a == abstract}
     for batch in batches:
-      for i, ids in zip(batch, self._decode(params, [sources[i] for i in batch], abstract)):
+      for i, ids in zip(batch, self._decode(params, [sources[i] for i in batch], programs)):
         outputs[i] = ids
     return outputs
 
@@ -241,22 +243,17 @@ class Translator:
     for shape, (program, _) in zip(shapes, compiled):
       if program:
         self.compiled_ahead[shape] = (abstract, program)
-    seconds = [t for _, t in compiled]
+    wall = time.perf_counter() - start
     log.info(
-      "the %s for each of %d batch shapes took %.1f-%.1f s to compile after lowering (or to "
-      "load), %.1f s in all on %d threads: %s",
-      self.settings.search,
-      len(shapes),
-      min(seconds),
-      max(seconds),
-      time.perf_counter() - start,
-      threads,
-      ", ".join(map(str, shapes)),
+      "%s",
+      compiled_ahead_line(
+        f"the {self.settings.search}", list(zip(shapes, (t for _, t in compiled))), wall, threads
+      ),
     )
 
-  def _decode(self, params, sources, abstract) -> list[list[int]]:
+  def _decode(self, params, sources, programs) -> list[list[int]]:
     """One batch: source id lists (at most `batch_size`, none over `max_len`) -> output ids;
-    `abstract`: the parameters' abstract tree, to find a program compiled ahead for them."""
+    `programs`: those compiled ahead for these parameters, by `(rows, length)`."""
     rows, length = self._shape(sources)
     host = np.zeros((rows, length), np.int32)
     for row, ids in enumerate(sources):
@@ -265,8 +262,8 @@ class Translator:
       host.shape, self.placement.batch_sharding, lambda index: host[index]
     )
     run, kwargs = self.settings.search_call(length, self.max_len)
-    ahead, program = self.compiled_ahead.get((rows, length), (None, None))
-    if ahead == abstract:  # The compiled program takes the options that are not static.
+    program = programs.get((rows, length))
+    if program:  # The compiled program takes the options that are not static.
       traced = {k: v for k, v in kwargs.items() if k not in transformer_search.STATIC_OPTIONS}
       out = self.placement.run(lambda: program({"params": params}, inputs, **traced))
     else:

@@ -8,6 +8,8 @@ import time
 
 import jax
 
+from transformer_jax.placement import compiled_ahead_line
+
 log = logging.getLogger(__name__)
 
 
@@ -63,17 +65,8 @@ class RunTimes:
     """Programs compiled before the first step (`Trainer.compile_ahead`'s `(shape, seconds)`),
     `wall` seconds in all on `threads` threads: their `step` is None."""
     self.programs.extend({"step": None, "shape": str(s), "seconds": t} for s, t in compiled)
-    seconds = [t for _, t in compiled]
     log.info(
-      "before the first step, the train step for each of %d batch shapes took %.1f-%.1f s to "
-      "compile after lowering (or to load, from a cache of compiled programs), %.1f s in all on "
-      "%d threads: %s",
-      len(compiled),
-      min(seconds),
-      max(seconds),
-      wall,
-      threads,
-      ", ".join(str(s) for s, _ in compiled),
+      "%s", compiled_ahead_line("before the first step, the train step", compiled, wall, threads)
     )
 
   def first_step_ended(self) -> None:
