@@ -190,6 +190,30 @@ def test_one_block_kernels_by_rule_and_by_the_thunk_sequence():
   assert _by_name(found)["sum"].grid == (256, 1, 1) and _by_name(found)["start"].grid is None
 
 
+def test_host_launches_count_each_command_buffer_once_and_each_thunk_outside_one():
+  # After the thunk passes: two command buffers (graphs) around a cuDNN call, a copy on its own,
+  # a while loop whose body holds a kernel and a third command buffer.
+  sequence = (
+    "000: kCommandBuffer [source | next=001 (1)]\n"
+    "    000: kCustomKernel [source | next=001 (1)] a grid: [1, 1, 1] threads: [1, 1, 1]\n"
+    "    001: kCustomKernel [prev=000 (1) | sink] b grid: [8, 1, 1] threads: [128, 1, 1]\n"
+    "001: kCuDnn [prev=000 (1) | next=002 (1)] fmha\n"
+    "002: kCommandBuffer [prev=001 (1) | next=003 (1)]\n"
+    "    000: kCustomKernel [source | sink] c grid: [4, 1, 1] threads: [64, 1, 1]\n"
+    "003: kCopy [prev=002 (1) | next=004 (1)] kCopy\n"
+    "004: kWhile [prev=003 (1) | sink]\n"
+    "    000: kCustomKernel [source | next=001 (1)] d grid: [1, 1, 1] threads: [1, 1, 1]\n"
+    "    001: kCommandBuffer [prev=000 (1) | sink]\n"
+    "        000: kCustomKernel [source | sink] e grid: [2, 1, 1] threads: [32, 1, 1]\n"
+  )
+  assert thunks.host_launches(sequence) == {"host_launches": 6, "graphs": 3, "graph_commands": 4}
+  assert thunks.host_launches("") == {"host_launches": 0, "graphs": 0, "graph_commands": 0}
+  found, loops = kernels.read_kernels(MODULE)
+  read = thunks.Thunks(grids={}, launches=thunks.host_launches(sequence))
+  assert kernels.summary(found, loops, 1e12, 1e9, read)["launches"]["host_launches"] == 6
+  assert kernels.summary(found, loops, 1e12, 1e9)["launches"] is None
+
+
 def test_sources_come_from_the_metadata_or_the_stack_frames():
   k = _by_name(kernels.read_kernels(MODULE)[0])
   assert k["sum"].source == "transformer_jax/model/layers.py:12"
@@ -264,7 +288,7 @@ def test_an_operand_read_only_through_slices_counts_the_sliced_bytes():
 def test_the_summary_adds_up_launches_and_takes_the_roofline_floor_per_kernel():
   found, loops = kernels.read_kernels(MODULE)
   peak, bandwidth = 1e12, 1e9  # FLOP/s, bytes/s: every kernel here is bound by its bytes
-  s = kernels.summary(found, loops, peak, bandwidth, grids_known=False)
+  s = kernels.summary(found, loops, peak, bandwidth)
   assert s["kernels"] == 5 + 1 + 2 * 12 + 3  # ENTRY, the copy, 12 trips, the unknown loop once
   assert s["one_block_kernels"] == 1 + 12 + 2 and s["gemms"] == 2 and s["cudnn_calls"] == 1
   assert s["bytes"] == sum(x.bytes * x.launches for x in found)
@@ -293,6 +317,10 @@ def test_a_matmul_compiled_for_an_h100_counts_2mnk_flops():
   s = cost.kernels
   assert s["flops"] == 2 * m * n * k and s["gemms"] >= 1 and s["kernels"] >= s["gemms"]
   assert s["one_block_basis"].startswith("the compiler's thunk sequence")
+  # One GEMM and its tanh: launched from the host one by one or as a graph, at most two.
+  launches = s["launches"]
+  assert 1 <= launches["host_launches"] <= 2 and launches["graphs"] <= 1
+  assert launches["host_launches"] - launches["graphs"] + launches["graph_commands"] >= 1
   assert s["bytes"] >= (m * k + k * n + m * n) * 2  # at least the operands and the product
   assert s["floor_seconds"] >= s["bytes"] / targets.CHIPS["h100"].memory_bandwidth
   assert s["largest_by_flops"][0]["category"] == "gemm"
@@ -344,7 +372,7 @@ def test_the_compile_report_of_a_gpu_target_has_the_kernels():
 
 def test_the_report_table_shows_the_kernels_and_names_loops_of_unknown_trips():
   found, loops = kernels.read_kernels(MODULE)
-  summary = kernels.summary(found, loops, 989e12, 3.35e12, grids_known=False)
+  summary = kernels.summary(found, loops, 989e12, 3.35e12)
   chip = targets.CHIPS["h100"]
   program = {
     "name": "train 8x32",

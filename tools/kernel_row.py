@@ -28,9 +28,9 @@ from transformer_jax.errors import UserError
 
 FLAGS = flags.FLAGS
 HEADER = (
-  "| model | commit | change | kernels | 1x1x1-grid kernels | GEMMs | cuDNN calls | HBM GB "
-  "| TFLOP | floor ms (est.) | measured step ms |\n"
-  "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+  "| model | commit | change | kernels | 1x1x1-grid kernels | host launches (graphs) | GEMMs "
+  "| cuDNN calls | HBM GB | TFLOP | floor ms (est.) | measured step ms |\n"
+  "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 )
 
 
@@ -79,6 +79,7 @@ def row(model: str, commit_name: str, change: str, record: dict, shape: bool = F
     change,
     f"{k['kernels']:,}",
     f"{k['one_block_kernels']:,}",
+    launches(k["launches"]),
     f"{k['gemms']:,}",
     f"{k['cudnn_calls']:,}",
     f"{k['bytes'] / 1e9:.1f}",
@@ -87,6 +88,11 @@ def row(model: str, commit_name: str, change: str, record: dict, shape: bool = F
     "-",
   )
   return "| " + " | ".join(cells) + " |"
+
+
+def launches(counts: dict | None) -> str:
+  """`host launches (graphs)` of a summary's `launches` (`compile/thunks.py`); `-` without."""
+  return "-" if counts is None else f"{counts['host_launches']:,} ({counts['graphs']:,})"
 
 
 def largest(record: dict) -> str:

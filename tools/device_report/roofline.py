@@ -13,6 +13,7 @@ import collections
 
 from transformer_jax.compile import kernels as kernels_lib
 from transformer_jax.compile.targets import Chip
+from transformer_jax.compile.thunks import Thunks
 
 TOP_OPS = 20  # ops kept in the JSON, most time first
 TOP_SOURCES = 10  # source lines kept, most time first
@@ -21,16 +22,14 @@ NO_SOURCE = "no source line in the HLO"
 
 
 def program_kernels(
-  hlo_text: str, chip: Chip, chip_basis: str, program: str, grids: dict | None = None
+  hlo_text: str, chip: Chip, chip_basis: str, program: str, read: Thunks | None = None
 ) -> tuple[dict, dict]:
   """`(record, kernels by name)`: `kernels.summary` of a program's optimized HLO against `chip`'s
   peak and bandwidth, labelled with what the program is and why that chip (a JSON-ready dict of
   estimates); and by HLO instruction name, what the kernel of that name predicts per call of
   the program (`by_name`)."""
-  found, loops = kernels_lib.read_kernels(hlo_text, grids)
-  summary = kernels_lib.summary(
-    found, loops, chip.peak_flops, chip.memory_bandwidth, grids is not None
-  )
+  found, loops = kernels_lib.read_kernels(hlo_text, read.grids if read else None)
+  summary = kernels_lib.summary(found, loops, chip.peak_flops, chip.memory_bandwidth, read)
   record = {
     "program": program,
     "chip": chip.name,

@@ -113,18 +113,18 @@ def floor_chip(device_kind: str, target: str) -> tuple[targets.Chip, str]:
 @dataclasses.dataclass
 class Ran:
   """What a timed train step leaves for the figures that follow: one more step, the executable
-  and the launch grids its compiler wrote (None: not a GPU, or none found)."""
+  and the thunk sequences its compiler wrote (None: not a GPU, or none found)."""
 
   step: object
   compiled: object
-  grids: dict | None
+  thunks: thunks.Thunks | None
 
 
 def _compile(lowered):
-  """`(executable, launch grids)`: on a GPU, compiled with a dump of the compiler's output, from
-  which the grids are read (`compile/thunks.py`); the executable is the same."""
+  """`(executable, thunks)`: on a GPU, compiled with a dump of the compiler's output, from
+  which its thunk sequences are read (`compile/thunks.py`); the executable is the same."""
   if jax.default_backend() == "gpu":
-    return thunks.compile_with_grids(lowered)
+    return thunks.compile_with_thunks(lowered)
   return lowered.compile(), None
 
 
@@ -147,7 +147,7 @@ def train_speed(
   state = trainer.init()
   batch = placement.global_batch(local)
   start = time.perf_counter()
-  compiled, grids = placement.run(lambda: _compile(trainer.jitted_step.lower(state, batch)))
+  compiled, read = placement.run(lambda: _compile(trainer.jitted_step.lower(state, batch)))
   predicted = analysis.measure_compiled(compiled, time.perf_counter() - start)
   metrics = []
 
@@ -210,14 +210,14 @@ def train_speed(
       "cudnn_attention_calls": predicted.cudnn_attention_calls,
     },
   }
-  return figures, Ran(step, compiled, grids)
+  return figures, Ran(step, compiled, read)
 
 
 def predicted_kernels(ran: Ran, chip: targets.Chip, chip_basis: str) -> tuple[dict, dict]:
   """The kernels of the executable that ran, with their bytes, FLOPs and roofline floor at
   `chip` (`roofline.program_kernels`: estimates), and the kernels by name."""
   program = f"the executable that ran ({jax.default_backend()})"
-  return roofline.program_kernels(ran.compiled.as_text(), chip, chip_basis, program, ran.grids)
+  return roofline.program_kernels(ran.compiled.as_text(), chip, chip_basis, program, ran.thunks)
 
 
 def _op_times(step, steps: int, compiled, kernels: dict | None = None) -> dict:

@@ -114,13 +114,13 @@ def refused_cost(message: str, seconds: float) -> ProgramCost | None:
 
 def compile_and_measure(lowered, compiler_options=None, chip: Chip | None = None) -> ProgramCost:
   """The `ProgramCost` of a `jax.stages.Lowered`, timing its compile. For a GPU `chip`, the
-  compiler's launch grids are read from a dump of its output (`thunks.py`) and the kernels
+  compiler's thunk sequences are read from a dump of its output (`thunks.py`) and the kernels
   summed up against the chip's peak and bandwidth."""
   start = time.perf_counter()
-  grids = None
+  read = None
   try:
     if chip is not None and chip.platform == "gpu":
-      compiled, grids = thunks.compile_with_grids(lowered, compiler_options)
+      compiled, read = thunks.compile_with_thunks(lowered, compiler_options)
     else:
       compiled = lowered.compile(compiler_options) if compiler_options else lowered.compile()
   except Exception as error:  # pylint: disable=broad-except  # XLA's errors are JaxRuntimeError.
@@ -128,14 +128,15 @@ def compile_and_measure(lowered, compiler_options=None, chip: Chip | None = None
     if refused is None:
       raise
     return refused
-  return measure_compiled(compiled, time.perf_counter() - start, chip, grids)
+  return measure_compiled(compiled, time.perf_counter() - start, chip, read)
 
 
 def measure_compiled(
-  compiled, compile_seconds: float, chip: Chip | None = None, grids: dict | None = None
+  compiled, compile_seconds: float, chip: Chip | None = None, read: thunks.Thunks | None = None
 ) -> ProgramCost:
   """The `ProgramCost` of a `jax.stages.Compiled` that took `compile_seconds` to compile; for a
-  GPU `chip`, with its kernels (launch grids from `grids`, else `kernels.py`'s rule)."""
+  GPU `chip`, with its kernels (launch grids and host launches from the thunk sequences `read`,
+  else the grids by `kernels.py`'s rule)."""
   memory = compiled.memory_analysis()
   cost = compiled.cost_analysis() or {}
   if isinstance(cost, list):  # Older JAX: one dict per module.
@@ -153,11 +154,11 @@ def measure_compiled(
     optimal_seconds=cost.get("optimal_seconds"),
     prefetch_calls=len(_PREFETCH.findall(text)),
     cudnn_attention_calls=cudnn_attention_calls(text),
-    kernels=kernel_summary(text, chip, grids) if chip and chip.platform == "gpu" else None,
+    kernels=kernel_summary(text, chip, read) if chip and chip.platform == "gpu" else None,
   )
 
 
-def kernel_summary(hlo_text: str, chip: Chip, grids: dict | None = None) -> dict:
+def kernel_summary(hlo_text: str, chip: Chip, read: thunks.Thunks | None = None) -> dict:
   """`kernels.summary` of a GPU program's optimized HLO text on `chip`."""
-  found, loops = kernels.read_kernels(hlo_text, grids)
-  return kernels.summary(found, loops, chip.peak_flops, chip.memory_bandwidth, grids is not None)
+  found, loops = kernels.read_kernels(hlo_text, read.grids if read else None)
+  return kernels.summary(found, loops, chip.peak_flops, chip.memory_bandwidth, read)

@@ -43,7 +43,7 @@ Per kernel:
 import dataclasses
 import math
 
-from transformer_jax.compile import hlo
+from transformer_jax.compile import hlo, thunks
 
 ONE_BLOCK_ELEMENTS = 128  # The rule's largest output of a kernel on one block, without grids.
 _QUIET = {
@@ -320,10 +320,16 @@ def _listed(kernel: Kernel, peak_flops: float, bandwidth: float) -> dict:
 
 
 def summary(
-  kernels: list[Kernel], loops: list[dict], peak_flops: float, bandwidth: float, grids_known: bool
+  kernels: list[Kernel],
+  loops: list[dict],
+  peak_flops: float,
+  bandwidth: float,
+  read: thunks.Thunks | None = None,
 ) -> dict:
   """The totals of a program's kernels (every figure per call of the program, loop bodies
-  times their trips) and the `TOP` largest by bytes and by FLOPs: a JSON-ready dict."""
+  times their trips) and the `TOP` largest by bytes and by FLOPs: a JSON-ready dict. `read`:
+  the thunk sequences the kernels' grids came from (None: the rule decided), and with them
+  what the host launches (`thunks.host_launches`)."""
   count = lambda test: sum(k.launches for k in kernels if test(k))
   floors = [k.floor_seconds(peak_flops, bandwidth) for k in kernels]
   memory_bound = [k.bytes / bandwidth >= k.flops / peak_flops for k in kernels]
@@ -337,9 +343,10 @@ def summary(
     "one_block_kernels": count(lambda k: k.one_block),
     "one_block_basis": (
       "the compiler's thunk sequence (launch grids)"
-      if grids_known
+      if read is not None
       else f"rule: an XLA fusion whose outputs have at most {ONE_BLOCK_ELEMENTS} element(s)"
     ),
+    "launches": read.launches if read is not None else None,
     "gemms": count(lambda k: k.category == "gemm"),
     "cudnn_calls": count(lambda k: k.category == "cudnn"),
     "copies": count(lambda k: k.category == "copy"),

@@ -1,18 +1,22 @@
-"""The launch grids of a GPU program's kernels, from the thunk sequence that XLA's GPU compiler
+"""How a GPU program's kernels are launched, from the thunk sequences that XLA's GPU compiler
 writes where it dumps (`xla_dump_to`): `*.thunk_sequence.txt` gives each thunk's id, kind and
-grid, `*.thunk_metadata.txt` the HLO instruction of each id.
+grid, `*.thunk_metadata.txt` the HLO instruction of each id, and
+`*.thunk_sequence_after_thunk_passes.txt` the same thunks with runs of them gathered into
+command buffers (CUDA graphs, `kCommandBuffer`), their commands indented beneath them.
 
-The optimized HLO (`Compiled.as_text()`) does not carry launch dimensions; this
-is where the compiler writes them. `compile_with_grids` compiles with a dump
-into a temporary directory and reads them back.
+The optimized HLO (`Compiled.as_text()`) carries neither; this is where the
+compiler writes them. `compile_with_thunks` compiles with a dump into a
+temporary directory and reads them back.
 """
 
+import dataclasses
 import glob
 import os
 import re
 import tempfile
 
 _THUNK = re.compile(r"\s*(\d+): (\w+)\s.*?grid: \[(\d+), (\d+), (\d+)\]")
+_ENTRY = re.compile(r"( *)\d+: (\w+)")
 _METADATA = re.compile(r'profile_annotation: "([^"]*)"\s*thunk_id: (\d+)')
 
 
@@ -28,8 +32,53 @@ def launch_grids(sequence: str, metadata: str) -> dict[str, tuple[int, int, int]
   return grids
 
 
-def read_grids(directory: str) -> dict[str, tuple[int, int, int]] | None:
-  """The launch grids of the one program dumped into `directory`; None when it holds no thunk
+def host_launches(sequence: str) -> dict[str, int]:
+  """What the host launches per call of the program, from the thunk sequence after the thunk
+  passes: `{"host_launches", "graphs", "graph_commands"}`.
+
+  A thunk with thunks indented beneath it holds them: a command buffer is one
+  graph launch for all of its commands (`graph_commands`), any other holder
+  (a while loop, a conditional) launches nothing itself. Every other thunk
+  outside a command buffer (a kernel, a cuBLAS or cuDNN call, a copy) is a
+  launch of its own. A loop's body counts once, whatever its trips.
+  """
+  entries = [(len(m[1]), m[2]) for m in map(_ENTRY.match, sequence.splitlines()) if m]
+  launches = graphs = commands = 0
+  holders = []  # (indent, kind) of the thunks holding the current one
+  for index, (indent, kind) in enumerate(entries):
+    while holders and holders[-1][0] >= indent:
+      holders.pop()
+    in_graph = any(k == "kCommandBuffer" for _, k in holders)
+    holds = index + 1 < len(entries) and entries[index + 1][0] > indent
+    if kind == "kCommandBuffer" and not in_graph:
+      graphs += 1
+      launches += 1
+    elif in_graph and not holds:
+      commands += 1
+    elif not holds:
+      launches += 1
+    if holds:
+      holders.append((indent, kind))
+  return {"host_launches": launches, "graphs": graphs, "graph_commands": commands}
+
+
+@dataclasses.dataclass(frozen=True)
+class Thunks:
+  """What the thunk sequences of one program say: each kernel's grid (HLO instruction -> blocks
+  in x, y, z) and what the host launches (`host_launches` of the sequence after the thunk
+  passes, which the compiler writes where they changed it, else of the sequence itself)."""
+
+  grids: dict[str, tuple[int, int, int]]
+  launches: dict[str, int]
+
+
+def _read(path: str) -> str:
+  with open(path, encoding="utf-8") as file:
+    return file.read()
+
+
+def read_thunks(directory: str) -> Thunks | None:
+  """The `Thunks` of the one program dumped into `directory`; None when it holds no thunk
   sequence (another XLA, or not a GPU program)."""
   sequences = glob.glob(os.path.join(directory, "*.thunk_sequence.txt"))
   if len(sequences) != 1:
@@ -37,15 +86,16 @@ def read_grids(directory: str) -> dict[str, tuple[int, int, int]] | None:
   metadata = sequences[0].replace(".thunk_sequence.txt", ".thunk_metadata.txt")
   if not os.path.exists(metadata):
     return None
-  with open(sequences[0], encoding="utf-8") as file:
-    sequence = file.read()
-  with open(metadata, encoding="utf-8") as file:
-    return launch_grids(sequence, file.read())
+  sequence = _read(sequences[0])
+  after = sequences[0].replace(".thunk_sequence.txt", ".thunk_sequence_after_thunk_passes.txt")
+  # The compiler writes the sequence after its passes where they changed it.
+  final = _read(after) if os.path.exists(after) else sequence
+  return Thunks(launch_grids(sequence, _read(metadata)), host_launches(final))
 
 
-def compile_with_grids(lowered, compiler_options: dict | None = None):
-  """`(compiled, grids)`: `lowered` compiled for a GPU with a dump of the compiler's output into
-  a temporary directory (removed after), and the launch grids read from it (None if absent)."""
+def compile_with_thunks(lowered, compiler_options: dict | None = None):
+  """`(compiled, thunks)`: `lowered` compiled for a GPU with a dump of the compiler's output into
+  a temporary directory (removed after), and its `Thunks` read from it (None if absent)."""
   with tempfile.TemporaryDirectory(prefix="transformer_jax_thunks_") as directory:
     compiled = lowered.compile({**(compiler_options or {}), "xla_dump_to": directory})
-    return compiled, read_grids(directory)
+    return compiled, read_thunks(directory)
