@@ -594,6 +594,7 @@ def test_the_floor_table_sets_each_measured_step_beside_both_predictions():
       "bytes": 79.3e9,
       "flops": 10.94e12,
       "floor_seconds": 0.0263,
+      "launches": {"host_launches": 73, "graphs": 37, "graph_commands": 1208},
     },
     "measured_over_floor": 0.0586 / 0.0263,
   }
@@ -609,7 +610,8 @@ def test_the_floor_table_sets_each_measured_step_beside_both_predictions():
     "floor ms (est., the executable that ran)" in lines[3] and "(est., compile mode)" in lines[3]
   )
   assert lines[5] == (
-    "| base | 104x256 | 58.6 | 55.0 (20) | 431,090 | 672.0, 552.0 | 1,367 | 79.3 | 10.94 | "
+    "| base | 104x256 | 58.6 | 55.0 (20) | 431,090 | 672.0, 552.0 | 1,367 | 73 (37) | 79.3 | "
+    "10.94 | "
     "26.3 | 2.23 | 29.3 | 2.00 |"
   )
   assert "NVIDIA H100 SXM 80GB (this device's)" in lines[-1] and "not measured" in lines[-1]

@@ -33,6 +33,11 @@ def _ratio(value) -> str:
   return number(value, ".2f")
 
 
+def _launches(counts: dict | None) -> str:
+  """`host launches (graphs)` of a program's `launches` (`compile/thunks.py`), `-` without."""
+  return "-" if not counts else f"{counts['host_launches']:,} ({counts['graphs']:,})"
+
+
 def floor_rows(records: dict) -> list[str]:
   """Each train step's measured times beside the kernels, bytes, FLOPs and roofline floor
   predicted for it, from the executable that ran and from the compile mode (estimates both)."""
@@ -48,9 +53,10 @@ def floor_rows(records: dict) -> list[str]:
     "",
     "| train step | batch | step ms: median of single steps | back to back: ms per step "
     "(steps) | back to back: target tok/s | bf16 matmul TFLOP/s: before, after | kernels (est.) "
-    "| HBM GB (est.) | TFLOP (est.) | floor ms (est., the executable that ran) | measured / "
-    "floor | floor ms (est., compile mode) | measured / compile mode's floor |",
-    "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    "| host launches (graphs) | HBM GB (est.) | TFLOP (est.) | floor ms (est., the executable "
+    "that ran) | measured / floor | floor ms (est., compile mode) | measured / compile mode's "
+    "floor |",
+    "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
   ]
   chips = set()
   for name, step in steps:
@@ -73,7 +79,8 @@ def floor_rows(records: dict) -> list[str]:
       f"{_ms(median)} | {_ms(chained.get('step_seconds'))} ({chained.get('steps', '-')}) | "
       f"{number(chained.get('target_tokens_per_second'))} | "
       f"{', '.join(number(r, '.1f', 1e-12) for r in rates)} | "
-      f"{number(own.get('kernels'))} | {number(own.get('bytes'), '.1f', 1e-9)} | "
+      f"{number(own.get('kernels'))} | {_launches(own.get('launches'))} | "
+      f"{number(own.get('bytes'), '.1f', 1e-9)} | "
       f"{number(own.get('flops'), '.2f', 1e-12)} | {_ms(own.get('floor_seconds'))} | "
       f"{_ratio(step.get('measured_over_floor'))} | {_ms(mode_floor)} | "
       f"{_ratio(median / mode_floor if mode_floor else None)} |"
@@ -82,7 +89,9 @@ def floor_rows(records: dict) -> list[str]:
     "",
     "(est.): read off the optimized HLO (`compile/kernels.py`), not measured: the floor is each "
     "kernel's FLOPs at the chip's peak or its bytes at its bandwidth, whichever is longer, "
-    f"summed: a lower bound, not a predicted time. Chip: {'; '.join(sorted(chips)) or '-'}. "
+    "summed: a lower bound, not a predicted time. Host launches: the kernels and calls the host "
+    "launches a step, a command buffer (CUDA graph) one for all of its own. "
+    f"Chip: {'; '.join(sorted(chips)) or '-'}. "
     "The compile mode's program is compiled on the CPU for the target, without autotuning.",
   ]
   return lines
