@@ -594,7 +594,7 @@ def test_the_floor_table_sets_each_measured_step_beside_both_predictions():
       "bytes": 79.3e9,
       "flops": 10.94e12,
       "floor_seconds": 0.0263,
-      "launches": {"host_launches": 73, "graphs": 37, "graph_commands": 1208},
+      "host_launches": {"launches": 73, "graphs": 37, "graph_commands": 1208},
     },
     "measured_over_floor": 0.0586 / 0.0263,
   }

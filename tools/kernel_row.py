@@ -23,7 +23,7 @@ from ml_collections import config_flags
 from transformer_jax import config as config_lib
 from transformer_jax import data
 from transformer_jax.cli import flag_errors
-from transformer_jax.compile import programs, targets
+from transformer_jax.compile import programs, targets, thunks
 from transformer_jax.errors import UserError
 
 FLAGS = flags.FLAGS
@@ -79,7 +79,7 @@ def row(model: str, commit_name: str, change: str, record: dict, shape: bool = F
     change,
     f"{k['kernels']:,}",
     f"{k['one_block_kernels']:,}",
-    launches(k["launches"]),
+    thunks.launches_cell(k["host_launches"]),
     f"{k['gemms']:,}",
     f"{k['cudnn_calls']:,}",
     f"{k['bytes'] / 1e9:.1f}",
@@ -88,11 +88,6 @@ def row(model: str, commit_name: str, change: str, record: dict, shape: bool = F
     "-",
   )
   return "| " + " | ".join(cells) + " |"
-
-
-def launches(counts: dict | None) -> str:
-  """`host launches (graphs)` of a summary's `launches` (`compile/thunks.py`); `-` without."""
-  return "-" if counts is None else f"{counts['host_launches']:,} ({counts['graphs']:,})"
 
 
 def largest(record: dict) -> str:

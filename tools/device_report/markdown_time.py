@@ -2,6 +2,8 @@
 bytes, FLOPs and roofline floor predicted for its program (estimates, labelled so), and the
 profile's costliest ops, grouped by kind and by source line, beside their kernels' floors."""
 
+from transformer_jax.compile import thunks
+
 VARIANT_NAMES = {
   "base": "base",
   "big": "big",
@@ -31,11 +33,6 @@ def _ms(seconds) -> str:
 
 def _ratio(value) -> str:
   return number(value, ".2f")
-
-
-def _launches(counts: dict | None) -> str:
-  """`host launches (graphs)` of a program's `launches` (`compile/thunks.py`), `-` without."""
-  return "-" if not counts else f"{counts['host_launches']:,} ({counts['graphs']:,})"
 
 
 def floor_rows(records: dict) -> list[str]:
@@ -79,7 +76,7 @@ def floor_rows(records: dict) -> list[str]:
       f"{_ms(median)} | {_ms(chained.get('step_seconds'))} ({chained.get('steps', '-')}) | "
       f"{number(chained.get('target_tokens_per_second'))} | "
       f"{', '.join(number(r, '.1f', 1e-12) for r in rates)} | "
-      f"{number(own.get('kernels'))} | {_launches(own.get('launches'))} | "
+      f"{number(own.get('kernels'))} | {thunks.launches_cell(own.get('host_launches'))} | "
       f"{number(own.get('bytes'), '.1f', 1e-9)} | "
       f"{number(own.get('flops'), '.2f', 1e-12)} | {_ms(own.get('floor_seconds'))} | "
       f"{_ratio(step.get('measured_over_floor'))} | {_ms(mode_floor)} | "
@@ -89,8 +86,9 @@ def floor_rows(records: dict) -> list[str]:
     "",
     "(est.): read off the optimized HLO (`compile/kernels.py`), not measured: the floor is each "
     "kernel's FLOPs at the chip's peak or its bytes at its bandwidth, whichever is longer, "
-    "summed: a lower bound, not a predicted time. Host launches: the kernels and calls the host "
-    "launches a step, a command buffer (CUDA graph) one for all of its own. "
+    "summed: a lower bound, not a predicted time. Host launches: the thunks the host runs a "
+    "step (kernels, library calls, copies), a command buffer (CUDA graph) one for all of its "
+    "own. "
     f"Chip: {'; '.join(sorted(chips)) or '-'}. "
     "The compile mode's program is compiled on the CPU for the target, without autotuning.",
   ]

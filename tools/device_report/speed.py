@@ -117,7 +117,7 @@ class Ran:
 
   step: object
   compiled: object
-  thunks: thunks.Thunks | None
+  read: thunks.Thunks | None
 
 
 def _compile(lowered):
@@ -217,7 +217,7 @@ def predicted_kernels(ran: Ran, chip: targets.Chip, chip_basis: str) -> tuple[di
   """The kernels of the executable that ran, with their bytes, FLOPs and roofline floor at
   `chip` (`roofline.program_kernels`: estimates), and the kernels by name."""
   program = f"the executable that ran ({jax.default_backend()})"
-  return roofline.program_kernels(ran.compiled.as_text(), chip, chip_basis, program, ran.thunks)
+  return roofline.program_kernels(ran.compiled.as_text(), chip, chip_basis, program, ran.read)
 
 
 def _op_times(step, steps: int, compiled, kernels: dict | None = None) -> dict:

@@ -346,7 +346,7 @@ def summary(
       if read is not None
       else f"rule: an XLA fusion whose outputs have at most {ONE_BLOCK_ELEMENTS} element(s)"
     ),
-    "launches": read.launches if read is not None else None,
+    "host_launches": read.host_launches if read is not None else None,
     "gemms": count(lambda k: k.category == "gemm"),
     "cudnn_calls": count(lambda k: k.category == "cudnn"),
     "copies": count(lambda k: k.category == "copy"),

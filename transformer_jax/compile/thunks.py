@@ -33,14 +33,17 @@ def launch_grids(sequence: str, metadata: str) -> dict[str, tuple[int, int, int]
 
 
 def host_launches(sequence: str) -> dict[str, int]:
-  """What the host launches per call of the program, from the thunk sequence after the thunk
-  passes: `{"host_launches", "graphs", "graph_commands"}`.
+  """The thunks the host runs per call of the program (thunks, not kernels: a cuDNN call may
+  launch several), from the thunk sequence after the thunk passes: `{"launches", "graphs",
+  "graph_commands"}`.
 
   A thunk with thunks indented beneath it holds them: a command buffer is one
   graph launch for all of its commands (`graph_commands`), any other holder
-  (a while loop, a conditional) launches nothing itself. Every other thunk
+  (a while loop, a conditional) counts nothing itself. Every other thunk
   outside a command buffer (a kernel, a cuBLAS or cuDNN call, a copy) is a
-  launch of its own. A loop's body counts once, whatever its trips.
+  launch of its own. A loop's condition and body count once, whatever its
+  trips; the loop's own copy of its predicate to the host at each trip is not
+  counted.
   """
   entries = [(len(m[1]), m[2]) for m in map(_ENTRY.match, sequence.splitlines()) if m]
   launches = graphs = commands = 0
@@ -59,17 +62,22 @@ def host_launches(sequence: str) -> dict[str, int]:
       launches += 1
     if holds:
       holders.append((indent, kind))
-  return {"host_launches": launches, "graphs": graphs, "graph_commands": commands}
+  return {"launches": launches, "graphs": graphs, "graph_commands": commands}
+
+
+def launches_cell(counts: dict[str, int] | None) -> str:
+  """`launches (graphs)`, a table's cell of `host_launches`'s counts; `-` without them."""
+  return "-" if counts is None else f"{counts['launches']:,} ({counts['graphs']:,})"
 
 
 @dataclasses.dataclass(frozen=True)
 class Thunks:
   """What the thunk sequences of one program say: each kernel's grid (HLO instruction -> blocks
-  in x, y, z) and what the host launches (`host_launches` of the sequence after the thunk
-  passes, which the compiler writes where they changed it, else of the sequence itself)."""
+  in x, y, z) and what the host runs (`host_launches` of the sequence after the thunk passes,
+  which the compiler writes where they changed it, else of the sequence itself)."""
 
   grids: dict[str, tuple[int, int, int]]
-  launches: dict[str, int]
+  host_launches: dict[str, int]
 
 
 def _read(path: str) -> str:
