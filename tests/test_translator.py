@@ -145,3 +145,23 @@ def test_a_failure_to_compile_the_searches_ahead_leaves_each_batch_to_compile_it
   with caplog.at_level(logging.WARNING):  # As at a later evaluation: no second try, no warning.
     assert translator.translate_ids(params, sources) == outputs
   assert calls == [2] and "ahead failed" not in caplog.text
+
+
+@pytest.mark.slow
+def test_a_search_whose_compile_failed_ahead_is_not_compiled_ahead_again(
+  model_and_params, monkeypatch
+):
+  placement, params = model_and_params
+  sources = [[5, 6, EOS]] * 8 + [[7] * 12 + [EOS]]  # Two batches of 8 rows, two shapes.
+  calls = []
+
+  def none_compiles(lowerings, threads):  # As Placement.compile_ahead where each compile failed.
+    calls.append(len(lowerings))
+    return [(None, 0.1)] * len(lowerings)
+
+  monkeypatch.setattr(placement, "compile_ahead", none_compiles)
+  translator = _translator(placement, 1, batch_size=8, compile_ahead="always")
+  outputs = translator.translate_ids(params, sources)
+  assert outputs == _translator(placement, 1, batch_size=8).translate_ids(params, sources)
+  assert translator.translate_ids(params, sources) == outputs  # As at a later evaluation.
+  assert calls == [2]

@@ -151,7 +151,8 @@ class Translator:
     self.placement, self.tokenizer, self.settings = placement, tokenizer, settings
     shards = placement.batch_shards
     self.batch_size = -(-settings.batch_size // shards) * shards
-    # (rows, source length) -> (the parameters' abstract tree it was compiled for, program).
+    # (rows, source length) -> (the parameters' abstract tree it was compiled for, program, or
+    # None where that compile failed: its batches compile their own, and it is not tried again).
     self.compiled_ahead: dict[tuple[int, int], tuple] = {}
     self.ahead_failed = False  # Then its batches compile their own programs from then on.
 
@@ -200,7 +201,7 @@ class Translator:
     if self.placement.should_compile_ahead(self.settings.compile_ahead):
       self._compile_ahead(abstract, {self._shape([sources[i] for i in b]) for b in batches})
     # The programs compiled ahead for parameters like these.
-    programs = {s: p for s, (a, p) in self.compiled_ahead.items() if a == abstract}
+    programs = {s: p for s, (a, p) in self.compiled_ahead.items() if a == abstract and p}
     for batch in batches:
       for i, ids in zip(batch, self._decode(params, [sources[i] for i in batch], programs)):
         outputs[i] = ids
@@ -241,8 +242,7 @@ class Translator:
       )
       return
     for shape, (program, _) in zip(shapes, compiled):
-      if program:
-        self.compiled_ahead[shape] = (abstract, program)
+      self.compiled_ahead[shape] = (abstract, program)
     wall = time.perf_counter() - start
     log.info(
       "%s",
