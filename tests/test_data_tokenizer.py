@@ -199,8 +199,36 @@ def test_length_table_is_counted_once_and_cached_beside_the_vocabulary(setup, mo
   train = embedded.generate_corpus(1, TINY)["train"]
   assert lengths.tolist() == [[len(tok.encode(s)) + 1, len(tok.encode(t)) + 1] for s, t in train]
   assert os.listdir(os.path.join(os.path.dirname(tok.path), "lengths"))
-  monkeypatch.setattr(lengths_lib, "_CountChunk", None)  # would fail if counted again
+  monkeypatch.setattr(lengths_lib, "_TokenizeChunk", None)  # would fail if counted again
   np.testing.assert_array_equal(lengths_lib.pair_lengths(source, tok), lengths)
+
+
+def test_token_table_is_made_with_the_lengths_and_mapped_from_its_cache(setup, monkeypatch):
+  c, _, tok = setup
+  source = sources.open_split(c, "train")
+  train = embedded.generate_corpus(1, TINY)["train"]
+  table = lengths_lib.token_table(source, tok)
+  want = [(tok.encode(s) + [EOS_ID], tok.encode(t) + [EOS_ID]) for s, t in train]
+  assert table.lengths.tolist() == [[len(s), len(t)] for s, t in want]
+  assert table.ids.dtype == np.uint16 and table.ids.tolist() == [i for s, t in want for i in s + t]
+  cached = os.listdir(os.path.join(os.path.dirname(tok.path), "lengths"))
+  assert sorted(name.split(".", 1)[1] for name in cached) == ["ids.npy", "npy"]
+  assert table.path and table.path.endswith(".ids.npy")  # Mapped from the file it wrote.
+  np.testing.assert_array_equal(lengths_lib.pair_lengths(source, tok), table.lengths)
+  monkeypatch.setattr(lengths_lib, "_TokenizeChunk", None)  # would fail if counted again
+  again = lengths_lib.token_table(source, tok)
+  assert again.path == table.path and again.ids.tolist() == table.ids.tolist()
+
+
+def test_a_token_table_that_does_not_fit_its_lengths_is_made_again(setup):
+  c, _, tok = setup
+  source = sources.open_split(c, "validation")
+  table = lengths_lib.token_table(source, tok)
+  shorter = os.path.join(os.path.dirname(table.path), "shorter.npy")
+  np.save(shorter, table.ids[:-1])  # Cut short, as by another version's table; mapped files are
+  os.replace(shorter, table.path)  # replaced, never written over, as `fileio.write_atomically`.
+  again = lengths_lib.token_table(source, tok)
+  assert again.ids.tolist() == table.ids.tolist() and again.ids.size == table.lengths.sum()
 
 
 @pytest.mark.parametrize("mode", ["tokens", "packed"])
@@ -254,9 +282,16 @@ def test_a_vocabulary_and_its_length_table_in_a_bucket(setup, bucket_dir, tmp_pa
   assert epath.Path(tok.path).exists() and not os.listdir(tmp_path)
   source = sources.open_split(c, "validation")
   lengths = lengths_lib.pair_lengths(source, tok)
-  assert [p.suffix for p in (epath.Path(bucket_dir) / "vocab" / "lengths").iterdir()] == [".npy"]
+  cached = epath.Path(bucket_dir) / "vocab" / "lengths"
+  assert [p.suffix for p in cached.iterdir()] == [".npy"]
+  table = lengths_lib.token_table(source, tok)
+  tables = [p.name.split(".", 1)[1] for p in cached.iterdir()]
+  assert sorted(tables) == ["ids.npy", "npy"] and table.path is None  # Read, not mapped.
   monkeypatch.setattr(tokenizer_lib, "train_model", None)  # Would fail if trained again.
-  monkeypatch.setattr(lengths_lib, "_CountChunk", None)  # Would fail if counted again.
+  monkeypatch.setattr(lengths_lib, "_TokenizeChunk", None)  # Would fail if counted again.
   assert data.load_tokenizer(c, f"{bucket_dir}/vocab").digest == tok.digest
   np.testing.assert_array_equal(lengths_lib.pair_lengths(source, tok), lengths)
+  again = lengths_lib.token_table(source, tok)
+  assert again.path is None and again.ids.tolist() == table.ids.tolist()
+  np.testing.assert_array_equal(again.lengths, lengths)
   assert not os.listdir(tmp_path)

@@ -1,6 +1,8 @@
-"""Measures the training pipeline: batches per second in each batch mode (tokens, packed, padded).
+"""Measures the training pipeline: batches per second in each batch mode (tokens, packed, padded),
+or in an experiment's own data settings.
 
   python -m tools.data_benchmark --data_dir=/tmp/tfds --workdir=/tmp/work
+  python -m tools.data_benchmark --config=experiments/multi30k.py:tiny --manual_dir=DIR ...
 
 Reports the time to prepare the dataset and the vocabulary (first use only),
 then for each mode the time to the first batch and the steady batches/s and
@@ -12,6 +14,7 @@ import time
 
 from absl import app, flags
 
+from transformer_jax import config as config_lib
 from transformer_jax import data
 from transformer_jax.workdir import Workdir
 
@@ -29,6 +32,24 @@ def define_flags():
   flags.DEFINE_string("name", "embedded", "data.source.name")
   flags.DEFINE_float("seconds", 20.0, "Measuring time per mode.")
   flags.DEFINE_integer("num_workers", 0, "data.batch.num_workers")
+  flags.DEFINE_string(
+    "config",
+    "",
+    "An experiment (FILE[:VARIANT]) whose data settings are measured, in its own batch mode, "
+    "instead of --name's defaults in every mode.",
+  )
+  flags.DEFINE_string(
+    "manual_dir", "", "data.source.manual_dir (multi30k_tok: the directory holding data/task1)."
+  )
+
+
+def _settings() -> data.DataConfig:
+  """The data settings measured: --config's, or --name's defaults; the flags' directories."""
+  if not FLAGS.config:
+    return data.DataConfig(source=data.SourceSettings(name=FLAGS.name))
+  config = config_lib.load_file(FLAGS.config)
+  config.data.source.manual_dir = FLAGS.manual_dir
+  return config_lib.parse(config).data
 
 
 def _measure(c, tokenizer, seconds):
@@ -52,14 +73,16 @@ def _measure(c, tokenizer, seconds):
 
 def main(argv):
   del argv
-  base = data.DataConfig(
-    source=data.SourceSettings(name=FLAGS.name, data_dir=FLAGS.data_dir),
-    batch=data.BatchSettings(num_workers=FLAGS.num_workers),
+  base = _settings()
+  base = dataclasses.replace(
+    base,
+    source=dataclasses.replace(base.source, data_dir=FLAGS.data_dir),
+    batch=dataclasses.replace(base.batch, num_workers=FLAGS.num_workers),
   )
   start = time.perf_counter()
   tokenizer = data.get_tokenizer(base, Workdir(FLAGS.workdir).vocab)
   print(f"dataset + vocabulary ready in {time.perf_counter() - start:.1f} s")
-  for mode in data.BATCH_MODES:
+  for mode in [base.batch.mode] if FLAGS.config else data.BATCH_MODES:
     c = dataclasses.replace(base, batch=dataclasses.replace(base.batch, mode=mode))
     b = c.batch
     shape = {

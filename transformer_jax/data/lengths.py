@@ -1,9 +1,11 @@
-"""The length table of a split: every pair's token counts (EOS included) on both sides, counted
-once (in Grain worker processes, if asked) and cached beside the vocabulary. The batch plans are
-made from it alone."""
+"""The length table and the token table of a split: every pair's token counts (EOS included) on
+both sides, and every pair's token ids, made in one pass over the text (in Grain worker processes,
+if asked) and cached beside the vocabulary. The batch plans are made from the lengths alone; the
+training batches are laid out from the ids, without reading or tokenizing text again."""
 
 import hashlib
 import io
+import itertools
 import logging
 
 import grain
@@ -13,6 +15,7 @@ from etils import epath
 
 from transformer_jax import fileio
 from transformer_jax.conventions import EOS_ID
+from transformer_jax.data.token_table import TokenTable
 from transformer_jax.errors import FieldError
 
 log = logging.getLogger(__name__)
@@ -49,50 +52,113 @@ def require_grain_flags(num_workers: int) -> None:
     )
 
 
-class _CountChunk:
-  """Token counts [(source, target)] (EOS included) of the pairs of one chunk of the split.
+class _TokenizeChunk:
+  """One chunk of the split tokenized: its token counts [(source, target)] (EOS included) and,
+  with `keep_ids`, its ids flat (each pair's source then target) as the bytes of int32s.
 
-  A list rather than an array: Grain would pass arrays through shared memory.
+  A list and bytes rather than arrays: Grain would pass arrays through shared memory.
   """
 
-  def __init__(self, source, tokenizer):
-    self.source, self.tokenizer = source, tokenizer
+  def __init__(self, source, tokenizer, keep_ids=False):
+    self.source, self.tokenizer, self.keep_ids = source, tokenizer, keep_ids
 
   def __call__(self, chunk):
     ids = range(chunk * CHUNK, min((chunk + 1) * CHUNK, len(self.source)))
-    return [(len(s), len(t)) for s, t in tokenize_pairs(self.tokenizer, self.source.pairs(ids))]
+    pairs = tokenize_pairs(self.tokenizer, self.source.pairs(ids))
+    counts = [(len(s), len(t)) for s, t in pairs]
+    if not self.keep_ids:
+      return counts, b""
+    flat = itertools.chain.from_iterable(s + t for s, t in pairs)
+    return counts, np.fromiter(flat, np.int32).tobytes()
 
 
-def pair_lengths(source, tokenizer, num_workers=0):
-  """[pairs, 2] token counts (EOS included) of a split; cached beside the vocabulary file."""
-  require_grain_flags(num_workers)
-  cache = None
-  if tokenizer.path:
-    key = hashlib.sha1(f"{source.fingerprint}|{tokenizer.digest}".encode()).hexdigest()
-    cache = epath.Path(fileio.absolute(tokenizer.path)).parent / "lengths" / f"{key[:20]}.npy"
-    if cache.exists():
-      with cache.open("rb") as file:
-        lengths = np.load(file)
-      if lengths.shape == (len(source), 2):
-        return lengths
+def _cache(source, tokenizer, kind: str) -> epath.Path | None:
+  """Where the `kind` table ('lengths' or 'ids') of `source` tokenized by `tokenizer` is kept:
+  beside the vocabulary file, None for a tokenizer without one."""
+  if not tokenizer.path:
+    return None
+  key = hashlib.sha1(f"{source.fingerprint}|{tokenizer.digest}".encode()).hexdigest()[:20]
+  name = f"{key}.npy" if kind == "lengths" else f"{key}.{kind}.npy"
+  return epath.Path(fileio.absolute(tokenizer.path)).parent / "lengths" / name
+
+
+def _load(cache: epath.Path | None, mmap: bool = False) -> np.ndarray | None:
+  """The table cached in `cache`, if there is one; memory-mapped where asked and local."""
+  if cache is None or not cache.exists():
+    return None
+  if mmap and not fileio.is_url(str(cache)):
+    return np.load(str(cache), mmap_mode="r")
+  with cache.open("rb") as file:
+    return np.load(file)
+
+
+def _save(cache: epath.Path | None, table: np.ndarray) -> None:
+  if cache is None:
+    return
+  content = io.BytesIO()
+  np.save(content, table)
+  try:
+    fileio.write_atomically(str(cache), content.getvalue())  # Hosts sharing the directory agree.
+  except OSError as e:  # e.g. a read-only shared vocabulary directory
+    log.warning("Could not cache the %s table in %s: %s", cache.name, cache, e)
+
+
+def _tokenize_split(source, tokenizer, num_workers, keep_ids=False):
+  """(lengths [pairs, 2], with `keep_ids` the ids flat in the smallest of uint16 and int32 that
+  holds them, else None) of every pair of `source`."""
   log.info("Counting the tokens of %d pairs (%s)", len(source), source.fingerprint)
   chunks = (
     grain.MapDataset.range(-(-len(source) // CHUNK))
-    .map(_CountChunk(source, tokenizer))
+    .map(_TokenizeChunk(source, tokenizer, keep_ids))
     .to_iter_dataset()
   )
   if num_workers:
     chunks = chunks.mp_prefetch(grain.MultiprocessingOptions(num_workers=num_workers))
   it = iter(chunks)
+  counts, ids = [], []
   try:
-    lengths = np.array([n for chunk in it for n in chunk], np.int32).reshape(-1, 2)
+    for chunk_counts, chunk_ids in it:
+      counts.extend(chunk_counts)
+      if keep_ids:
+        ids.append(np.frombuffer(chunk_ids, np.int32))
   finally:
     it.close()
-  if cache:
-    table = io.BytesIO()
-    np.save(table, lengths)
-    try:
-      fileio.write_atomically(str(cache), table.getvalue())  # Hosts sharing the directory agree.
-    except OSError as e:  # e.g. a read-only shared vocabulary directory
-      log.warning("Could not cache the length table in %s: %s", cache, e)
+  lengths = np.array(counts, np.int32).reshape(-1, 2)
+  if not keep_ids:
+    return lengths, None
+  ids = np.concatenate(ids) if ids else np.zeros(0, np.int32)
+  return lengths, ids.astype(np.uint16) if ids.size and ids.max() < 2**16 else ids
+
+
+def pair_lengths(source, tokenizer, num_workers=0):
+  """[pairs, 2] token counts (EOS included) of a split; cached beside the vocabulary file."""
+  require_grain_flags(num_workers)
+  cache = _cache(source, tokenizer, "lengths")
+  lengths = _load(cache)
+  if lengths is not None and lengths.shape == (len(source), 2):
+    return lengths
+  lengths, _ = _tokenize_split(source, tokenizer, num_workers)
+  _save(cache, lengths)
   return lengths
+
+
+def token_table(source, tokenizer, num_workers=0) -> TokenTable:
+  """The `TokenTable` of a split: both tables cached beside the vocabulary file, made in one pass
+  where either is missing."""
+  require_grain_flags(num_workers)
+  caches = _cache(source, tokenizer, "lengths"), _cache(source, tokenizer, "ids")
+  lengths, ids = _load(caches[0]), _load(caches[1], mmap=True)
+  if (
+    lengths is not None
+    and ids is not None
+    and lengths.shape == (len(source), 2)
+    and ids.size == int(lengths.sum())
+  ):
+    return TokenTable(lengths, ids, str(caches[1]) if isinstance(ids, np.memmap) else None)
+  lengths, ids = _tokenize_split(source, tokenizer, num_workers, keep_ids=True)
+  _save(caches[0], lengths)
+  _save(caches[1], ids)
+  mapped = _load(caches[1], mmap=True)  # None (or another table) where it could not be cached
+  if isinstance(mapped, np.memmap) and np.array_equal(mapped, ids):
+    return TokenTable(lengths, mapped, str(caches[1]))
+  return TokenTable(lengths, ids)

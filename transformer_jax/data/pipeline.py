@@ -8,8 +8,8 @@ Targets are not shifted (the model does it).
 
 The training stream, deterministic from the seed:
   1. A length table: the token count (EOS included) of both sides of every
-     training pair, computed once and cached beside the vocabulary. Over-long
-     pairs are dropped or cut here, counted and logged.
+     training pair, and a token table of their ids, made once and cached beside
+     the vocabulary. Over-long pairs are dropped or cut here, counted and logged.
   2. `MapDataset.range(pairs).shuffle(seed).repeat()` (a new order every
      epoch), cut into windows of `data.batch.window` pairs. Each window becomes a plan
      of global batches from the lengths alone: 'tokens' mode sorts the pairs
@@ -19,8 +19,9 @@ The training stream, deterministic from the seed:
      while reading disjoint pairs. With `data.vocab.bpe_dropout`, every host first
      samples the window's segmentations (`bpe_dropout.PairSampler`, from the
      seed and the window) and plans on their lengths.
-  3. A Grain flat-map yields one plan per step; the host then reads, tokenizes
-     (unless sampled) and lays out its pairs. The iterator state is (window,
+  3. A Grain flat-map yields one plan per step; the host then lays out its
+     pairs, their ids taken from the token table (unless sampled): no text is
+     read or tokenized while training. The iterator state is (window,
      batch in window).
 """
 
@@ -241,16 +242,15 @@ class _Unpack(grain.experimental.FlatMapTransform):
 
 
 class _Build:
-  """Plan -> batch dict: read this host's pairs, tokenize, lay out."""
+  """Plan -> batch dict: this host's pairs laid out (from the token table, unless sampled)."""
 
-  def __init__(self, source, tokenizer, caps):
-    self.source, self.tokenizer, self.caps = source, tokenizer, caps
+  def __init__(self, table, caps):
+    self.table, self.caps = table, caps
 
   def __call__(self, plan):
-    examples = plan.examples
-    if examples is None:
-      examples = lengths_lib.tokenize_pairs(self.tokenizer, self.source.pairs(plan.ids), self.caps)
-    return layout(examples, plan.rows, plan.num_rows, plan.length)
+    if plan.examples is None:
+      return self.table.batch(plan.ids, plan.rows, plan.num_rows, plan.length, self.caps)
+    return layout(plan.examples, plan.rows, plan.num_rows, plan.length)
 
 
 def rows_multiple(c, shard_index, shard_count):
@@ -302,7 +302,9 @@ def make_train_loader(c: DataConfig, tokenizer, *, seed, shard_index, shard_coun
       c.vocab.bpe_dropout,
       "both sides" if len(sides) == 2 else f"the {c.vocab.bpe_dropout_sides} side",
     )
-  lengths = lengths_lib.pair_lengths(source, tokenizer, c.batch.num_workers)
+  workers = c.batch.num_workers  # With a sampler, windows sample their ids: no token table.
+  table = None if sampler else lengths_lib.token_table(source, tokenizer, workers)
+  lengths = lengths_lib.pair_lengths(source, tokenizer, workers) if sampler else table.lengths
   overlong = (lengths > caps).any(axis=1)
   log.info(
     "%s: %d of %d training pairs exceed %d source / %d target tokens: %s.",
@@ -341,7 +343,7 @@ def make_train_loader(c: DataConfig, tokenizer, *, seed, shard_index, shard_coun
     .to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=2))
   )
   batches = grain.experimental.FlatMapIterDataset(plans, _Unpack()).map(
-    _Build(source, tokenizer, tuple(int(x) for x in caps))
+    _Build(table, tuple(int(x) for x in caps))
   )
   if c.batch.num_workers:
     return batches.mp_prefetch(grain.MultiprocessingOptions(num_workers=c.batch.num_workers))
