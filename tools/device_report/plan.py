@@ -257,6 +257,8 @@ TINY = Plan(
       "data.batch.tokens": 256,
       "data.batch.max_source_length": 32,
       "data.batch.max_target_length": 32,
+      # Grain's shuffle of 16,384 positions over 40 pairs takes seconds (performance.md).
+      "data.batch.window": 256,
       **_TINY_RUN,
       "decode.max_length": 16,
     },
