@@ -123,31 +123,6 @@ def test_the_searches_compiled_ahead_are_those_the_batches_run(model_and_params,
 
 
 @pytest.mark.slow
-def test_a_failure_to_compile_the_searches_ahead_leaves_each_batch_to_compile_its_own(
-  model_and_params, monkeypatch, caplog
-):
-  placement, params = model_and_params
-  sources = [[5, 6, EOS]] * 8 + [[7] * 12 + [EOS]]  # Two batches of 8 rows, two shapes.
-
-  calls = []
-
-  def fail(lowerings, threads):
-    calls.append(len(lowerings))
-    raise RuntimeError("out of memory")
-
-  monkeypatch.setattr(placement, "compile_ahead", fail)
-  translator = _translator(placement, 1, batch_size=8, compile_ahead="always")
-  with caplog.at_level(logging.WARNING):
-    outputs = translator.translate_ids(params, sources)
-  assert outputs == _translator(placement, 1, batch_size=8).translate_ids(params, sources)
-  assert "compiling the greedy ahead failed (RuntimeError: out of memory)" in caplog.text
-  caplog.clear()
-  with caplog.at_level(logging.WARNING):  # As at a later evaluation: no second try, no warning.
-    assert translator.translate_ids(params, sources) == outputs
-  assert calls == [2] and "ahead failed" not in caplog.text
-
-
-@pytest.mark.slow
 def test_a_search_whose_compile_failed_ahead_is_not_compiled_ahead_again(
   model_and_params, monkeypatch
 ):

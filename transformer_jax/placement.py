@@ -134,10 +134,11 @@ class Placement:
     in this thread, inside the mesh and rules (so that every context of the caller applies, such
     as a matmul precision), each compiled as soon as it is lowered on a pool of up to `threads`
     threads (XLA compiles without Python's lock): `(jax.stages.Compiled, seconds its compile
-    took)` of each, None for a program whose compile failed (logged; its first call compiles it).
-    A lowering that raises cancels the compiles not yet begun and raises at once. Call the
-    compiled programs themselves (without the static arguments): a call of the jitted function
-    may compile again."""
+    took)` of each, None for a program whose compile failed. A lowering that raises ends the
+    lowering: that program and those after it get None. Failures are logged, never raised: only
+    time is at stake, as a program left out compiles at its first call. Call the compiled
+    programs themselves (without the static arguments): a call of the jitted function may
+    compile again."""
 
     def compile_one(lowered):
       start = time.perf_counter()
@@ -150,11 +151,24 @@ class Placement:
         return None, time.perf_counter() - start
 
     pool = ThreadPoolExecutor(max(1, min(threads, len(lowerings))))
+    compiling = []
     try:  # Each compile starts as soon as its program is lowered, while the next one lowers.
-      compiling = [pool.submit(compile_one, self.run(lower)) for lower in lowerings]
-      return [future.result() for future in compiling]
+      for lower in lowerings:
+        try:
+          lowered = self.run(lower)
+        except Exception as error:  # Only time is at stake.
+          log.warning(
+            "lowering a program to compile ahead failed (%s): it and the %d after it compile at "
+            "their first calls",
+            first_line(error),
+            len(lowerings) - len(compiling) - 1,
+          )
+          break
+        compiling.append(pool.submit(compile_one, lowered))
+      done = [future.result() for future in compiling]
     finally:
       pool.shutdown(wait=False, cancel_futures=True)
+    return done + [(None, 0.0)] * (len(lowerings) - len(done))
 
   def abstract_batch(self, rows: int, length: int) -> dict:
     """A global `[rows, length]` batch of abstract int32 arrays (the spec's `batch_keys`) with the

@@ -19,7 +19,6 @@ from transformer_jax import schema
 from transformer_jax.conventions import EOS_ID
 from transformer_jax.data import padded_length
 from transformer_jax.decode import search, transformer_search
-from transformer_jax.errors import first_line
 from transformer_jax.placement import COMPILE_AHEAD, Placement, compiled_ahead_line, host_cores
 
 log = logging.getLogger(__name__)
@@ -154,7 +153,6 @@ class Translator:
     # (rows, source length) -> (the parameters' abstract tree it was compiled for, program, or
     # None where that compile failed: its batches compile their own, and it is not tried again).
     self.compiled_ahead: dict[tuple[int, int], tuple] = {}
-    self.ahead_failed = False  # Then its batches compile their own programs from then on.
 
   @property
   def max_len(self) -> int:
@@ -197,11 +195,12 @@ class Translator:
     batches = [
       order[start : start + self.batch_size] for start in range(0, len(order), self.batch_size)
     ]
-    abstract = jax.tree.map(_abstract, params)
+    programs = {}
     if self.placement.should_compile_ahead(self.settings.compile_ahead):
+      abstract = jax.tree.map(_abstract, params)
       self._compile_ahead(abstract, {self._shape([sources[i] for i in b]) for b in batches})
-    # The programs compiled ahead for parameters like these.
-    programs = {s: p for s, (a, p) in self.compiled_ahead.items() if a == abstract and p}
+      # The programs compiled ahead for parameters like these.
+      programs = {s: p for s, (a, p) in self.compiled_ahead.items() if a == abstract and p}
     for batch in batches:
       for i, ids in zip(batch, self._decode(params, [sources[i] for i in batch], programs)):
         outputs[i] = ids
@@ -219,7 +218,7 @@ class Translator:
     each `(rows, length)` of `shapes` that has no program for them yet, on threads; with only
     one to compile, none (its batch compiles it)."""
     shapes = sorted(s for s in shapes if self.compiled_ahead.get(s, (None,))[0] != abstract)
-    if len(shapes) < 2 or self.ahead_failed:
+    if len(shapes) < 2:
       return
 
     def lowering(rows, length):
@@ -231,16 +230,7 @@ class Translator:
 
     threads = min(len(shapes), host_cores())
     start = time.perf_counter()
-    try:
-      compiled = self.placement.compile_ahead([lowering(*shape) for shape in shapes], threads)
-    except Exception as error:  # Only time is at stake: the batches compile their own.
-      self.ahead_failed = True
-      log.warning(
-        "compiling the %s ahead failed (%s): each batch shape compiles when its first batch comes",
-        self.settings.search,
-        first_line(error),
-      )
-      return
+    compiled = self.placement.compile_ahead([lowering(*shape) for shape in shapes], threads)
     for shape, (program, _) in zip(shapes, compiled):
       self.compiled_ahead[shape] = (abstract, program)
     wall = time.perf_counter() - start
