@@ -185,7 +185,7 @@ def test_one_block_kernels_by_rule_and_by_the_thunk_sequence():
   )
   grids = thunks.launch_grids(sequence, metadata)
   assert grids == {"sum": (256, 1, 1), "total": (1, 1, 1), "batched": (1, 1, 1)}
-  found, _ = kernels.read_kernels(MODULE, grids)
+  found, _ = kernels.read_kernels(MODULE, thunks.Thunks(grids, thunks.host_launches(sequence)))
   assert {k.name for k in found if k.one_block} == {"total", "batched"}
   assert _by_name(found)["sum"].grid == (256, 1, 1) and _by_name(found)["start"].grid is None
 

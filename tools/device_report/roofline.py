@@ -28,7 +28,7 @@ def program_kernels(
   peak and bandwidth, labelled with what the program is and why that chip (a JSON-ready dict of
   estimates); and by HLO instruction name, what the kernel of that name predicts per call of
   the program (`by_name`)."""
-  found, loops = kernels_lib.read_kernels(hlo_text, read.grids if read is not None else None)
+  found, loops = kernels_lib.read_kernels(hlo_text, read)
   summary = kernels_lib.summary(found, loops, chip.peak_flops, chip.memory_bandwidth, read)
   record = {
     "program": program,

@@ -160,5 +160,5 @@ def measure_compiled(
 
 def kernel_summary(hlo_text: str, chip: Chip, read: thunks.Thunks | None = None) -> dict:
   """`kernels.summary` of a GPU program's optimized HLO text on `chip`."""
-  found, loops = kernels.read_kernels(hlo_text, read.grids if read is not None else None)
+  found, loops = kernels.read_kernels(hlo_text, read)
   return kernels.summary(found, loops, chip.peak_flops, chip.memory_bandwidth, read)

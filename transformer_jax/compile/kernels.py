@@ -295,12 +295,13 @@ class _Reader:
     )
 
 
-def read_kernels(text: str, grids: dict | None = None) -> tuple[list[Kernel], list[dict]]:
-  """`(kernels, loops)` of an optimized GPU HLO module's text, in launch order; `grids` (HLO name
-  -> blocks, from `thunks.py`) decides which run on one block, else the rule does. `loops`:
-  `{"instruction", "trips"}` per while loop (trips None: not known, its body counted once)."""
+def read_kernels(text: str, read: thunks.Thunks | None = None) -> tuple[list[Kernel], list[dict]]:
+  """`(kernels, loops)` of an optimized GPU HLO module's text, in launch order; the grids of
+  `read` (the program's thunk sequences) decide which run on one block, else the rule does.
+  `loops`: `{"instruction", "trips"}` per while loop (trips None: not known, its body counted
+  once)."""
   module = hlo.parse_module(text)
-  reader = _Reader(module, grids)
+  reader = _Reader(module, read.grids if read is not None else None)
   reader.read(module.entry.name, 1, "ENTRY")
   return reader.kernels, reader.loops
 
