@@ -231,12 +231,39 @@ def test_a_token_table_that_does_not_fit_its_lengths_is_made_again(setup):
   assert again.ids.tolist() == table.ids.tolist() and again.ids.size == table.lengths.sum()
 
 
-@pytest.mark.parametrize("mode", ["tokens", "packed"])
-def test_end_to_end_batches_decode_to_the_corpus(setup, mode):
+def test_tables_another_host_wrote_meanwhile_are_kept_and_mapped(setup, monkeypatch):
+  c, _, tok = setup
+  source = sources.open_split(c, "test")
+  path = lengths_lib.token_table(source, tok).path
+  os.remove(path)
+  tokenize, written = lengths_lib._tokenize_split, []
+
+  def tokenize_while_another_host_writes(*args, **kwargs):
+    lengths, ids = tokenize(*args, **kwargs)
+    np.save(f"{path}.other.npy", ids)
+    os.replace(f"{path}.other.npy", path)
+    written.append(os.stat(path).st_ino)
+    return lengths, ids
+
+  monkeypatch.setattr(lengths_lib, "_tokenize_split", tokenize_while_another_host_writes)
+  table = lengths_lib.token_table(source, tok)
+  assert table.path == path and written == [os.stat(path).st_ino]  # Its file, not replaced.
+
+
+@pytest.mark.parametrize("mode,workers", [("tokens", 0), ("packed", 0), ("tokens", 1)])
+def test_end_to_end_batches_decode_to_the_corpus(setup, mode, workers, absl_flags_parsed):
+  """With a worker process, the table mapped from its file is mapped again there."""
+  del absl_flags_parsed
   c, _, tok = setup
   c = helpers.data_config(
-    c, batch__mode=mode, batch__tokens=1024, batch__size=8, batch__max_length=128
+    c,
+    batch__mode=mode,
+    batch__tokens=1024,
+    batch__size=8,
+    batch__max_length=128,
+    batch__num_workers=workers,
   )
+  assert lengths_lib.token_table(sources.open_split(c, "train"), tok).path  # Mapped.
   train = embedded.generate_corpus(1, TINY)["train"]
   it = iter(data.make_train_loader(c, tok, seed=0, shard_index=0, shard_count=1))
   batch = next(it)

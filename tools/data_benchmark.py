@@ -48,7 +48,8 @@ def _settings() -> data.DataConfig:
   if not FLAGS.config:
     return data.DataConfig(source=data.SourceSettings(name=FLAGS.name))
   config = config_lib.load_file(FLAGS.config)
-  config.data.source.manual_dir = FLAGS.manual_dir
+  if FLAGS.manual_dir:
+    config.data.source.manual_dir = FLAGS.manual_dir
   return config_lib.parse(config).data
 
 

@@ -105,10 +105,12 @@ def compile_ahead(experiment: Experiment, threads: int) -> dict:
   shapes = data.train_batch_shapes(experiment.data, trainer.placement.data_shard[1])
   start = time.perf_counter()
   compiled = trainer.compile_ahead(shapes, threads)
+  if len(compiled) < len(shapes):
+    raise RuntimeError(f"{len(shapes) - len(compiled)} of {len(shapes)} shapes failed (the log)")
   return {
     "device": str(jax.local_devices()[0].device_kind),
     "threads": min(threads, len(shapes)),
-    "shapes": [{"rows": r, "length": n, "seconds": t} for (r, n), (_, t) in zip(shapes, compiled)],
+    "shapes": [{"rows": r, "length": n, "seconds": t} for (r, n), t in compiled],
     "wall_seconds": time.perf_counter() - start,
   }
 

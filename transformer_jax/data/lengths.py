@@ -20,7 +20,7 @@ from transformer_jax.errors import FieldError
 
 log = logging.getLogger(__name__)
 
-CHUNK = 4096  # pairs read and tokenized at a time when counting lengths
+CHUNK = 4096  # pairs read and tokenized at a time when making the tables
 
 
 def tokenize_pairs(tokenizer, pairs, caps=None):
@@ -92,15 +92,18 @@ def _load(cache: epath.Path | None, mmap: bool = False) -> np.ndarray | None:
     return np.load(file)
 
 
-def _save(cache: epath.Path | None, table: np.ndarray) -> None:
+def _save(cache: epath.Path | None, table: np.ndarray) -> bool:
+  """Whether `table` was written to `cache`."""
   if cache is None:
-    return
+    return False
   content = io.BytesIO()
   np.save(content, table)
   try:
     fileio.write_atomically(str(cache), content.getvalue())  # Hosts sharing the directory agree.
   except OSError as e:  # e.g. a read-only shared vocabulary directory
     log.warning("Could not cache the %s table in %s: %s", cache.name, cache, e)
+    return False
+  return True
 
 
 def _tokenize_split(source, tokenizer, num_workers, keep_ids=False):
@@ -126,8 +129,8 @@ def _tokenize_split(source, tokenizer, num_workers, keep_ids=False):
   lengths = np.array(counts, np.int32).reshape(-1, 2)
   if not keep_ids:
     return lengths, None
-  ids = np.concatenate(ids) if ids else np.zeros(0, np.int32)
-  return lengths, ids.astype(np.uint16) if ids.size and ids.max() < 2**16 else ids
+  dtype = np.uint16 if max((int(c.max()) for c in ids if c.size), default=0) < 2**16 else np.int32
+  return lengths, np.concatenate(ids, dtype=dtype, casting="unsafe") if ids else np.zeros(0, dtype)
 
 
 def pair_lengths(source, tokenizer, num_workers=0):
@@ -144,21 +147,27 @@ def pair_lengths(source, tokenizer, num_workers=0):
 
 def token_table(source, tokenizer, num_workers=0) -> TokenTable:
   """The `TokenTable` of a split: both tables cached beside the vocabulary file, made in one pass
-  where either is missing."""
+  where either is missing or does not fit the split."""
   require_grain_flags(num_workers)
   caches = _cache(source, tokenizer, "lengths"), _cache(source, tokenizer, "ids")
-  lengths, ids = _load(caches[0]), _load(caches[1], mmap=True)
-  if (
-    lengths is not None
-    and ids is not None
-    and lengths.shape == (len(source), 2)
-    and ids.size == int(lengths.sum())
-  ):
-    return TokenTable(lengths, ids, str(caches[1]) if isinstance(ids, np.memmap) else None)
+  if table := _cached_table(source, caches):
+    return table
   lengths, ids = _tokenize_split(source, tokenizer, num_workers, keep_ids=True)
-  _save(caches[0], lengths)
-  _save(caches[1], ids)
-  mapped = _load(caches[1], mmap=True)  # None (or another table) where it could not be cached
-  if isinstance(mapped, np.memmap) and np.array_equal(mapped, ids):
-    return TokenTable(lengths, mapped, str(caches[1]))
+  # Tables another host wrote meanwhile are kept: a file that processes map is never replaced
+  # (on a network file system their maps could go stale).
+  if table := _cached_table(source, caches):
+    return table
+  if _save(caches[0], lengths) and _save(caches[1], ids) and not fileio.is_url(str(caches[1])):
+    return TokenTable(lengths, np.load(str(caches[1]), mmap_mode="r"), str(caches[1]))
   return TokenTable(lengths, ids)
+
+
+def _cached_table(source, caches) -> TokenTable | None:
+  """The token table cached in `caches` (lengths, ids), if both are there and fit `source`."""
+  lengths = _load(caches[0])
+  if lengths is None or lengths.shape != (len(source), 2):
+    return None
+  ids = _load(caches[1], mmap=True)
+  if ids is None or ids.size != int(lengths.sum()):
+    return None
+  return TokenTable(lengths, ids, str(caches[1]) if isinstance(ids, np.memmap) else None)

@@ -102,7 +102,7 @@ class Plan:
 
   ids[i] (a pair index in the split) goes into row rows[i]; pairs sharing a row
   are packed in the order given. examples[i], when given, are its (source, target) token ids
-  (sampled segmentations); otherwise the pairs are tokenized as they are read.
+  (sampled segmentations); otherwise they come from the split's token table.
   """
 
   length: int

@@ -21,8 +21,7 @@ class TokenTable:
   path: str | None = None
 
   def __post_init__(self):
-    if self.ids.size != int(self.lengths.sum()):
-      raise ValueError(f"{self.ids.size} ids for {int(self.lengths.sum())} tokens of the lengths")
+    _check(self.ids, self.lengths, "the lengths")
     # A plain view of a memory map: slicing an np.memmap costs a Python call per slice.
     object.__setattr__(self, "ids", self.ids.view(np.ndarray))
     ends = np.cumsum(self.lengths.sum(axis=1), dtype=np.int64)
@@ -60,5 +59,12 @@ class TokenTable:
 
   def __setstate__(self, state):
     if state["ids"] is None:
-      state = {**state, "ids": np.load(state["path"], mmap_mode="r").view(np.ndarray)}
+      ids = np.load(state["path"], mmap_mode="r").view(np.ndarray)
+      _check(ids, state["lengths"], f"the lengths: {state['path']} changed since it was read")
+      state = {**state, "ids": ids}
     self.__dict__.update(state)
+
+
+def _check(ids, lengths, what: str) -> None:
+  if ids.size != int(lengths.sum()):
+    raise ValueError(f"{ids.size} ids for {int(lengths.sum())} tokens of {what}")

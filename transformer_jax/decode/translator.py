@@ -234,12 +234,8 @@ class Translator:
     for shape, (program, _) in zip(shapes, compiled):
       self.compiled_ahead[shape] = (abstract, program)
     wall = time.perf_counter() - start
-    log.info(
-      "%s",
-      compiled_ahead_line(
-        f"the {self.settings.search}", list(zip(shapes, (t for _, t in compiled))), wall, threads
-      ),
-    )
+    if done := [(shape, t) for shape, (program, t) in zip(shapes, compiled) if program]:
+      log.info("%s", compiled_ahead_line(f"the {self.settings.search}", done, wall, threads))
 
   def _decode(self, params, sources, programs) -> list[list[int]]:
     """One batch: source id lists (at most `batch_size`, none over `max_len`) -> output ids;
