@@ -10,6 +10,7 @@ session (`shared_dir`), so a run starts in seconds.
 import contextlib
 import dataclasses
 import io
+import json
 import logging
 import os
 import pathlib
@@ -119,6 +120,24 @@ def make_trainer(
   return Trainer(placement, optimizer, transformer_loss(0.1), seed=seed)
 
 
+class _Late:
+  """A Grain iterator whose batches come `delay` seconds late; its state is the iterator's, as
+  the JSON bytes Grain's checkpoint handler takes from iterators of its own kind."""
+
+  def __init__(self, iterator, delay: float):
+    self.iterator, self.delay = iterator, delay
+
+  def __next__(self):
+    time.sleep(self.delay)
+    return next(self.iterator)
+
+  def get_state(self) -> bytes:
+    return json.dumps(self.iterator.get_state()).encode()
+
+  def set_state(self, state: bytes):
+    self.iterator.set_state(json.loads(state))
+
+
 def fit_batches(
   trainer: Trainer,
   batches: list,
@@ -128,12 +147,14 @@ def fit_batches(
   times=None,
   stop_requested=lambda step: False,
   batch_shapes=(),
+  data_delay: float = 0.0,
   **settings,
 ):
   """`loop.fit` from a fresh state over `batches`, checkpoints in `directory`/checkpoints; keeps
   every checkpoint, never evaluates and stops on a failed save unless `settings` say otherwise;
   `times` (a `run_times.RunTimes`) gets where the time went; `stop_requested` and `batch_shapes` as
-  `fit` takes them."""
+  `fit` takes them; each batch is handed over `data_delay` seconds late, as by a slow input
+  pipeline."""
   logger = TrainLogger(
     str(directory / "tensorboard"),
     total_steps=len(batches),
@@ -143,6 +164,7 @@ def fit_batches(
   )
   manager = store.make_manager(str(directory / "checkpoints"))
   iterator = iter(grain.MapDataset.source(batches).to_iter_dataset())
+  iterator = _Late(iterator, data_delay) if data_delay else iterator
   try:
     fit_settings = loop.FitSettings(
       **{

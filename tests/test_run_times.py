@@ -2,6 +2,7 @@
 first step's end, and the phases, from `fit` and from `experiment.train`."""
 
 import logging
+import re
 
 import pytest
 
@@ -28,7 +29,13 @@ def test_fit_times_each_program_and_the_first_step(tmp_path, caplog):
   assert [p["shape"] for p in times.programs] == ["(8, 12)", "(8, 16)", "(16, 12)"]
   assert all(p["seconds"] > 0 for p in times.programs)
   assert times.phases["compiling"] == pytest.approx(sum(p["seconds"] for p in times.programs))
-  assert set(times.phases) == {"training", "compiling", "checkpointing", "evaluating"}
+  assert set(times.phases) == {
+    "training",
+    "compiling",
+    "checkpointing",
+    "evaluating",
+    "waiting_for_data",
+  }
   assert times.phases["training"] > 0 and times.phases["checkpointing"] > 0
   assert times.phases["evaluating"] == 0
   # The first step ends after its program is compiled; from the RunTimes' start, as fit was called.
@@ -49,6 +56,21 @@ def test_fit_times_each_program_and_the_first_step(tmp_path, caplog):
   }
   real = sum(int((b["targets_segmentation"] > 0).sum()) for b in batches)
   assert (times.steps, times.target_tokens) == (4, real)
+
+
+@pytest.mark.slow
+def test_the_time_a_step_waits_for_its_batch_is_not_training(tmp_path, caplog):
+  trainer = helpers.make_trainer()
+  batches = [helpers.synthetic_batch(seed) for seed in range(4)]
+  times = run_times.RunTimes()
+  with caplog.at_level(logging.INFO, logger="transformer_jax.train"):
+    helpers.fit_batches(trainer, batches, tmp_path, times=times, data_delay=0.25)
+  assert times.phases["waiting_for_data"] >= 4 * 0.25
+  assert re.search(r"evaluating 0\.0 s, waiting for data [1-9][0-9.]* s", caplog.text)
+  quick = run_times.RunTimes()
+  helpers.fit_batches(trainer, batches, tmp_path / "quick", times=quick)
+  assert quick.phases["waiting_for_data"] < 4 * 0.25 / 2
+  assert times.phases["training"] < quick.phases["training"] + 4 * 0.25  # The wait is not in it.
 
 
 @pytest.mark.slow

@@ -122,6 +122,7 @@ def _split_of_training(times: dict) -> dict:
     "training": phases["training"],
     "checkpointing": phases["checkpointing"],
     "evaluating_while_training": phases["evaluating"],
+    "waiting_for_data": phases["waiting_for_data"],
   }
 
 
@@ -144,9 +145,9 @@ def _put_cache(result, cache) -> None:
 
 
 def _speeds(times: dict) -> dict:
-  """Updates/s and target tokens/s of the training phase (the run's time less compiling,
-  checkpointing and evaluating: `RunTimes`)."""
-  seconds = times["phases"]["training"]
+  """Updates/s and target tokens/s of training and waiting for data (the run's time less
+  compiling, checkpointing and evaluating: `RunTimes`)."""
+  seconds = times["phases"]["training"] + times["phases"]["waiting_for_data"]
   if not times["steps"] or seconds <= 0:
     return {}
   return {

@@ -273,7 +273,8 @@ def fit(
   if step < last and not stop and ahead:
     _compile_ahead(trainer, batch_shapes, times)
   while step < last and not stop:
-    batch, new_shape = _next_batch(train_iter, step, trainer, shapes)
+    with times.timing("waiting_for_data"):
+      batch, new_shape = _next_batch(train_iter, step, trainer, shapes)
     # The call returns once the step is compiled and dispatched, before it has run.
     compiling = times.phases["compiling"]
     with times.timing("compiling") if new_shape else contextlib.nullcontext():

@@ -209,7 +209,9 @@ class TrainLogger:
     if self.skipped:
       text += f"; {self.skipped} non-finite updates skipped"
     if phases:
-      text += "; " + ", ".join(f"{name} {value:.1f} s" for name, value in phases.items())
+      text += "; " + ", ".join(
+        f"{name.replace('_', ' ')} {value:.1f} s" for name, value in phases.items()
+      )
     log.info("%s; checkpoints in %s", text, checkpoints)
     if self.writer is not None:
       self.writer.close()

@@ -1,5 +1,5 @@
 """Where a training run's wall time goes (`RunTimes`): data, set-up, each train-step program's
-compiling, the first step, then training, checkpointing and evaluating."""
+compiling, the first step, then training, checkpointing, evaluating and waiting for data."""
 
 import contextlib
 import dataclasses
@@ -23,9 +23,10 @@ class RunTimes:
   start: `experiment.train` sets it, else it is when this was made) to the end of its first
   step, compiling included; `programs`: one per train-step program compiled (or loaded from the
   compilation cache), with its batch shape, its first step (None for one compiled ahead, before
-  the first step) and its seconds; `phases`: `fit`'s time compiling, checkpointing, evaluating
-  and, the rest of it, training; `steps` and `target_tokens`: this run's steps and their
-  non-padding target tokens.
+  the first step) and its seconds; `phases`: `fit`'s time compiling, checkpointing, evaluating,
+  waiting for the next batch (`waiting_for_data`: the input pipeline did not keep up) and, the
+  rest of it, training; `steps` and `target_tokens`: this run's steps and their non-padding
+  target tokens.
   """
 
   preparing_data: float = 0.0
@@ -33,7 +34,12 @@ class RunTimes:
   first_step: float | None = None
   programs: list[dict] = dataclasses.field(default_factory=list)
   phases: dict[str, float] = dataclasses.field(
-    default_factory=lambda: {"compiling": 0.0, "checkpointing": 0.0, "evaluating": 0.0}
+    default_factory=lambda: {
+      "compiling": 0.0,
+      "checkpointing": 0.0,
+      "evaluating": 0.0,
+      "waiting_for_data": 0.0,
+    }
   )
   steps: int = 0
   target_tokens: float = 0.0
