@@ -9,8 +9,8 @@ session (`shared_dir`), so a run starts in seconds.
 
 import contextlib
 import dataclasses
+import functools
 import io
-import json
 import logging
 import os
 import pathlib
@@ -120,22 +120,9 @@ def make_trainer(
   return Trainer(placement, optimizer, transformer_loss(0.1), seed=seed)
 
 
-class _Late:
-  """A Grain iterator whose batches come `delay` seconds late; its state is the iterator's, as
-  the JSON bytes Grain's checkpoint handler takes from iterators of its own kind."""
-
-  def __init__(self, iterator, delay: float):
-    self.iterator, self.delay = iterator, delay
-
-  def __next__(self):
-    time.sleep(self.delay)
-    return next(self.iterator)
-
-  def get_state(self) -> bytes:
-    return json.dumps(self.iterator.get_state()).encode()
-
-  def set_state(self, state: bytes):
-    self.iterator.set_state(json.loads(state))
+def _late(batch, seconds: float):
+  time.sleep(seconds)
+  return batch
 
 
 def fit_batches(
@@ -163,8 +150,10 @@ def fit_batches(
     peak_flops=1e9,
   )
   manager = store.make_manager(str(directory / "checkpoints"))
-  iterator = iter(grain.MapDataset.source(batches).to_iter_dataset())
-  iterator = _Late(iterator, data_delay) if data_delay else iterator
+  dataset = grain.MapDataset.source(batches).to_iter_dataset()
+  if data_delay:  # Slept in the loop's own `next`, as it waits for a slow pipeline.
+    dataset = dataset.map(functools.partial(_late, seconds=data_delay))
+  iterator = iter(dataset)
   try:
     fit_settings = loop.FitSettings(
       **{

@@ -59,7 +59,7 @@ def train(
   run at the next step boundary with a checkpoint (`PreemptionWatch`);
   broken checkpoints are skipped (`recovery.resume`). `times`, if given, is filled with where
   the run's time went (`RunTimes`: preparing data, setting up, each program's compiling, the
-  first step, training, checkpointing).
+  first step, training, checkpointing, evaluating, waiting for data).
   """
   times = RunTimes() if times is None else times
   times.started = time.perf_counter()

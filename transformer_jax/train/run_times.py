@@ -24,9 +24,10 @@ class RunTimes:
   step, compiling included; `programs`: one per train-step program compiled (or loaded from the
   compilation cache), with its batch shape, its first step (None for one compiled ahead, before
   the first step) and its seconds; `phases`: `fit`'s time compiling, checkpointing, evaluating,
-  waiting for the next batch (`waiting_for_data`: the input pipeline did not keep up) and, the
-  rest of it, training; `steps` and `target_tokens`: this run's steps and their non-padding
-  target tokens.
+  waiting for the next batch (`waiting_for_data`, the first batch's start-up included; the device
+  may have been running queued steps meanwhile, so it bounds from above the time the input
+  pipeline left the device idle) and, the rest of it, training; `steps` and `target_tokens`: this
+  run's steps and their non-padding target tokens.
   """
 
   preparing_data: float = 0.0
@@ -79,10 +80,11 @@ class RunTimes:
     self.first_step = time.perf_counter() - self.started
     log.info(
       "the first step ended %.1f s after the run's start (preparing data %.1f s, setting up "
-      "%.1f s, compiling %.1f s)",
+      "%.1f s, waiting for the first batch %.1f s, compiling %.1f s)",
       self.first_step,
       self.preparing_data,
       self.setting_up,
+      self.phases["waiting_for_data"],
       self.phases["compiling"],
     )
 
