@@ -218,8 +218,10 @@ def _check_experiment_run(run: dict, splits) -> None:
   assert times["first_step"] > 0 and times["programs"] and parts["compiling"] > 0
   assert parts["training"] > 0 and parts["preparing_data"] > 0
   assert all(p["seconds"] > 0 for p in times["programs"])
-  seconds = parts["training"] + parts["waiting_for_data"]  # Steps waiting for batches count.
-  assert run["updates_per_second"] == pytest.approx(times["steps"] / seconds, rel=1e-3)
+  phases = times["phases"]  # Unrounded (the parts are rounded to milliseconds).
+  seconds = phases["training"] + phases["waiting_for_data"]  # Steps waiting for batches count.
+  assert run["updates_per_second"] == pytest.approx(times["steps"] / seconds, rel=1e-9)
+  assert parts["waiting_for_data"] == pytest.approx(phases["waiting_for_data"], abs=1e-3)
 
 
 @pytest.mark.slow
