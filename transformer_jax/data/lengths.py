@@ -133,12 +133,17 @@ def _tokenize_split(source, tokenizer, num_workers, keep_ids=False):
   return lengths, np.concatenate(ids, dtype=dtype, casting="unsafe") if ids else np.zeros(0, dtype)
 
 
+def _cached_lengths(source, cache: epath.Path | None) -> np.ndarray | None:
+  """The length table cached in `cache`, if it is there and fits `source`."""
+  lengths = _load(cache)
+  return lengths if lengths is not None and lengths.shape == (len(source), 2) else None
+
+
 def pair_lengths(source, tokenizer, num_workers=0):
   """[pairs, 2] token counts (EOS included) of a split; cached beside the vocabulary file."""
   require_grain_flags(num_workers)
   cache = _cache(source, tokenizer, "lengths")
-  lengths = _load(cache)
-  if lengths is not None and lengths.shape == (len(source), 2):
+  if (lengths := _cached_lengths(source, cache)) is not None:
     return lengths
   lengths, _ = _tokenize_split(source, tokenizer, num_workers)
   _save(cache, lengths)
@@ -164,8 +169,8 @@ def token_table(source, tokenizer, num_workers=0) -> TokenTable:
 
 def _cached_table(source, caches) -> TokenTable | None:
   """The token table cached in `caches` (lengths, ids), if both are there and fit `source`."""
-  lengths = _load(caches[0])
-  if lengths is None or lengths.shape != (len(source), 2):
+  lengths = _cached_lengths(source, caches[0])
+  if lengths is None:
     return None
   ids = _load(caches[1], mmap=True)
   if ids is None or ids.size != int(lengths.sum()):
